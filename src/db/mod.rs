@@ -1,0 +1,130 @@
+//! Connecting to PostgreSQL (a given server or the embedded cluster) and migrating it.
+
+pub mod embedded;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+use embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
+
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The database of the embedded cluster.
+pub const EMBEDDED_DATABASE: &str = "taskledger";
+
+pub fn latest_migration_version() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// An open pool, and the embedded cluster behind it when there is one.
+pub struct Database {
+    pub pool: PgPool,
+    embedded: Option<EmbeddedPostgres>,
+}
+
+impl Database {
+    /// Opens `database_url`, or else the embedded cluster in `data_dir`. When another
+    /// taskledger process runs that cluster, `share_running` says whether to connect to it
+    /// (one-off commands) or to refuse (a second `serve`).
+    pub async fn open(
+        database_url: Option<&str>,
+        data_dir: &Path,
+        pool_size: u32,
+        share_running: bool,
+    ) -> anyhow::Result<Self> {
+        match database_url {
+            Some(url) => Ok(Self {
+                pool: connect(url, pool_size).await?,
+                embedded: None,
+            }),
+            None => {
+                let options = EmbeddedOptions {
+                    durable: true,
+                    max_connections: pool_size.max(20) * 2 + 10,
+                };
+                let cluster = match EmbeddedPostgres::start(data_dir, options).await {
+                    Ok(cluster) => cluster,
+                    Err(EmbeddedError::InUse { pid, .. }) if share_running => {
+                        tracing::info!(
+                            ?pid,
+                            "using the embedded cluster of the running taskledger"
+                        );
+                        let url = EmbeddedPostgres::url_of_running(data_dir, EMBEDDED_DATABASE)?;
+                        return Ok(Self {
+                            pool: connect(&url, pool_size).await?,
+                            embedded: None,
+                        });
+                    }
+                    Err(error) => return Err(error.into()),
+                };
+                create_database_if_missing(&cluster.url("postgres"), EMBEDDED_DATABASE).await?;
+                let pool = connect(&cluster.url(EMBEDDED_DATABASE), pool_size).await?;
+                Ok(Self {
+                    pool,
+                    embedded: Some(cluster),
+                })
+            }
+        }
+    }
+
+    /// Closes the pool, then stops the embedded cluster cleanly.
+    pub async fn close(self) -> anyhow::Result<()> {
+        self.pool.close().await;
+        if let Some(cluster) = self.embedded {
+            cluster.stop().await?;
+        }
+        Ok(())
+    }
+}
+
+pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(url)
+        .context("DATABASE_URL is not a valid PostgreSQL URL")?
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2));
+    PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))
+}
+
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("applying database migrations failed")
+}
+
+pub async fn create_database_if_missing(admin_url: &str, name: &str) -> anyhow::Result<()> {
+    let mut connection = PgConnectOptions::from_str(admin_url)?.connect().await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(&mut connection)
+            .await?;
+    if !exists {
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut connection)
+            .await
+            .with_context(|| format!("cannot create database {name}"))?;
+    }
+    Ok(())
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}

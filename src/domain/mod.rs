@@ -1,0 +1,8 @@
+//! The domain: validated values, access rules and the cost model, free of I/O.
+
+pub mod access;
+pub mod commitment;
+pub mod ledger_time;
+pub mod rating;
+pub mod summary;
+pub mod values;

@@ -1,0 +1,249 @@
+//! Newtypes that are parsed once at the boundary, so the core never sees an unchecked value.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{Datelike, NaiveDate};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A project id: a lowercase slug, 1–63 characters of `a-z`, `0-9` and `-`, starting with a
+/// letter or digit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProjectId(String);
+
+impl ProjectId {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let valid = !raw.is_empty()
+            && raw.len() <= 63
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !raw.starts_with('-')
+            && !raw.ends_with('-');
+        if valid {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(format!(
+                "`{}` is not a project id: use 1-63 lowercase letters, digits and inner hyphens",
+                truncate_for_message(raw)
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ProjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An ISO 4217 currency code (`USD`, `EUR`, `CNY`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Currency(iso_currency::Currency);
+
+impl Currency {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        iso_currency::Currency::from_code(raw)
+            .map(Self)
+            .ok_or_else(|| {
+                format!(
+                    "`{}` is not an ISO 4217 currency code",
+                    truncate_for_message(raw)
+                )
+            })
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.0.code()
+    }
+
+    /// Digits after the decimal point of the currency's minor unit (2 for USD, 0 for JPY).
+    pub fn minor_unit_digits(&self) -> u32 {
+        self.0.exponent().map(u32::from).unwrap_or(2)
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// A calendar month `YYYY-MM` of the ledger time zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Month(NaiveDate);
+
+impl Month {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let invalid = || {
+            format!(
+                "`{}` is not a month: use YYYY-MM",
+                truncate_for_message(raw)
+            )
+        };
+        if raw.len() != 7 || raw.as_bytes()[4] != b'-' {
+            return Err(invalid());
+        }
+        let year: i32 = raw[..4].parse().map_err(|_| invalid())?;
+        let month: u32 = raw[5..].parse().map_err(|_| invalid())?;
+        if !(1970..=9999).contains(&year) {
+            return Err(invalid());
+        }
+        NaiveDate::from_ymd_opt(year, month, 1)
+            .map(Self)
+            .ok_or_else(invalid)
+    }
+
+    pub fn from_first_day(first_day: NaiveDate) -> Self {
+        Self(first_day.with_day(1).expect("day 1 exists in every month"))
+    }
+
+    /// The first day of the month.
+    pub fn first_day(&self) -> NaiveDate {
+        self.0
+    }
+
+    pub fn next(&self) -> Self {
+        Self(
+            self.0
+                .checked_add_months(chrono::Months::new(1))
+                .expect("months stay within chrono's range"),
+        )
+    }
+}
+
+impl fmt::Display for Month {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.format("%Y-%m"))
+    }
+}
+
+impl FromStr for Month {
+    type Err = String;
+    fn from_str(raw: &str) -> Result<Self, String> {
+        Self::parse(raw)
+    }
+}
+
+impl Serialize for Month {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Month {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        Self::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A strictly positive amount of money or quantity.
+pub fn positive(value: Decimal) -> Result<Decimal, String> {
+    if value > Decimal::ZERO {
+        Ok(value.normalize())
+    } else {
+        Err(format!("must be greater than 0, got {value}"))
+    }
+}
+
+/// Alert thresholds in percent of the monthly budget: 1 to 1000, strictly ascending.
+pub fn alert_thresholds(values: &[i64]) -> Result<Vec<i32>, String> {
+    if values.is_empty() {
+        return Err("give at least one threshold".to_owned());
+    }
+    if values.len() > 20 {
+        return Err("give at most 20 thresholds".to_owned());
+    }
+    if let Some(bad) = values.iter().find(|v| !(1..=1000).contains(*v)) {
+        return Err(format!(
+            "thresholds are percentages from 1 to 1000, got {bad}"
+        ));
+    }
+    if values.windows(2).any(|pair| pair[0] >= pair[1]) {
+        return Err("thresholds must be strictly ascending".to_owned());
+    }
+    Ok(values.iter().map(|v| *v as i32).collect())
+}
+
+/// A bounded, non-blank text such as a name.
+pub fn bounded_text(raw: &str, max_chars: usize) -> Result<String, String> {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if trimmed.chars().count() > max_chars {
+        return Err(format!("must be at most {max_chars} characters"));
+    }
+    if trimmed.chars().any(char::is_control) {
+        return Err("must not contain control characters".to_owned());
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// An absolute `http` or `https` URL for webhooks.
+pub fn webhook_url(raw: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(raw).map_err(|e| format!("not a valid URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err("must be an absolute http or https URL".to_owned());
+    }
+    if raw.len() > 2000 {
+        return Err("must be at most 2000 characters".to_owned());
+    }
+    Ok(url.to_string())
+}
+
+fn truncate_for_message(raw: &str) -> String {
+    raw.chars().take(64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn project_ids_are_lowercase_slugs() {
+        assert!(ProjectId::parse("vision").is_ok());
+        assert!(ProjectId::parse("team-7-nlp").is_ok());
+        for bad in ["", "Vision", "-x", "x-", "a b", "a_b", &"a".repeat(64)] {
+            assert!(ProjectId::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn currencies_are_iso_4217() {
+        assert_eq!(Currency::parse("USD").unwrap().minor_unit_digits(), 2);
+        assert_eq!(Currency::parse("JPY").unwrap().minor_unit_digits(), 0);
+        assert!(Currency::parse("usd").is_err());
+        assert!(Currency::parse("XYZ").is_err());
+    }
+
+    #[test]
+    fn months_parse_and_step() {
+        let november = Month::parse("2026-11").unwrap();
+        assert_eq!(november.to_string(), "2026-11");
+        assert_eq!(november.next().to_string(), "2026-12");
+        assert_eq!(
+            Month::parse("2026-12").unwrap().next().to_string(),
+            "2027-01"
+        );
+        for bad in ["2026-13", "2026-1", "26-11", "2026/11", "2026-00"] {
+            assert!(Month::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn thresholds_are_bounded_and_ascending() {
+        assert_eq!(alert_thresholds(&[50, 80, 100]).unwrap(), vec![50, 80, 100]);
+        assert!(alert_thresholds(&[]).is_err());
+        assert!(alert_thresholds(&[0, 50]).is_err());
+        assert!(alert_thresholds(&[50, 1001]).is_err());
+        assert!(alert_thresholds(&[80, 50]).is_err());
+        assert!(alert_thresholds(&[50, 50]).is_err());
+    }
+}

@@ -1,0 +1,200 @@
+//! The one error type of the HTTP layer, rendered as `application/problem+json` (RFC 9457).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// One invalid field: a JSON Pointer into the request body (or query) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FieldError {
+    pub pointer: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(pointer: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            pointer: pointer.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A problem document as the API returns it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    ForbiddenFields(String, Vec<FieldError>),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String, Vec<FieldError>),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("the request is invalid")]
+    Validation(Vec<FieldError>),
+    #[error("the request took too long and was cancelled")]
+    Timeout,
+    #[error("the service is not ready: {0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn invalid(pointer: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Validation(vec![FieldError::new(pointer, message)])
+    }
+
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) | Self::ForbiddenFields(..) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(..) => StatusCode::CONFLICT,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Timeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn slug(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "malformed-request",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden(_) | Self::ForbiddenFields(..) => "forbidden",
+            Self::NotFound(_) => "not-found",
+            Self::Conflict(..) => "conflict",
+            Self::MethodNotAllowed(_) => "method-not-allowed",
+            Self::PayloadTooLarge(_) => "payload-too-large",
+            Self::UnsupportedMediaType(_) => "unsupported-media-type",
+            Self::Validation(_) => "validation-error",
+            Self::Timeout => "timeout",
+            Self::Unavailable(_) => "unavailable",
+            Self::Internal(_) => "internal-error",
+        }
+    }
+
+    pub fn to_problem(&self) -> Problem {
+        let status = self.status_code();
+        let detail = match self {
+            // A 500 is logged with its cause and never shown to the client.
+            Self::Internal(_) => "an internal error occurred; it has been logged".to_owned(),
+            Self::Validation(errors) if errors.len() == 1 => {
+                format!("{}: {}", errors[0].pointer, errors[0].message)
+            }
+            Self::Validation(errors) => format!("{} fields are invalid", errors.len()),
+            other => other.to_string(),
+        };
+        let errors = match self {
+            Self::Validation(errors)
+            | Self::Conflict(_, errors)
+            | Self::ForbiddenFields(_, errors) => errors.clone(),
+            _ => Vec::new(),
+        };
+        Problem {
+            problem_type: format!("/problems/{}", self.slug()),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail,
+            errors,
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Internal(error.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(cause) = &self {
+            tracing::error!(error = ?cause, "request failed");
+        }
+        let problem = self.to_problem();
+        let status = self.status_code();
+        let mut response = (status, axum::Json(problem)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Collects field errors while a request is parsed, so every bad field is reported at once.
+#[derive(Debug, Default)]
+pub struct Violations(Vec<FieldError>);
+
+impl Violations {
+    pub fn push(&mut self, pointer: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError::new(pointer, message));
+    }
+
+    /// Keeps the value when it parsed, records the error otherwise.
+    pub fn check<T>(&mut self, pointer: &str, parsed: Result<T, String>) -> Option<T> {
+        match parsed {
+            Ok(value) => Some(value),
+            Err(message) => {
+                self.push(pointer, message);
+                None
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn extend(&mut self, other: Violations) {
+        self.0.extend(other.0);
+    }
+
+    pub fn into_result(self) -> ApiResult<()> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::Validation(self.0))
+        }
+    }
+
+    pub fn into_vec(self) -> Vec<FieldError> {
+        self.0
+    }
+}

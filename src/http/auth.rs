@@ -1,0 +1,63 @@
+//! The bearer-token extractor: every `/v1` handler takes a `Principal`, so no route can forget
+//! authentication.
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+
+use crate::app::AppState;
+use crate::domain::access::{Principal, Role, hash_secret};
+use crate::error::ApiError;
+use crate::store;
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let secret = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| {
+                value
+                    .strip_prefix("Bearer ")
+                    .or_else(|| value.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .filter(|secret| !secret.is_empty())
+            .ok_or(ApiError::Unauthorized)?;
+        let token = store::tokens::find_active(&state.pool, &hash_secret(secret))
+            .await?
+            .ok_or(ApiError::Unauthorized)?;
+        let role = Role::parse(&token.role)
+            .ok_or_else(|| anyhow::anyhow!("token {} has unknown role {}", token.id, token.role))?;
+        Ok(Principal {
+            token_id: token.id,
+            role,
+            projects: token.projects,
+        })
+    }
+}
+
+/// The 404 a caller gets for a project it may not see, identical to one that does not exist.
+pub fn project_not_found(project: &str) -> ApiError {
+    ApiError::NotFound(format!("project `{project}` does not exist"))
+}
+
+pub fn require_admin(principal: &Principal) -> Result<(), ApiError> {
+    if principal.is_admin() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden("this needs an admin token".to_owned()))
+    }
+}
+
+pub fn require_finance(principal: &Principal) -> Result<(), ApiError> {
+    if principal.is_finance_or_admin() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(
+            "this needs a finance or admin token".to_owned(),
+        ))
+    }
+}

@@ -1,0 +1,88 @@
+//! The HTTP layer: one module per resource, each returning an `OpenApiRouter`, merged here so
+//! that no route exists without its OpenAPI description.
+
+pub mod auth;
+pub mod extract;
+pub mod health;
+pub mod pagination;
+pub mod projects;
+pub mod tokens;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::DefaultBodyLimit;
+use tower::ServiceBuilder;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// How long one request may take before it is answered with 408.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "taskledger",
+        description = "What each finished GPU task really cost: job records joined with the pricing contracts they ran under.",
+        license(name = "Apache-2.0"),
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "projects", description = "Projects and monthly budgets"),
+        (name = "tokens", description = "API tokens and roles"),
+        (name = "operations", description = "Health, readiness and metrics"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(health::router())
+        .merge(projects::router())
+        .merge(tokens::router())
+}
+
+/// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().split_for_parts().1
+}
+
+/// The whole application router.
+pub fn app(state: AppState) -> Router {
+    let (router, spec) = api().split_for_parts();
+    router
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
+        .fallback(|| async { ApiError::NotFound("no such endpoint".to_owned()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::MethodNotAllowed("this endpoint does not take that method".to_owned())
+        })
+        .layer(
+            ServiceBuilder::new()
+                .layer(TraceLayer::new_for_http())
+                .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                    ApiError::Timeout
+                }))
+                .layer(tower::timeout::TimeoutLayer::new(REQUEST_TIMEOUT))
+                .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES)),
+        )
+        .with_state(state)
+}

@@ -1,0 +1,17 @@
+//! The SQL layer: one file per aggregate. Handlers call these functions; nothing else
+//! speaks SQL.
+
+pub mod projects;
+pub mod tokens;
+
+use sqlx::PgPool;
+
+pub type Pool = PgPool;
+
+/// Whether a database error is a violation of the named constraint.
+pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db.constraint() == Some(constraint),
+        _ => false,
+    }
+}

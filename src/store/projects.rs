@@ -1,0 +1,160 @@
+//! Projects and their monthly budgets.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ProjectRow {
+    pub id: String,
+    pub name: String,
+    pub team: Option<String>,
+    pub currency: String,
+    pub default_monthly_budget: Option<Decimal>,
+    pub alert_thresholds: Vec<i32>,
+    pub webhook_url: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewProject {
+    pub id: String,
+    pub name: String,
+    pub team: Option<String>,
+    pub currency: String,
+    pub default_monthly_budget: Option<Decimal>,
+    pub alert_thresholds: Vec<i32>,
+    pub webhook_url: Option<String>,
+}
+
+/// A change to a project: `None` leaves a field alone, `Some(None)` clears a nullable one.
+#[derive(Debug, Clone, Default)]
+pub struct ProjectChanges {
+    pub name: Option<String>,
+    pub team: Option<Option<String>>,
+    pub default_monthly_budget: Option<Option<Decimal>>,
+    pub alert_thresholds: Option<Vec<i32>>,
+    pub webhook_url: Option<Option<String>>,
+}
+
+const COLUMNS: &str = "id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                       webhook_url, created_at, updated_at";
+
+/// Inserts a project; `None` when the id is taken.
+pub async fn insert(pool: &PgPool, project: &NewProject) -> sqlx::Result<Option<ProjectRow>> {
+    sqlx::query_as::<_, ProjectRow>(&format!(
+        "INSERT INTO projects (id, name, team, currency, default_monthly_budget, \
+                               alert_thresholds, webhook_url) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (id) DO NOTHING \
+         RETURNING {COLUMNS}"
+    ))
+    .bind(&project.id)
+    .bind(&project.name)
+    .bind(&project.team)
+    .bind(&project.currency)
+    .bind(project.default_monthly_budget)
+    .bind(&project.alert_thresholds)
+    .bind(&project.webhook_url)
+    .fetch_optional(pool)
+    .await
+}
+
+pub async fn get(pool: &PgPool, id: &str) -> sqlx::Result<Option<ProjectRow>> {
+    sqlx::query_as::<_, ProjectRow>(&format!("SELECT {COLUMNS} FROM projects WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Which of `ids` exist.
+pub async fn existing_ids(pool: &PgPool, ids: &[String]) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar("SELECT id FROM projects WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}
+
+/// Projects in id order after `after`, limited to `scope` when given.
+pub async fn list(
+    pool: &PgPool,
+    scope: Option<&[String]>,
+    after: Option<&str>,
+    limit: i64,
+) -> sqlx::Result<Vec<ProjectRow>> {
+    sqlx::query_as::<_, ProjectRow>(&format!(
+        "SELECT {COLUMNS} FROM projects \
+         WHERE ($1::text[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR id > $2) \
+         ORDER BY id LIMIT $3"
+    ))
+    .bind(scope)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+pub async fn update(
+    pool: &PgPool,
+    id: &str,
+    changes: &ProjectChanges,
+) -> sqlx::Result<Option<ProjectRow>> {
+    sqlx::query_as::<_, ProjectRow>(&format!(
+        "UPDATE projects SET \
+           name = COALESCE($2, name), \
+           team = CASE WHEN $3 THEN $4 ELSE team END, \
+           default_monthly_budget = CASE WHEN $5 THEN $6 ELSE default_monthly_budget END, \
+           alert_thresholds = COALESCE($7, alert_thresholds), \
+           webhook_url = CASE WHEN $8 THEN $9 ELSE webhook_url END, \
+           updated_at = now() \
+         WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(&changes.name)
+    .bind(changes.team.is_some())
+    .bind(changes.team.clone().flatten())
+    .bind(changes.default_monthly_budget.is_some())
+    .bind(changes.default_monthly_budget.flatten())
+    .bind(&changes.alert_thresholds)
+    .bind(changes.webhook_url.is_some())
+    .bind(changes.webhook_url.clone().flatten())
+    .fetch_optional(pool)
+    .await
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BudgetRow {
+    pub project_id: String,
+    pub month: NaiveDate,
+    pub amount: Decimal,
+    pub updated_at: DateTime<Utc>,
+}
+
+pub async fn put_budget(
+    pool: &PgPool,
+    project: &str,
+    month: NaiveDate,
+    amount: Decimal,
+) -> sqlx::Result<BudgetRow> {
+    sqlx::query_as::<_, BudgetRow>(
+        "INSERT INTO budgets (project_id, month, amount) VALUES ($1, $2, $3) \
+         ON CONFLICT (project_id, month) DO UPDATE SET amount = EXCLUDED.amount, updated_at = now() \
+         RETURNING project_id, month, amount, updated_at",
+    )
+    .bind(project)
+    .bind(month)
+    .bind(amount)
+    .fetch_one(pool)
+    .await
+}
+
+pub async fn list_budgets(pool: &PgPool, project: &str) -> sqlx::Result<Vec<BudgetRow>> {
+    sqlx::query_as::<_, BudgetRow>(
+        "SELECT project_id, month, amount, updated_at FROM budgets \
+         WHERE project_id = $1 ORDER BY month",
+    )
+    .bind(project)
+    .fetch_all(pool)
+    .await
+}

@@ -1,0 +1,348 @@
+//! The integration-test harness: every test gets its own freshly migrated database on a real
+//! PostgreSQL — the server of `DATABASE_URL` when set, else an embedded cluster started once
+//! for the whole test process — and drives the real router.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use tower::ServiceExt;
+
+use taskledger::app::{AppState, Settings};
+use taskledger::db::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
+use taskledger::domain::access::{generate_secret, hash_secret};
+
+/// The PostgreSQL server of this test process.
+struct Server {
+    /// Connects to a database given its name.
+    url_for: Box<dyn Fn(&str) -> String + Send + Sync>,
+    template: String,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+fn server() -> &'static Server {
+    SERVER.get_or_init(|| {
+        // The server outlives every test's runtime, so it is set up on a thread of its own.
+        std::thread::spawn(start_server)
+            .join()
+            .expect("the test database server could not be started")
+    })
+}
+
+fn start_server() -> Server {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let url_for: Box<dyn Fn(&str) -> String + Send + Sync> =
+            match std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+                Some(base) => Box::new(move |database| with_database(&base, database)),
+                None => {
+                    let cluster = start_embedded_cluster().await;
+                    let cluster: &'static EmbeddedPostgres = Box::leak(Box::new(cluster));
+                    Box::new(move |database| cluster.url(database))
+                }
+            };
+        let template = prepare_template(&url_for).await;
+        Server { url_for, template }
+    })
+}
+
+/// The embedded cluster for this test process. It lives in one directory per user that is
+/// reused across runs (initdb once); a second test process running at the same time gets a
+/// fresh directory of its own. The module's watchdog stops the cluster when the process exits.
+async fn start_embedded_cluster() -> EmbeddedPostgres {
+    let options = || EmbeddedOptions {
+        durable: false,
+        max_connections: 300,
+    };
+    let shared = std::env::temp_dir().join(format!(
+        "taskledger-test-cluster-{}",
+        nix::unistd::geteuid()
+    ));
+    match EmbeddedPostgres::start(&reachable_dir(shared), options()).await {
+        Ok(cluster) => cluster,
+        Err(EmbeddedError::InUse { .. }) => {
+            let own = std::env::temp_dir().join(format!(
+                "taskledger-test-cluster-{}",
+                uuid::Uuid::new_v4().simple()
+            ));
+            EmbeddedPostgres::start(&reachable_dir(own), options())
+                .await
+                .expect("starting the embedded PostgreSQL for tests")
+        }
+        Err(error) => panic!("starting the embedded PostgreSQL for tests: {error}"),
+    }
+}
+
+/// A directory the unprivileged user that runs PostgreSQL under root can enter.
+fn reachable_dir(dir: PathBuf) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(&dir).expect("creating the test cluster dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+        .expect("opening the test cluster dir to the cluster's user");
+    dir
+}
+
+fn with_database(base: &str, database: &str) -> String {
+    let mut url = reqwest::Url::parse(base).expect("DATABASE_URL is a URL");
+    url.set_path(&format!("/{database}"));
+    url.to_string()
+}
+
+/// One migrated template database per set of migrations; each test copies it, which is much
+/// faster than migrating every test database.
+async fn prepare_template(url_for: &(dyn Fn(&str) -> String + Send + Sync)) -> String {
+    let fingerprint: String = taskledger::db::MIGRATOR
+        .iter()
+        .map(|m| format!("{}:{}", m.version, hex::encode(&m.checksum)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let digest = hex::encode(&hash_secret(&fingerprint)[..8]);
+    let template = format!("taskledger_template_{digest}");
+    let mut admin = admin_connection(url_for).await;
+    sqlx::query("SELECT pg_advisory_lock(hashtext('taskledger.test_template'))")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&template)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    if !exists {
+        let building = format!("{template}_building");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE {building}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let mut connection = PgConnection::connect(&url_for(&building)).await.unwrap();
+        taskledger::db::MIGRATOR
+            .run_direct(&mut connection)
+            .await
+            .expect("migrating the template database");
+        connection.close().await.unwrap();
+        sqlx::query(&format!("ALTER DATABASE {building} RENAME TO {template}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    sqlx::query("SELECT pg_advisory_unlock(hashtext('taskledger.test_template'))")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    template
+}
+
+async fn admin_connection(url_for: &(dyn Fn(&str) -> String + Send + Sync)) -> PgConnection {
+    PgConnectOptions::from_str(&url_for("postgres"))
+        .unwrap()
+        .log_statements(tracing::log::LevelFilter::Debug)
+        .connect()
+        .await
+        .expect("connecting to the test server's postgres database")
+}
+
+/// One test's application: its own database, the real router and an admin token.
+pub struct TestApp {
+    pub pool: PgPool,
+    pub router: Router,
+    pub admin: String,
+    pub database: String,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(Settings::default()).await
+    }
+
+    pub async fn spawn_with(settings: Settings) -> Self {
+        let server = server();
+        let database = format!("taskledger_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = admin_connection(&*server.url_for).await;
+        sqlx::query(&format!(
+            "CREATE DATABASE {database} TEMPLATE {}",
+            server.template
+        ))
+        .execute(&mut admin)
+        .await
+        .expect("creating the test database");
+        admin.close().await.unwrap();
+        let database_url = (server.url_for)(&database);
+        let pool = taskledger::db::connect(&database_url, 8).await.unwrap();
+        let secret = generate_secret();
+        taskledger::store::tokens::insert(&pool, "test admin", "admin", &[], &hash_secret(&secret))
+            .await
+            .unwrap();
+        let state = AppState::new(pool.clone(), settings);
+        Self {
+            router: taskledger::http::app(state),
+            pool,
+            admin: secret,
+            database,
+        }
+    }
+
+    pub fn state(&self, settings: Settings) -> AppState {
+        AppState::new(self.pool.clone(), settings)
+    }
+
+    /// Sends one request through the router.
+    pub async fn send(&self, request: Request<Body>) -> TestResponse {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        TestResponse {
+            status,
+            headers,
+            body: bytes.to_vec(),
+        }
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> TestResponse {
+        let mut builder = Request::builder().method(method).uri(path);
+        if let Some(token) = token {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = match body {
+            Some(json) => builder
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(serde_json::to_vec(&json).unwrap())),
+            None => builder.body(Body::empty()),
+        };
+        self.send(request.unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> TestResponse {
+        self.call(Method::GET, path, Some(token), None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Value) -> TestResponse {
+        self.call(Method::POST, path, Some(token), Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, token: &str, body: Value) -> TestResponse {
+        self.call(Method::PUT, path, Some(token), Some(body)).await
+    }
+
+    pub async fn patch(&self, path: &str, token: &str, body: Value) -> TestResponse {
+        self.call(Method::PATCH, path, Some(token), Some(body))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str, token: &str) -> TestResponse {
+        self.call(Method::DELETE, path, Some(token), None).await
+    }
+
+    /// Creates a project with the admin token.
+    pub async fn create_project(&self, id: &str, currency: &str) -> Value {
+        let response = self
+            .post(
+                "/v1/projects",
+                &self.admin,
+                serde_json::json!({"id": id, "name": id, "currency": currency}),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::CREATED, "{}", response.text());
+        response.json()
+    }
+
+    /// Creates a token and returns its secret.
+    pub async fn token(&self, role: &str, projects: &[&str]) -> String {
+        let mut body = serde_json::json!({"role": role, "name": format!("{role} token")});
+        if !projects.is_empty() {
+            body["projects"] = serde_json::json!(projects);
+        }
+        let response = self.post("/v1/tokens", &self.admin, body).await;
+        assert_eq!(response.status, StatusCode::CREATED, "{}", response.text());
+        response.json()["token"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let database = self.database.clone();
+        // The test's runtime is blocked while this runs, so the database is dropped from a
+        // thread with a runtime of its own; FORCE ends the pool's connections.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let mut admin = admin_connection(&*server().url_for).await;
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+pub struct TestResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl TestResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {}", self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// Asserts a problem document with this status and returns it.
+    pub fn problem(&self, status: StatusCode) -> Value {
+        assert_eq!(self.status, status, "{}", self.text());
+        assert_eq!(self.content_type(), "application/problem+json");
+        let problem = self.json();
+        assert_eq!(problem["status"], status.as_u16());
+        assert!(problem["title"].is_string() && problem["detail"].is_string());
+        problem
+    }
+
+    /// The pointers of a problem's field errors.
+    pub fn pointers(&self) -> Vec<String> {
+        self.json()["errors"]
+            .as_array()
+            .map(|errors| {
+                errors
+                    .iter()
+                    .map(|e| e["pointer"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,4 @@
+//! Integration tests: one binary, so the embedded PostgreSQL starts once per run.
+
+mod common;
+mod foundation;
