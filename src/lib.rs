@@ -12,4 +12,5 @@ pub mod db;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod ingest;
 pub mod store;

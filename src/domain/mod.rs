@@ -4,5 +4,6 @@ pub mod access;
 pub mod commitment;
 pub mod ledger_time;
 pub mod rating;
+pub mod record;
 pub mod summary;
 pub mod values;

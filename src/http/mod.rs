@@ -6,6 +6,7 @@ pub mod extract;
 pub mod health;
 pub mod pagination;
 pub mod projects;
+pub mod records;
 pub mod tokens;
 
 use std::time::Duration;
@@ -37,6 +38,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
     tags(
         (name = "projects", description = "Projects and monthly budgets"),
         (name = "tokens", description = "API tokens and roles"),
+        (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
@@ -59,6 +61,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(health::router())
         .merge(projects::router())
         .merge(tokens::router())
+        .merge(records::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

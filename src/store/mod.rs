@@ -2,6 +2,7 @@
 //! speaks SQL.
 
 pub mod projects;
+pub mod records;
 pub mod tokens;
 
 use sqlx::PgPool;

@@ -2,3 +2,4 @@
 
 mod common;
 mod foundation;
+mod ingest;
