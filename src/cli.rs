@@ -74,6 +74,13 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Import job records from JSON (an array), NDJSON or CSV files; exits non-zero when
+    /// any record was rejected.
+    Import {
+        /// Files named *.json, *.ndjson, *.jsonl or *.csv.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Print the OpenAPI document (the committed api/openapi.json).
     Openapi,
 }
@@ -137,6 +144,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(config).await,
+        Command::Import { files } => {
+            let database = open(&config).await?;
+            crate::db::migrate(&database.pool).await?;
+            let outcome = crate::import::import_files(&database.pool, &files).await;
+            database.close().await?;
+            let summary = outcome?;
+            crate::import::print_summary(&summary, 100);
+            anyhow::ensure!(
+                summary.rejected.is_empty(),
+                "{} records were rejected",
+                summary.rejected.len()
+            );
+            Ok(())
+        }
         Command::Migrate => {
             let database = open(&config).await?;
             crate::db::migrate(&database.pool).await?;

@@ -12,5 +12,6 @@ pub mod db;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod import;
 pub mod ingest;
 pub mod store;

@@ -499,3 +499,58 @@ async fn records_are_listed_with_filters_and_pages() {
         .await
         .problem(StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn the_example_script_posts_a_record_over_http() {
+    let (app, ingest) = setup().await;
+    let server = taskledger::app::Application::bind(
+        app.state(Default::default()),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}", server.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve_until(async {
+        let _ = stopped.await;
+    }));
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/api/examples/post-job-record.sh"
+    );
+    let run = || {
+        let url = url.clone();
+        let ingest = ingest.clone();
+        tokio::process::Command::new("bash")
+            .arg(script)
+            .args([
+                "vision",
+                "nightly-42",
+                "H100",
+                "8",
+                "2026-11-20T10:00:00Z",
+                "2026-11-20T11:30:00Z",
+                "completed",
+            ])
+            .env("TASKLEDGER_URL", url)
+            .env("TASKLEDGER_TOKEN", ingest)
+            .output()
+    };
+    let first = run().await.unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&first.stdout).trim(),
+        r#"{"accepted":1,"duplicates":0}"#
+    );
+    let again = run().await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        r#"{"accepted":0,"duplicates":1}"#
+    );
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+}

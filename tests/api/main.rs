@@ -2,4 +2,5 @@
 
 mod common;
 mod foundation;
+mod import;
 mod ingest;

@@ -163,6 +163,8 @@ pub struct TestApp {
     pub router: Router,
     pub admin: String,
     pub database: String,
+    /// Where the test database is, for running the `taskledger` binary against it.
+    pub database_url: String,
 }
 
 impl TestApp {
@@ -194,6 +196,7 @@ impl TestApp {
             pool,
             admin: secret,
             database,
+            database_url,
         }
     }
 
