@@ -6,6 +6,7 @@
 //! - `db`: connecting to PostgreSQL, the embedded cluster and migrations;
 //! - `app` and `cli`: the running service and its command line.
 
+pub mod alerting;
 pub mod app;
 pub mod cli;
 pub mod db;
@@ -15,3 +16,4 @@ pub mod http;
 pub mod import;
 pub mod ingest;
 pub mod store;
+pub mod workers;

@@ -1,6 +1,7 @@
 //! The HTTP layer: one module per resource, each returning an `OpenApiRouter`, merged here so
 //! that no route exists without its OpenAPI description.
 
+pub mod alerts;
 pub mod auth;
 pub mod extract;
 pub mod health;
@@ -39,6 +40,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "projects", description = "Projects and monthly budgets"),
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
+        (name = "alerts", description = "Budget burn and the alerts it fires"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
@@ -62,6 +64,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(projects::router())
         .merge(tokens::router())
         .merge(records::router())
+        .merge(alerts::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

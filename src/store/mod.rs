@@ -1,8 +1,10 @@
 //! The SQL layer: one file per aggregate. Handlers call these functions; nothing else
 //! speaks SQL.
 
+pub mod alerts;
 pub mod projects;
 pub mod records;
+pub mod settings;
 pub mod tokens;
 
 use sqlx::PgPool;

@@ -1,5 +1,6 @@
 //! Integration tests: one binary, so the embedded PostgreSQL starts once per run.
 
+mod alerts;
 mod common;
 mod foundation;
 mod import;

@@ -349,3 +349,86 @@ impl TestResponse {
             .unwrap_or_default()
     }
 }
+
+/// Requests a receiver saw: headers and body.
+pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
+
+/// A webhook receiver started by a test: it records every request and answers 500 to the
+/// first `failures` of them, 200 afterwards.
+pub struct Receiver {
+    pub url: String,
+    pub received: Received,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Receiver {
+    pub async fn start(failures: usize) -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), failures).await
+    }
+
+    pub async fn start_on(address: std::net::SocketAddr, failures: usize) -> Self {
+        use axum::routing::post;
+        let received: Received = Default::default();
+        let seen = received.clone();
+        let remaining_failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(failures));
+        let router = axum::Router::new().route(
+            "/hook",
+            post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let seen = seen.clone();
+                let remaining_failures = remaining_failures.clone();
+                async move {
+                    seen.lock().unwrap().push((headers, body.to_vec()));
+                    let fail = remaining_failures
+                        .fetch_update(
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                            |n| n.checked_sub(1),
+                        )
+                        .is_ok();
+                    if fail {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        StatusCode::OK
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            url: format!("http://{address}/hook"),
+            received,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn bodies(&self) -> Vec<(HeaderMap, Value)> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(headers, body)| (headers.clone(), serde_json::from_slice(body).unwrap()))
+            .collect()
+    }
+
+    pub fn raw(&self) -> Vec<(HeaderMap, Vec<u8>)> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
