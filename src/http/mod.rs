@@ -3,6 +3,7 @@
 
 pub mod alerts;
 pub mod auth;
+pub mod dashboard;
 pub mod extract;
 pub mod health;
 pub mod pagination;
@@ -61,6 +62,7 @@ impl Modify for BearerAuth {
 fn api() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::router())
+        .merge(dashboard::router())
         .merge(projects::router())
         .merge(tokens::router())
         .merge(records::router())
