@@ -1,7 +1,11 @@
 //! The SQL layer: one file per aggregate. Handlers call these functions; nothing else
 //! speaks SQL.
 
+pub mod contracts;
+pub mod cost;
+pub mod fx_rates;
 pub mod projects;
+pub mod rating;
 pub mod tokens;
 
 use sqlx::PgPool;
