@@ -2,7 +2,10 @@
 //! that no route exists without its OpenAPI description.
 
 pub mod auth;
+pub mod contracts;
+pub mod cost;
 pub mod extract;
+pub mod fx_rates;
 pub mod health;
 pub mod pagination;
 pub mod projects;
@@ -36,6 +39,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
     modifiers(&BearerAuth),
     tags(
         (name = "projects", description = "Projects and monthly budgets"),
+        (name = "contracts", description = "Pricing contracts and FX rates; every change re-rates what it touches"),
+        (name = "cost", description = "What a project's GPU time cost"),
         (name = "tokens", description = "API tokens and roles"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
@@ -58,6 +63,9 @@ fn api() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(health::router())
         .merge(projects::router())
+        .merge(contracts::router())
+        .merge(fx_rates::router())
+        .merge(cost::router())
         .merge(tokens::router())
 }
 

@@ -1,4 +1,6 @@
 //! Integration tests: one binary, so the embedded PostgreSQL starts once per run.
 
 mod common;
+mod contracts;
+mod cost;
 mod foundation;

@@ -346,3 +346,90 @@ impl TestResponse {
             .unwrap_or_default()
     }
 }
+
+impl TestApp {
+    /// Stores job records (API.md's record fields, with its defaults) and rates them, as
+    /// ingestion does.
+    pub async fn ingest(&self, records: Value) {
+        let mut tx = self.pool.begin().await.unwrap();
+        let mut keys = Vec::new();
+        for record in records.as_array().expect("an array of records") {
+            let text = |field: &str| record[field].as_str().map(str::to_owned);
+            let decimal = |field: &str| {
+                record[field]
+                    .as_str()
+                    .map(|raw| rust_decimal::Decimal::from_str(raw).unwrap())
+                    .or_else(|| record[field].as_i64().map(rust_decimal::Decimal::from))
+            };
+            let started_at: chrono::DateTime<chrono::Utc> =
+                text("started_at").unwrap().parse().unwrap();
+            let ended_at: chrono::DateTime<chrono::Utc> =
+                text("ended_at").unwrap().parse().unwrap();
+            let gpu_count = decimal("gpu_count").unwrap();
+            let held = decimal("gpu_seconds_held").unwrap_or_else(|| {
+                gpu_count * rust_decimal::Decimal::from((ended_at - started_at).num_seconds())
+            });
+            let project = text("project").unwrap();
+            let task = text("task_id").unwrap();
+            let attempt = record["attempt"].as_i64().unwrap_or(1) as i32;
+            sqlx::query(
+                "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
+                   billing_mode, provider, region, started_at, ended_at, gpu_seconds_held, \
+                   gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, \
+                   labels, content_hash) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                         $17, $18, $19) \
+                 ON CONFLICT (project_id, task_id, attempt) DO UPDATE SET \
+                   gpu_model = EXCLUDED.gpu_model, gpu_count = EXCLUDED.gpu_count, \
+                   billing_mode = EXCLUDED.billing_mode, provider = EXCLUDED.provider, \
+                   region = EXCLUDED.region, started_at = EXCLUDED.started_at, \
+                   ended_at = EXCLUDED.ended_at, gpu_seconds_held = EXCLUDED.gpu_seconds_held, \
+                   gpu_seconds_busy = EXCLUDED.gpu_seconds_busy, outcome = EXCLUDED.outcome, \
+                   retries = EXCLUDED.retries, failures = EXCLUDED.failures, \
+                   output_quantity = EXCLUDED.output_quantity, output_unit = EXCLUDED.output_unit, \
+                   labels = EXCLUDED.labels, content_hash = EXCLUDED.content_hash, \
+                   version = job_records.version + 1",
+            )
+            .bind(&project)
+            .bind(&task)
+            .bind(attempt)
+            .bind(text("gpu_model").unwrap())
+            .bind(gpu_count)
+            .bind(text("billing_mode").unwrap_or_else(|| "on_demand".to_owned()))
+            .bind(text("provider"))
+            .bind(text("region"))
+            .bind(started_at)
+            .bind(ended_at)
+            .bind(held)
+            .bind(decimal("gpu_seconds_busy"))
+            .bind(text("outcome").unwrap())
+            .bind(record["retries"].as_i64().unwrap_or(0) as i32)
+            .bind(record["failures"].as_i64().unwrap_or(0) as i32)
+            .bind(record.pointer("/output/quantity").and_then(|q| {
+                q.as_str()
+                    .map(|raw| rust_decimal::Decimal::from_str(raw).unwrap())
+            }))
+            .bind(
+                record
+                    .pointer("/output/unit")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            )
+            .bind(
+                record
+                    .get("labels")
+                    .cloned()
+                    .unwrap_or(serde_json::json!({})),
+            )
+            .bind(hash_secret(&record.to_string()))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            keys.push((project, task, attempt));
+        }
+        taskledger::store::rating::rate_records(&mut tx, &keys, chrono_tz::UTC)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+}
