@@ -74,6 +74,15 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Import job records from JSON (an array), NDJSON or CSV files; exits non-zero when
+    /// any record was rejected.
+    Import {
+        /// Files named *.json, *.ndjson, *.jsonl or *.csv.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the secret that signs alert webhooks, for receivers to verify them.
+    WebhookSecret,
     /// Print the OpenAPI document (the committed api/openapi.json).
     Openapi,
 }
@@ -137,6 +146,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(config).await,
+        Command::WebhookSecret => {
+            let database = open(&config).await?;
+            crate::db::migrate(&database.pool).await?;
+            let secret = webhook_secret(&database.pool).await;
+            database.close().await?;
+            println!("{}", secret?);
+            Ok(())
+        }
+        Command::Import { files } => {
+            let database = open(&config).await?;
+            crate::db::migrate(&database.pool).await?;
+            let outcome =
+                crate::import::import_files(&database.pool, &files, config.timezone).await;
+            database.close().await?;
+            let summary = outcome?;
+            crate::import::print_summary(&summary, 100);
+            anyhow::ensure!(
+                summary.rejected.is_empty(),
+                "{} records were rejected",
+                summary.rejected.len()
+            );
+            Ok(())
+        }
         Command::Migrate => {
             let database = open(&config).await?;
             crate::db::migrate(&database.pool).await?;
@@ -228,9 +260,35 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
             timezone: config.timezone,
         },
     );
+    let webhooks = crate::workers::webhooks::Webhooks::new(
+        database.pool.clone(),
+        webhook_secret(&database.pool).await?,
+        Default::default(),
+    )?;
     let application = Application::bind(state, config.listen).await?;
     tracing::info!(address = %application.local_addr(), "taskledger is ready");
-    application.serve_until(app::shutdown_signal()).await
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(webhooks.run(async move {
+        let mut stopped = stopped;
+        let _ = stopped.changed().await;
+    }));
+    let served = application
+        .serve_until(async move {
+            app::shutdown_signal().await;
+            let _ = stop.send(true);
+        })
+        .await;
+    worker.await?;
+    served
+}
+
+/// `TASKLEDGER_WEBHOOK_SECRET`, or else a secret generated once and kept in the database so
+/// that every replica signs alike.
+async fn webhook_secret(pool: &sqlx::PgPool) -> anyhow::Result<String> {
+    match std::env::var("TASKLEDGER_WEBHOOK_SECRET") {
+        Ok(secret) if !secret.trim().is_empty() => Ok(secret.trim().to_owned()),
+        _ => Ok(store::settings::get_or_create(pool, "webhook_secret", generate_secret).await?),
+    }
 }
 
 /// Makes sure someone can log in: the bootstrap token from the environment, or else a

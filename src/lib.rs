@@ -6,10 +6,14 @@
 //! - `db`: connecting to PostgreSQL, the embedded cluster and migrations;
 //! - `app` and `cli`: the running service and its command line.
 
+pub mod alerting;
 pub mod app;
 pub mod cli;
 pub mod db;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod import;
+pub mod ingest;
 pub mod store;
+pub mod workers;

@@ -1,8 +1,10 @@
 //! The domain: validated values, access rules and the cost model, free of I/O.
 
 pub mod access;
+pub mod burn;
 pub mod commitment;
 pub mod ledger_time;
 pub mod rating;
+pub mod record;
 pub mod summary;
 pub mod values;

@@ -46,54 +46,6 @@ pub enum Outcome {
     Preempted,
 }
 
-impl BillingMode {
-    pub const ALL: [Self; 3] = [Self::OnDemand, Self::Spot, Self::Reserved];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::OnDemand => "on_demand",
-            Self::Spot => "spot",
-            Self::Reserved => "reserved",
-        }
-    }
-
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|mode| mode.as_str() == raw)
-            .ok_or_else(|| {
-                format!("`{raw}` is not a billing mode: use on_demand, spot or reserved")
-            })
-    }
-}
-
-impl Outcome {
-    pub const ALL: [Self; 4] = [
-        Self::Completed,
-        Self::Failed,
-        Self::Cancelled,
-        Self::Preempted,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-            Self::Preempted => "preempted",
-        }
-    }
-
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|outcome| outcome.as_str() == raw)
-            .ok_or_else(|| {
-                format!("`{raw}` is not an outcome: use completed, failed, cancelled or preempted")
-            })
-    }
-}
-
 /// What rating needs of one job record, already validated: `started_at <= ended_at` and
 /// `0 <= gpu_seconds_busy <= gpu_seconds_held`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -194,7 +194,7 @@ fn fields_of(row: &ContractRow) -> ApiResult<ContractFields> {
     Ok(ContractFields {
         name: row.name.clone(),
         gpu_model: row.gpu_model.clone(),
-        billing_mode: BillingMode::parse(&row.billing_mode).map_err(anyhow::Error::msg)?,
+        billing_mode: crate::store::contracts::billing_mode(&row.billing_mode)?,
         price_per_gpu_hour: row.price_per_gpu_hour,
         currency: row.currency.clone(),
         valid_from: row.valid_from,
@@ -227,7 +227,11 @@ pub async fn create_contract(
         "/gpu_model",
         values::bounded_text(&body.gpu_model, SCOPE_CHARS),
     );
-    let billing_mode = violations.check("/billing_mode", BillingMode::parse(&body.billing_mode));
+    let billing_mode = violations.check(
+        "/billing_mode",
+        BillingMode::parse(&body.billing_mode)
+            .ok_or_else(|| "use on_demand, spot or reserved".to_owned()),
+    );
     let price = violations.check(
         "/price_per_gpu_hour",
         values::positive(body.price_per_gpu_hour),

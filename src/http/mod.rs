@@ -1,6 +1,7 @@
 //! The HTTP layer: one module per resource, each returning an `OpenApiRouter`, merged here so
 //! that no route exists without its OpenAPI description.
 
+pub mod alerts;
 pub mod auth;
 pub mod contracts;
 pub mod cost;
@@ -9,6 +10,7 @@ pub mod fx_rates;
 pub mod health;
 pub mod pagination;
 pub mod projects;
+pub mod records;
 pub mod tokens;
 
 use std::time::Duration;
@@ -42,6 +44,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "contracts", description = "Pricing contracts and FX rates; every change re-rates what it touches"),
         (name = "cost", description = "What a project's GPU time cost"),
         (name = "tokens", description = "API tokens and roles"),
+        (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
+        (name = "alerts", description = "Budget burn and the alerts it fires"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
@@ -67,6 +71,8 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(fx_rates::router())
         .merge(cost::router())
         .merge(tokens::router())
+        .merge(records::router())
+        .merge(alerts::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

@@ -34,7 +34,7 @@ impl ContractRow {
         Ok(Contract {
             id: self.id,
             gpu_model: self.gpu_model.clone(),
-            billing_mode: BillingMode::parse(&self.billing_mode).map_err(anyhow::Error::msg)?,
+            billing_mode: billing_mode(&self.billing_mode)?,
             project: self.project_id.clone(),
             provider: self.provider.clone(),
             region: self.region.clone(),
@@ -45,6 +45,11 @@ impl ContractRow {
             committed_gpus: self.committed_gpus,
         })
     }
+}
+
+/// A stored billing mode; the table's check constraint admits no other.
+pub fn billing_mode(raw: &str) -> anyhow::Result<BillingMode> {
+    BillingMode::parse(raw).ok_or_else(|| anyhow::anyhow!("unknown billing mode {raw}"))
 }
 
 /// A contract's fields, as created or after a change.

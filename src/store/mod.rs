@@ -1,11 +1,14 @@
 //! The SQL layer: one file per aggregate. Handlers call these functions; nothing else
 //! speaks SQL.
 
+pub mod alerts;
 pub mod contracts;
 pub mod cost;
 pub mod fx_rates;
 pub mod projects;
 pub mod rating;
+pub mod records;
+pub mod settings;
 pub mod tokens;
 
 use sqlx::PgPool;

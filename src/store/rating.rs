@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::domain::ledger_time::{LedgerHour, first_of_month};
 use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
+use crate::store::contracts::billing_mode;
 use crate::store::{contracts, fx_rates};
 
 /// `(project_id, task_id, attempt)`: a job record's key.
@@ -50,14 +51,15 @@ struct RecordRow {
 
 impl RecordRow {
     fn outcome(&self) -> anyhow::Result<Outcome> {
-        Outcome::parse(&self.outcome).map_err(anyhow::Error::msg)
+        Outcome::parse(&self.outcome)
+            .ok_or_else(|| anyhow::anyhow!("unknown outcome {}", self.outcome))
     }
 
     fn to_rate(&self) -> anyhow::Result<RecordToRate> {
         Ok(RecordToRate {
             project: self.project_id.clone(),
             gpu_model: self.gpu_model.clone(),
-            billing_mode: BillingMode::parse(&self.billing_mode).map_err(anyhow::Error::msg)?,
+            billing_mode: billing_mode(&self.billing_mode)?,
             provider: self.provider.clone(),
             region: self.region.clone(),
             currency: self.currency.clone(),

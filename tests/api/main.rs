@@ -1,6 +1,9 @@
 //! Integration tests: one binary, so the embedded PostgreSQL starts once per run.
 
+mod alerts;
 mod common;
 mod contracts;
 mod cost;
 mod foundation;
+mod import;
+mod ingest;

@@ -163,6 +163,8 @@ pub struct TestApp {
     pub router: Router,
     pub admin: String,
     pub database: String,
+    /// Where the test database is, for running the `taskledger` binary against it.
+    pub database_url: String,
 }
 
 impl TestApp {
@@ -194,6 +196,7 @@ impl TestApp {
             pool,
             admin: secret,
             database,
+            database_url,
         }
     }
 
@@ -347,89 +350,93 @@ impl TestResponse {
     }
 }
 
-impl TestApp {
-    /// Stores job records (API.md's record fields, with its defaults) and rates them, as
-    /// ingestion does.
-    pub async fn ingest(&self, records: Value) {
-        let mut tx = self.pool.begin().await.unwrap();
-        let mut keys = Vec::new();
-        for record in records.as_array().expect("an array of records") {
-            let text = |field: &str| record[field].as_str().map(str::to_owned);
-            let decimal = |field: &str| {
-                record[field]
-                    .as_str()
-                    .map(|raw| rust_decimal::Decimal::from_str(raw).unwrap())
-                    .or_else(|| record[field].as_i64().map(rust_decimal::Decimal::from))
-            };
-            let started_at: chrono::DateTime<chrono::Utc> =
-                text("started_at").unwrap().parse().unwrap();
-            let ended_at: chrono::DateTime<chrono::Utc> =
-                text("ended_at").unwrap().parse().unwrap();
-            let gpu_count = decimal("gpu_count").unwrap();
-            let held = decimal("gpu_seconds_held").unwrap_or_else(|| {
-                gpu_count * rust_decimal::Decimal::from((ended_at - started_at).num_seconds())
-            });
-            let project = text("project").unwrap();
-            let task = text("task_id").unwrap();
-            let attempt = record["attempt"].as_i64().unwrap_or(1) as i32;
-            sqlx::query(
-                "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
-                   billing_mode, provider, region, started_at, ended_at, gpu_seconds_held, \
-                   gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, \
-                   labels, content_hash) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                         $17, $18, $19) \
-                 ON CONFLICT (project_id, task_id, attempt) DO UPDATE SET \
-                   gpu_model = EXCLUDED.gpu_model, gpu_count = EXCLUDED.gpu_count, \
-                   billing_mode = EXCLUDED.billing_mode, provider = EXCLUDED.provider, \
-                   region = EXCLUDED.region, started_at = EXCLUDED.started_at, \
-                   ended_at = EXCLUDED.ended_at, gpu_seconds_held = EXCLUDED.gpu_seconds_held, \
-                   gpu_seconds_busy = EXCLUDED.gpu_seconds_busy, outcome = EXCLUDED.outcome, \
-                   retries = EXCLUDED.retries, failures = EXCLUDED.failures, \
-                   output_quantity = EXCLUDED.output_quantity, output_unit = EXCLUDED.output_unit, \
-                   labels = EXCLUDED.labels, content_hash = EXCLUDED.content_hash, \
-                   version = job_records.version + 1",
-            )
-            .bind(&project)
-            .bind(&task)
-            .bind(attempt)
-            .bind(text("gpu_model").unwrap())
-            .bind(gpu_count)
-            .bind(text("billing_mode").unwrap_or_else(|| "on_demand".to_owned()))
-            .bind(text("provider"))
-            .bind(text("region"))
-            .bind(started_at)
-            .bind(ended_at)
-            .bind(held)
-            .bind(decimal("gpu_seconds_busy"))
-            .bind(text("outcome").unwrap())
-            .bind(record["retries"].as_i64().unwrap_or(0) as i32)
-            .bind(record["failures"].as_i64().unwrap_or(0) as i32)
-            .bind(record.pointer("/output/quantity").and_then(|q| {
-                q.as_str()
-                    .map(|raw| rust_decimal::Decimal::from_str(raw).unwrap())
-            }))
-            .bind(
-                record
-                    .pointer("/output/unit")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-            )
-            .bind(
-                record
-                    .get("labels")
-                    .cloned()
-                    .unwrap_or(serde_json::json!({})),
-            )
-            .bind(hash_secret(&record.to_string()))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-            keys.push((project, task, attempt));
+/// Requests a receiver saw: headers and body.
+pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
+
+/// A webhook receiver started by a test: it records every request and answers 500 to the
+/// first `failures` of them, 200 afterwards.
+pub struct Receiver {
+    pub url: String,
+    pub received: Received,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Receiver {
+    pub async fn start(failures: usize) -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), failures).await
+    }
+
+    pub async fn start_on(address: std::net::SocketAddr, failures: usize) -> Self {
+        use axum::routing::post;
+        let received: Received = Default::default();
+        let seen = received.clone();
+        let remaining_failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(failures));
+        let router = axum::Router::new().route(
+            "/hook",
+            post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let seen = seen.clone();
+                let remaining_failures = remaining_failures.clone();
+                async move {
+                    seen.lock().unwrap().push((headers, body.to_vec()));
+                    let fail = remaining_failures
+                        .fetch_update(
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                            |n| n.checked_sub(1),
+                        )
+                        .is_ok();
+                    if fail {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        StatusCode::OK
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            url: format!("http://{address}/hook"),
+            received,
+            stop: Some(stop),
         }
-        taskledger::store::rating::rate_records(&mut tx, &keys, chrono_tz::UTC)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+    }
+
+    pub fn bodies(&self) -> Vec<(HeaderMap, Value)> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(headers, body)| (headers.clone(), serde_json::from_slice(body).unwrap()))
+            .collect()
+    }
+
+    pub fn raw(&self) -> Vec<(HeaderMap, Vec<u8>)> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl TestApp {
+    /// Posts job records through `POST /v1/job-records` as admin; they are rated on the way in.
+    pub async fn ingest(&self, records: Value) {
+        let response = self.post("/v1/job-records", &self.admin, records).await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     }
 }

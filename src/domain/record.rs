@@ -1,0 +1,851 @@
+//! A job record as CI posts it: parsed field by field from JSON so that every bad field of
+//! every record is reported at once, then normalised into the canonical form whose hash
+//! decides whether a re-post is a duplicate or a conflicting change.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use rust_decimal::Decimal;
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+use super::rating::{BillingMode, Outcome};
+use super::values::ProjectId;
+use crate::error::Violations;
+
+pub const MAX_TASK_ID_CHARS: usize = 256;
+pub const MAX_NAME_CHARS: usize = 64;
+pub const MAX_UNIT_CHARS: usize = 32;
+pub const MAX_LABELS: usize = 32;
+pub const MAX_LABEL_KEY_CHARS: usize = 64;
+pub const MAX_LABEL_VALUE_CHARS: usize = 256;
+/// The largest GPU count one record may hold; beyond it a value is a unit mistake.
+pub const MAX_GPU_COUNT: u32 = 1_000_000;
+/// How far in the future `ended_at` may lie (clock skew between CI and the server).
+pub const FUTURE_TOLERANCE_SECONDS: i64 = 300;
+
+const FIELDS: [&str; 18] = [
+    "project",
+    "task_id",
+    "attempt",
+    "gpu_model",
+    "gpu_count",
+    "billing_mode",
+    "provider",
+    "region",
+    "queued_at",
+    "started_at",
+    "ended_at",
+    "gpu_seconds_held",
+    "gpu_seconds_busy",
+    "outcome",
+    "retries",
+    "failures",
+    "output",
+    "labels",
+];
+
+impl BillingMode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BillingMode::OnDemand => "on_demand",
+            BillingMode::Spot => "spot",
+            BillingMode::Reserved => "reserved",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "on_demand" => Some(BillingMode::OnDemand),
+            "spot" => Some(BillingMode::Spot),
+            "reserved" => Some(BillingMode::Reserved),
+            _ => None,
+        }
+    }
+}
+
+impl Outcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Preempted => "preempted",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "completed" => Some(Outcome::Completed),
+            "failed" => Some(Outcome::Failed),
+            "cancelled" => Some(Outcome::Cancelled),
+            "preempted" => Some(Outcome::Preempted),
+            _ => None,
+        }
+    }
+}
+
+/// The identity of a record: posting the same key again is a duplicate or a conflict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey {
+    pub project: String,
+    pub task_id: String,
+    pub attempt: i32,
+}
+
+impl std::fmt::Display for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.project, self.task_id, self.attempt)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub quantity: Decimal,
+    pub unit: String,
+}
+
+/// A validated job record with its defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecord {
+    pub key: RecordKey,
+    pub gpu_model: String,
+    pub gpu_count: Decimal,
+    pub billing_mode: BillingMode,
+    pub provider: Option<String>,
+    pub region: Option<String>,
+    pub queued_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    pub gpu_seconds_held: Decimal,
+    pub gpu_seconds_busy: Option<Decimal>,
+    pub outcome: Outcome,
+    pub retries: i32,
+    pub failures: i32,
+    pub output: Option<Output>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl JobRecord {
+    /// Parses one record found at `pointer` (e.g. `/3`), reporting every bad field.
+    /// `now` bounds `ended_at` (at most five minutes ahead).
+    pub fn parse(value: &Value, pointer: &str, now: DateTime<Utc>) -> Result<Self, Violations> {
+        let mut v = Violations::default();
+        let Some(object) = value.as_object() else {
+            v.push(pointer, "a job record must be a JSON object");
+            return Err(v);
+        };
+        for name in object.keys() {
+            if !FIELDS.contains(&name.as_str()) {
+                v.push(
+                    format!(
+                        "{pointer}/{}",
+                        crate::http::extract::escape_pointer_token(name)
+                    ),
+                    format!("unknown field `{name}`"),
+                );
+            }
+        }
+        let mut fields = Fields {
+            object,
+            pointer,
+            v: &mut v,
+        };
+
+        let project = fields
+            .required_text("project", MAX_NAME_CHARS)
+            .and_then(|raw| {
+                let parsed = ProjectId::parse(&raw).map(|id| id.as_str().to_owned());
+                fields.v.check(&format!("{pointer}/project"), parsed)
+            });
+        let task_id = fields.required_text("task_id", MAX_TASK_ID_CHARS);
+        let attempt = fields
+            .integer("attempt", 1, i32::MAX as i64)
+            .unwrap_or(Some(1));
+        let gpu_model = fields.required_text("gpu_model", MAX_NAME_CHARS);
+        let gpu_count = fields.required_decimal("gpu_count").and_then(|count| {
+            fields.check(
+                "gpu_count",
+                bounded_positive(count, Decimal::from(MAX_GPU_COUNT)),
+            )
+        });
+        let billing_mode = fields
+            .choice(
+                "billing_mode",
+                BillingMode::parse,
+                "on_demand, spot, reserved",
+            )
+            .unwrap_or(Some(BillingMode::OnDemand));
+        let provider = fields.optional_text("provider", MAX_NAME_CHARS);
+        let region = fields.optional_text("region", MAX_NAME_CHARS);
+        let queued_at = fields.optional_time("queued_at");
+        let started_at = fields.required_time("started_at");
+        let ended_at = fields.required_time("ended_at");
+        let held = fields.optional_decimal("gpu_seconds_held");
+        let busy = fields.optional_decimal("gpu_seconds_busy");
+        let outcome = fields
+            .choice(
+                "outcome",
+                Outcome::parse,
+                "completed, failed, cancelled, preempted",
+            )
+            .unwrap_or_else(|| {
+                fields.missing("outcome");
+                None
+            });
+        let retries = fields
+            .integer("retries", 0, i32::MAX as i64)
+            .unwrap_or(Some(0));
+        let failures = fields
+            .integer("failures", 0, i32::MAX as i64)
+            .unwrap_or(Some(0));
+        let output = fields.output();
+        let labels = fields.labels();
+
+        let at = |name: &str| format!("{pointer}/{name}");
+        if let (Some(started), Some(ended)) = (started_at, ended_at)
+            && ended < started
+        {
+            v.push(at("ended_at"), "must not be earlier than started_at");
+        }
+        if let Some(ended) = ended_at
+            && ended > now + chrono::Duration::seconds(FUTURE_TOLERANCE_SECONDS)
+        {
+            v.push(at("ended_at"), "lies more than 5 minutes in the future");
+        }
+        if let (Some(queued), Some(started)) = (queued_at.flatten(), started_at)
+            && queued > started
+        {
+            v.push(at("queued_at"), "must not be later than started_at");
+        }
+        let capacity = match (gpu_count, started_at, ended_at) {
+            (Some(count), Some(started), Some(ended)) if ended >= started => {
+                Some(count * duration_seconds(started, ended))
+            }
+            _ => None,
+        };
+        let held = match (held, capacity) {
+            (Some(Some(held)), Some(capacity)) => {
+                if held < Decimal::ZERO {
+                    v.push(at("gpu_seconds_held"), "must not be negative");
+                } else if held > capacity {
+                    v.push(
+                        at("gpu_seconds_held"),
+                        format!(
+                            "must not exceed gpu_count × duration = {}",
+                            capacity.normalize()
+                        ),
+                    );
+                }
+                Some(held)
+            }
+            (Some(None), _) | (_, None) => None,
+            (None, Some(capacity)) => Some(capacity),
+        };
+        let busy = busy.flatten();
+        if let Some(busy) = busy {
+            if busy < Decimal::ZERO {
+                v.push(at("gpu_seconds_busy"), "must not be negative");
+            } else if let Some(held) = held
+                && busy > held
+            {
+                v.push(at("gpu_seconds_busy"), "must not exceed gpu_seconds_held");
+            }
+        }
+
+        if !v.is_empty() {
+            return Err(v);
+        }
+        match (
+            project,
+            task_id,
+            attempt,
+            gpu_model,
+            gpu_count,
+            billing_mode,
+            provider,
+            region,
+            queued_at,
+            started_at,
+            ended_at,
+            held,
+            outcome,
+            retries,
+            failures,
+            output,
+            labels,
+        ) {
+            (
+                Some(project),
+                Some(task_id),
+                Some(attempt),
+                Some(gpu_model),
+                Some(gpu_count),
+                Some(billing_mode),
+                Some(provider),
+                Some(region),
+                Some(queued_at),
+                Some(started_at),
+                Some(ended_at),
+                Some(held),
+                Some(outcome),
+                Some(retries),
+                Some(failures),
+                Some(output),
+                Some(labels),
+            ) => Ok(JobRecord {
+                key: RecordKey {
+                    project,
+                    task_id,
+                    attempt: attempt as i32,
+                },
+                gpu_model,
+                gpu_count: gpu_count.normalize(),
+                billing_mode,
+                provider,
+                region,
+                queued_at,
+                started_at,
+                ended_at,
+                gpu_seconds_held: held.normalize(),
+                gpu_seconds_busy: busy.map(|b| b.normalize()),
+                outcome,
+                retries: retries as i32,
+                failures: failures as i32,
+                output,
+                labels,
+            }),
+            _ => unreachable!("every field either parsed or was reported"),
+        }
+    }
+
+    /// The record as JSON with every default applied, keys sorted, decimals normalised and
+    /// times in UTC: equal records have equal canonical forms.
+    pub fn canonical_json(&self) -> Value {
+        json!({
+            "project": self.key.project,
+            "task_id": self.key.task_id,
+            "attempt": self.key.attempt,
+            "gpu_model": self.gpu_model,
+            "gpu_count": self.gpu_count.normalize().to_string(),
+            "billing_mode": self.billing_mode.as_str(),
+            "provider": self.provider,
+            "region": self.region,
+            "queued_at": self.queued_at.map(format_time),
+            "started_at": format_time(self.started_at),
+            "ended_at": format_time(self.ended_at),
+            "gpu_seconds_held": self.gpu_seconds_held.normalize().to_string(),
+            "gpu_seconds_busy": self.gpu_seconds_busy.map(|b| b.normalize().to_string()),
+            "outcome": self.outcome.as_str(),
+            "retries": self.retries,
+            "failures": self.failures,
+            "output": self.output.as_ref().map(|o| json!({
+                "quantity": o.quantity.normalize().to_string(),
+                "unit": o.unit,
+            })),
+            "labels": self.labels,
+        })
+    }
+
+    /// SHA-256 of the canonical JSON.
+    pub fn content_hash(&self) -> Vec<u8> {
+        let canonical = serde_json::to_vec(&self.canonical_json()).expect("JSON values serialise");
+        Sha256::digest(canonical).to_vec()
+    }
+}
+
+pub fn format_time(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// Exact seconds between two instants (nanosecond precision).
+pub fn duration_seconds(from: DateTime<Utc>, to: DateTime<Utc>) -> Decimal {
+    let nanos = (to - from)
+        .num_nanoseconds()
+        .map(i128::from)
+        .unwrap_or_else(|| i128::from((to - from).num_seconds()) * 1_000_000_000);
+    Decimal::from_i128_with_scale(nanos, 9).normalize()
+}
+
+fn bounded_positive(value: Decimal, max: Decimal) -> Result<Decimal, String> {
+    if value <= Decimal::ZERO {
+        Err(format!("must be greater than 0, got {value}"))
+    } else if value > max {
+        Err(format!("must be at most {max}, got {value}"))
+    } else {
+        Ok(value)
+    }
+}
+
+/// Reads the fields of one record object, recording each problem under its pointer.
+struct Fields<'a> {
+    object: &'a Map<String, Value>,
+    pointer: &'a str,
+    v: &'a mut Violations,
+}
+
+impl<'a> Fields<'a> {
+    fn at(&self, name: &str) -> String {
+        format!("{}/{name}", self.pointer)
+    }
+
+    fn check<T>(&mut self, name: &str, parsed: Result<T, String>) -> Option<T> {
+        let pointer = self.at(name);
+        self.v.check(&pointer, parsed)
+    }
+
+    fn missing(&mut self, name: &str) {
+        let pointer = self.at(name);
+        self.v.push(pointer, "is required");
+    }
+
+    /// `None` when absent or null; `Some(None)` when present but invalid.
+    fn present(&self, name: &str) -> Option<&'a Value> {
+        self.object.get(name).filter(|value| !value.is_null())
+    }
+
+    fn text(&mut self, name: &str, max: usize) -> Option<Option<String>> {
+        let value = self.present(name)?;
+        let parsed = match value.as_str() {
+            Some(text) => text_within(text, max),
+            None => Err("must be a string".to_owned()),
+        };
+        Some(self.check(name, parsed))
+    }
+
+    fn required_text(&mut self, name: &str, max: usize) -> Option<String> {
+        self.text(name, max).unwrap_or_else(|| {
+            self.missing(name);
+            None
+        })
+    }
+
+    /// `Some(None)` (absent) is a valid empty value; `None` means invalid.
+    fn optional_text(&mut self, name: &str, max: usize) -> Option<Option<String>> {
+        match self.text(name, max) {
+            None => Some(None),
+            Some(Some(text)) => Some(Some(text)),
+            Some(None) => None,
+        }
+    }
+
+    fn decimal(&mut self, name: &str) -> Option<Option<Decimal>> {
+        let value = self.present(name)?;
+        Some(self.check(name, parse_decimal(value)))
+    }
+
+    fn required_decimal(&mut self, name: &str) -> Option<Decimal> {
+        self.decimal(name).unwrap_or_else(|| {
+            self.missing(name);
+            None
+        })
+    }
+
+    /// `None`: absent; `Some(None)`: present but invalid; `Some(Some(_))`: a value.
+    fn optional_decimal(&mut self, name: &str) -> Option<Option<Decimal>> {
+        self.decimal(name)
+    }
+
+    /// `None` when absent (the caller applies the default).
+    fn integer(&mut self, name: &str, min: i64, max: i64) -> Option<Option<i64>> {
+        let value = self.present(name)?;
+        let parsed = parse_integer(value).and_then(|n| {
+            if (min..=max).contains(&n) {
+                Ok(n)
+            } else {
+                Err(format!("must be from {min} to {max}, got {n}"))
+            }
+        });
+        Some(self.check(name, parsed))
+    }
+
+    fn choice<T>(
+        &mut self,
+        name: &str,
+        parse: impl Fn(&str) -> Option<T>,
+        allowed: &str,
+    ) -> Option<Option<T>> {
+        let value = self.present(name)?;
+        let parsed = value
+            .as_str()
+            .and_then(&parse)
+            .ok_or_else(|| format!("must be one of {allowed}"));
+        Some(self.check(name, parsed))
+    }
+
+    fn time(&mut self, name: &str) -> Option<Option<DateTime<Utc>>> {
+        let value = self.present(name)?;
+        Some(self.check(name, parse_time(value)))
+    }
+
+    fn required_time(&mut self, name: &str) -> Option<DateTime<Utc>> {
+        self.time(name).unwrap_or_else(|| {
+            self.missing(name);
+            None
+        })
+    }
+
+    fn optional_time(&mut self, name: &str) -> Option<Option<DateTime<Utc>>> {
+        match self.time(name) {
+            None => Some(None),
+            Some(Some(time)) => Some(Some(time)),
+            Some(None) => None,
+        }
+    }
+
+    fn output(&mut self) -> Option<Option<Output>> {
+        let Some(value) = self.present("output") else {
+            return Some(None);
+        };
+        let Some(object) = value.as_object() else {
+            self.check::<()>(
+                "output",
+                Err("must be an object {quantity, unit}".to_owned()),
+            );
+            return None;
+        };
+        let mut valid = true;
+        for name in object.keys() {
+            if name != "quantity" && name != "unit" {
+                let pointer = format!(
+                    "{}/output/{}",
+                    self.pointer,
+                    crate::http::extract::escape_pointer_token(name)
+                );
+                self.v.push(pointer, format!("unknown field `{name}`"));
+                valid = false;
+            }
+        }
+        let quantity_pointer = format!("{}/output/quantity", self.pointer);
+        let quantity = match object.get("quantity").filter(|q| !q.is_null()) {
+            None => {
+                self.v.push(quantity_pointer, "is required");
+                None
+            }
+            Some(raw) => parse_decimal(raw)
+                .and_then(|q| {
+                    if q < Decimal::ZERO {
+                        Err("must not be negative".to_owned())
+                    } else {
+                        Ok(q.normalize())
+                    }
+                })
+                .map_err(|message| self.v.push(quantity_pointer, message))
+                .ok(),
+        };
+        let unit_pointer = format!("{}/output/unit", self.pointer);
+        let unit = match object.get("unit").and_then(Value::as_str) {
+            None => {
+                self.v
+                    .push(unit_pointer, "is required (a string such as `tokens`)");
+                None
+            }
+            Some(unit) => text_within(unit, MAX_UNIT_CHARS)
+                .map_err(|message| self.v.push(unit_pointer, message))
+                .ok(),
+        };
+        match (valid, quantity, unit) {
+            (true, Some(quantity), Some(unit)) => Some(Some(Output { quantity, unit })),
+            _ => None,
+        }
+    }
+
+    fn labels(&mut self) -> Option<BTreeMap<String, String>> {
+        let Some(value) = self.present("labels") else {
+            return Some(BTreeMap::new());
+        };
+        let Some(object) = value.as_object() else {
+            self.check::<()>(
+                "labels",
+                Err("must be an object of string values".to_owned()),
+            );
+            return None;
+        };
+        if object.len() > MAX_LABELS {
+            self.check::<()>("labels", Err(format!("at most {MAX_LABELS} labels")));
+            return None;
+        }
+        let mut labels = BTreeMap::new();
+        let mut valid = true;
+        for (key, value) in object {
+            let pointer = format!(
+                "{}/labels/{}",
+                self.pointer,
+                crate::http::extract::escape_pointer_token(key)
+            );
+            let key_ok = !key.is_empty()
+                && key.chars().count() <= MAX_LABEL_KEY_CHARS
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+            if !key_ok {
+                self.v.push(
+                    pointer,
+                    format!(
+                        "label keys are 1-{MAX_LABEL_KEY_CHARS} letters, digits, `_`, `-`, `.` or `/`"
+                    ),
+                );
+                valid = false;
+                continue;
+            }
+            let text = match value {
+                Value::String(text) => text_within(text, MAX_LABEL_VALUE_CHARS),
+                Value::Number(number) => Ok(number.to_string()),
+                Value::Bool(flag) => Ok(flag.to_string()),
+                _ => Err("label values are strings".to_owned()),
+            };
+            match text {
+                Ok(text) => {
+                    labels.insert(key.clone(), text);
+                }
+                Err(message) => {
+                    self.v.push(pointer, message);
+                    valid = false;
+                }
+            }
+        }
+        valid.then_some(labels)
+    }
+}
+
+fn text_within(text: &str, max: usize) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("must not be empty".to_owned())
+    } else if text.chars().count() > max {
+        Err(format!("must be at most {max} characters"))
+    } else if text.chars().any(char::is_control) {
+        Err("must not contain control characters".to_owned())
+    } else {
+        Ok(text.to_owned())
+    }
+}
+
+/// A number or a decimal string, exact (never through a float); overflow, NaN and infinities
+/// are refused.
+pub fn parse_decimal(value: &Value) -> Result<Decimal, String> {
+    let raw = match value {
+        Value::Number(number) => number.to_string(),
+        Value::String(text) => text.trim().to_owned(),
+        _ => return Err("must be a number or a decimal string".to_owned()),
+    };
+    let lowered = raw.to_ascii_lowercase();
+    if lowered.contains("nan") || lowered.contains("inf") {
+        return Err(format!("`{raw}` is not a finite number"));
+    }
+    let parsed = if lowered.contains('e') {
+        Decimal::from_scientific(&raw)
+    } else {
+        Decimal::from_str(&raw)
+    };
+    parsed.map_err(|_| {
+        if raw
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'))
+        {
+            format!("`{}` is out of range", truncate(&raw))
+        } else {
+            format!("`{}` is not a decimal number", truncate(&raw))
+        }
+    })
+}
+
+fn parse_integer(value: &Value) -> Result<i64, String> {
+    let invalid = || "must be a whole number".to_owned();
+    match value {
+        Value::Number(number) => number
+            .as_i64()
+            .or_else(|| {
+                let text = number.to_string();
+                Decimal::from_str(&text)
+                    .ok()
+                    .filter(|d| d.fract().is_zero())
+                    .and_then(|d| i64::try_from(d).ok())
+            })
+            .ok_or_else(invalid),
+        Value::String(text) => text.trim().parse::<i64>().map_err(|_| invalid()),
+        _ => Err(invalid()),
+    }
+}
+
+/// RFC 3339 with an explicit offset; a time without one is ambiguous and refused.
+pub fn parse_time(value: &Value) -> Result<DateTime<Utc>, String> {
+    let text = value
+        .as_str()
+        .ok_or_else(|| "must be an RFC 3339 time string".to_owned())?;
+    DateTime::parse_from_rfc3339(text.trim())
+        .map(|time| time.with_timezone(&Utc))
+        .map_err(|_| {
+            format!(
+                "`{}` is not an RFC 3339 time with an offset (e.g. 2026-11-20T10:00:00Z)",
+                truncate(text)
+            )
+        })
+}
+
+fn truncate(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-30T00:00:00Z".parse().unwrap()
+    }
+
+    fn minimal() -> Value {
+        json!({
+            "project": "vision", "task_id": "t1", "gpu_model": "H100", "gpu_count": 8,
+            "started_at": "2026-11-20T10:00:00Z", "ended_at": "2026-11-20T11:30:00Z",
+            "outcome": "completed"
+        })
+    }
+
+    fn pointers(value: Value) -> Vec<String> {
+        match JobRecord::parse(&value, "/0", now()) {
+            Ok(_) => vec![],
+            Err(v) => {
+                let mut p: Vec<String> = v.into_vec().into_iter().map(|e| e.pointer).collect();
+                p.sort();
+                p
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_are_applied() {
+        let record = JobRecord::parse(&minimal(), "/0", now()).unwrap();
+        assert_eq!(record.key.attempt, 1);
+        assert_eq!(record.billing_mode, BillingMode::OnDemand);
+        assert_eq!(record.gpu_seconds_held, Decimal::from(8 * 5400));
+        assert_eq!(record.gpu_seconds_busy, None, "absent busy is unmeasured");
+        assert_eq!((record.retries, record.failures), (0, 0));
+    }
+
+    #[test]
+    fn fractional_gpu_counts_are_valid() {
+        let mut value = minimal();
+        value["gpu_count"] = json!("0.142857");
+        let record = JobRecord::parse(&value, "/0", now()).unwrap();
+        assert_eq!(
+            record.gpu_seconds_held,
+            Decimal::from_str("771.4278").unwrap()
+        );
+    }
+
+    #[test]
+    fn every_bad_field_is_reported() {
+        let value = json!({
+            "project": "Vision", "task_id": "", "attempt": 0, "gpu_model": "H100",
+            "gpu_count": 0, "billing_mode": "lease", "started_at": "2026-11-20T10:00:00",
+            "ended_at": "2026-11-20T09:00:00Z", "outcome": "done", "retries": -1,
+            "output": {"quantity": "-1", "unit": ""}, "colour": "red"
+        });
+        assert_eq!(
+            pointers(value),
+            vec![
+                "/0/attempt",
+                "/0/billing_mode",
+                "/0/colour",
+                "/0/gpu_count",
+                "/0/outcome",
+                "/0/output/quantity",
+                "/0/output/unit",
+                "/0/project",
+                "/0/retries",
+                "/0/started_at",
+                "/0/task_id",
+            ]
+        );
+    }
+
+    #[test]
+    fn required_fields_are_named() {
+        assert_eq!(
+            pointers(json!({})),
+            vec![
+                "/0/ended_at",
+                "/0/gpu_count",
+                "/0/gpu_model",
+                "/0/outcome",
+                "/0/project",
+                "/0/started_at",
+                "/0/task_id"
+            ]
+        );
+    }
+
+    #[test]
+    fn times_are_ordered_and_not_in_the_future() {
+        let mut value = minimal();
+        value["ended_at"] = json!("2026-11-20T09:00:00Z");
+        assert_eq!(pointers(value), vec!["/0/ended_at"]);
+        let mut value = minimal();
+        value["ended_at"] = json!("2026-11-30T00:06:00Z");
+        assert_eq!(pointers(value), vec!["/0/ended_at"]);
+        let mut value = minimal();
+        value["ended_at"] = json!("2026-11-30T00:04:00+00:00");
+        assert_eq!(pointers(value), Vec::<String>::new());
+    }
+
+    #[test]
+    fn held_and_busy_are_bounded() {
+        let mut value = minimal();
+        value["gpu_seconds_held"] = json!(43201);
+        assert_eq!(pointers(value), vec!["/0/gpu_seconds_held"]);
+        let mut value = minimal();
+        value["gpu_seconds_held"] = json!("43200");
+        value["gpu_seconds_busy"] = json!(43200.5);
+        assert_eq!(pointers(value), vec!["/0/gpu_seconds_busy"]);
+        let mut value = minimal();
+        value["gpu_seconds_busy"] = json!(-1);
+        assert_eq!(pointers(value), vec!["/0/gpu_seconds_busy"]);
+    }
+
+    #[test]
+    fn overflow_nan_and_garbage_numbers_are_refused() {
+        for bad in [
+            json!("NaN"),
+            json!("1e40"),
+            json!("99999999999999999999999999999999"),
+            json!("abc"),
+            json!(true),
+        ] {
+            let mut value = minimal();
+            value["gpu_seconds_busy"] = bad.clone();
+            assert_eq!(pointers(value), vec!["/0/gpu_seconds_busy"], "{bad}");
+        }
+    }
+
+    #[test]
+    fn labels_are_bounded() {
+        let mut value = minimal();
+        let many: Map<String, Value> = (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+        value["labels"] = Value::Object(many);
+        assert_eq!(pointers(value), vec!["/0/labels"]);
+        let mut value = minimal();
+        value["labels"] = json!({"ok": "x", "bad key": "y", "nested": {"a": 1}});
+        assert_eq!(
+            pointers(value),
+            vec!["/0/labels/bad key", "/0/labels/nested"]
+        );
+    }
+
+    #[test]
+    fn equal_records_hash_equally_whatever_their_spelling() {
+        let a = JobRecord::parse(&minimal(), "/0", now()).unwrap();
+        let mut spelled = minimal();
+        spelled["gpu_count"] = json!("8.00");
+        spelled["attempt"] = json!(1);
+        spelled["billing_mode"] = json!("on_demand");
+        spelled["started_at"] = json!("2026-11-20T11:00:00+01:00");
+        let b = JobRecord::parse(&spelled, "/0", now()).unwrap();
+        assert_eq!(a.content_hash(), b.content_hash());
+        let mut changed = minimal();
+        changed["outcome"] = json!("failed");
+        let c = JobRecord::parse(&changed, "/0", now()).unwrap();
+        assert_ne!(a.content_hash(), c.content_hash());
+    }
+}

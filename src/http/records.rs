@@ -1,0 +1,579 @@
+//! Job records: what CI posts, corrections, and reading them back.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::header;
+use chrono::{DateTime, NaiveDate, TimeZone, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::app::AppState;
+use crate::domain::access::Principal;
+use crate::domain::rating::Outcome;
+use crate::domain::record::{JobRecord, RecordKey};
+use crate::error::{ApiError, ApiResult, FieldError, Problem, Violations};
+use crate::http::auth::project_not_found;
+use crate::http::extract::{ApiPath, ApiQuery, body_rejection, classify_json_error};
+use crate::http::pagination::{Page, PageParams};
+use crate::http::projects::readable_project;
+use crate::ingest::{self, IngestError, Submitted};
+use crate::store;
+use crate::store::records::{RecordFilter, RecordRow, VersionRow};
+
+/// The most records one request may carry.
+pub const MAX_RECORDS_PER_REQUEST: usize = 10_000;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(post_job_records))
+        .routes(routes!(list_job_records))
+        .routes(routes!(get_job_record, put_job_record))
+}
+
+/// One job record as CI posts it (API.md "Job records").
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobRecordInput {
+    /// Project id (lowercase slug).
+    #[schema(example = "vision")]
+    pub project: String,
+    /// At most 256 characters.
+    pub task_id: String,
+    /// Default 1.
+    #[schema(minimum = 1)]
+    pub attempt: Option<i32>,
+    #[schema(example = "H100")]
+    pub gpu_model: String,
+    /// May be fractional: a MIG slice or shared GPU holds 0.5 or 1/7 of a card.
+    #[schema(value_type = String, example = "8")]
+    pub gpu_count: Decimal,
+    /// `on_demand` (default), `spot` or `reserved`.
+    pub billing_mode: Option<String>,
+    pub provider: Option<String>,
+    pub region: Option<String>,
+    pub queued_at: Option<DateTime<Utc>>,
+    /// RFC 3339 with an offset.
+    pub started_at: DateTime<Utc>,
+    /// RFC 3339 with an offset; not before `started_at`, at most 5 minutes in the future.
+    pub ended_at: DateTime<Utc>,
+    /// Default `gpu_count × duration`; never more. A number or decimal string.
+    #[schema(value_type = Option<String>)]
+    pub gpu_seconds_held: Option<Decimal>,
+    /// Measured busy GPU-seconds, at most `gpu_seconds_held`; absent means unmeasured.
+    #[schema(value_type = Option<String>)]
+    pub gpu_seconds_busy: Option<Decimal>,
+    /// `completed`, `failed`, `cancelled` or `preempted`.
+    pub outcome: String,
+    pub retries: Option<i32>,
+    pub failures: Option<i32>,
+    pub output: Option<OutputView>,
+    /// At most 32 labels; keys of letters, digits, `_-./`.
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutputView {
+    /// Non-negative, a number or decimal string.
+    #[schema(value_type = String, example = "1000000")]
+    pub quantity: Decimal,
+    #[schema(example = "tokens")]
+    pub unit: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IngestResult {
+    /// Records stored by this request.
+    pub accepted: usize,
+    /// Records already stored identically (or repeated in the batch), not written again.
+    pub duplicates: usize,
+}
+
+/// A stored record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecordView {
+    pub project: String,
+    pub task_id: String,
+    pub attempt: i32,
+    pub gpu_model: String,
+    #[schema(value_type = String)]
+    pub gpu_count: Decimal,
+    pub billing_mode: String,
+    pub provider: Option<String>,
+    pub region: Option<String>,
+    pub queued_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    #[schema(value_type = String)]
+    pub gpu_seconds_held: Decimal,
+    #[schema(value_type = Option<String>)]
+    pub gpu_seconds_busy: Option<Decimal>,
+    pub outcome: String,
+    pub retries: i32,
+    pub failures: i32,
+    pub output: Option<OutputView>,
+    pub labels: BTreeMap<String, String>,
+    /// 1 when first stored; each correction adds one.
+    pub version: i32,
+    pub ingested_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<RecordRow> for RecordView {
+    fn from(row: RecordRow) -> Self {
+        Self {
+            output: match (row.output_quantity, row.output_unit) {
+                (Some(quantity), Some(unit)) => Some(OutputView {
+                    quantity: quantity.normalize(),
+                    unit,
+                }),
+                _ => None,
+            },
+            project: row.project_id,
+            task_id: row.task_id,
+            attempt: row.attempt,
+            gpu_model: row.gpu_model,
+            gpu_count: row.gpu_count.normalize(),
+            billing_mode: row.billing_mode,
+            provider: row.provider,
+            region: row.region,
+            queued_at: row.queued_at,
+            started_at: row.started_at,
+            ended_at: row.ended_at,
+            gpu_seconds_held: row.gpu_seconds_held.normalize(),
+            gpu_seconds_busy: row.gpu_seconds_busy.map(|b| b.normalize()),
+            outcome: row.outcome,
+            retries: row.retries,
+            failures: row.failures,
+            labels: row.labels.0,
+            version: row.version,
+            ingested_at: row.ingested_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+/// An earlier version, replaced by a correction.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionView {
+    pub version: i32,
+    /// The record as it was (canonical form).
+    #[schema(value_type = Object)]
+    pub record: Value,
+    /// When this version was stored.
+    pub recorded_at: DateTime<Utc>,
+    /// The token that replaced it.
+    pub replaced_by: Option<Uuid>,
+    pub replaced_at: DateTime<Utc>,
+}
+
+impl From<VersionRow> for VersionView {
+    fn from(row: VersionRow) -> Self {
+        Self {
+            version: row.version,
+            record: row.record,
+            recorded_at: row.recorded_at,
+            replaced_by: row.replaced_by,
+            replaced_at: row.replaced_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecordWithHistory {
+    pub record: RecordView,
+    /// Earlier versions, oldest first.
+    pub history: Vec<VersionView>,
+}
+
+/// The records of a request body: a JSON array, or NDJSON with one record per line.
+pub struct RecordBatch(pub Vec<Value>);
+
+impl<S: Send + Sync> FromRequest<S> for RecordBatch {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        let ndjson = matches!(
+            content_type.as_str(),
+            "application/x-ndjson" | "application/ndjson" | "application/jsonl"
+        );
+        if !ndjson {
+            crate::http::extract::require_json_content_type(req.headers()).map_err(|_| {
+                ApiError::UnsupportedMediaType(
+                    "send a JSON array (application/json) or one record per line \
+                     (application/x-ndjson)"
+                        .to_owned(),
+                )
+            })?;
+        }
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
+        let records = if ndjson {
+            parse_ndjson(&body)?
+        } else {
+            parse_array(&body)?
+        };
+        if records.len() > MAX_RECORDS_PER_REQUEST {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "{} records in one request; the limit is {MAX_RECORDS_PER_REQUEST}, split the batch",
+                records.len()
+            )));
+        }
+        Ok(RecordBatch(records))
+    }
+}
+
+fn parse_array(body: &[u8]) -> Result<Vec<Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(records)) => Ok(records),
+        Ok(_) => Err(ApiError::invalid(
+            "",
+            "the body must be a JSON array of job records",
+        )),
+        Err(error) => Err(classify_json_error(String::new(), &error)),
+    }
+}
+
+fn parse_ndjson(body: &[u8]) -> Result<Vec<Value>, ApiError> {
+    let mut records = Vec::new();
+    for (number, line) in body.split(|&b| b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let value = serde_json::from_slice::<Value>(line).map_err(|error| {
+            ApiError::BadRequest(format!("line {} is not valid JSON: {error}", number + 1))
+        })?;
+        records.push(value);
+        if records.len() > MAX_RECORDS_PER_REQUEST {
+            break;
+        }
+    }
+    Ok(records)
+}
+
+/// Post job records (all or nothing).
+///
+/// A batch is validated whole: one invalid record answers 422 naming every bad field by
+/// pointer (`/3/ended_at`; for NDJSON the index counts non-blank lines from 0) and nothing is
+/// written. Records are idempotent by `(project, task_id, attempt)`: an identical re-post is
+/// counted in `duplicates`; different content under a stored key is a 409 naming the
+/// records, and nothing is written. Admin tokens may post to every project, ingest tokens to
+/// their own.
+#[utoipa::path(post, path = "/v1/job-records", tag = "job-records",
+    request_body(content(
+        (Vec<JobRecordInput> = "application/json"),
+        (JobRecordInput = "application/x-ndjson"),
+    ), description = "Up to 10,000 records or 16 MiB"),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Stored", body = IngestResult),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A record names a project this token may not post to", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A key is stored (or repeated) with different content", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "More than 10,000 records or 16 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid records", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn post_job_records(
+    State(state): State<AppState>,
+    principal: Principal,
+    RecordBatch(values): RecordBatch,
+) -> ApiResult<axum::Json<IngestResult>> {
+    if !principal.is_admin() && principal.role != crate::domain::access::Role::Ingest {
+        return Err(ApiError::Forbidden(
+            "posting job records needs an ingest or admin token".to_owned(),
+        ));
+    }
+    let now = Utc::now();
+    let mut violations = Violations::default();
+    let mut batch = Vec::with_capacity(values.len());
+    for (position, value) in values.iter().enumerate() {
+        match JobRecord::parse(value, &format!("/{position}"), now) {
+            Ok(record) => batch.push(Submitted { position, record }),
+            Err(errors) => violations.extend(errors),
+        }
+    }
+    violations.into_result()?;
+    check_projects(&state, &principal, &batch).await?;
+    match ingest::store_batch(&state.pool, batch, state.settings.timezone).await {
+        Ok(stored) => Ok(axum::Json(IngestResult {
+            accepted: stored.accepted,
+            duplicates: stored.duplicates,
+        })),
+        Err(IngestError::Conflicts(conflicts)) => Err(ApiError::Conflict(
+            format!(
+                "{} records conflict with stored or repeated keys; nothing was written",
+                conflicts.len()
+            ),
+            conflicts
+                .iter()
+                .map(|c| FieldError::new(format!("/{}", c.position), c.message()))
+                .collect(),
+        )),
+        Err(IngestError::Database(error)) => Err(error.into()),
+        Err(IngestError::Rating(error)) => Err(ApiError::Internal(error)),
+    }
+}
+
+/// Every record must name a project the token may post to (403) and that exists (422).
+async fn check_projects(
+    state: &AppState,
+    principal: &Principal,
+    batch: &[Submitted],
+) -> ApiResult<()> {
+    let forbidden: Vec<FieldError> = batch
+        .iter()
+        .filter(|s| !principal.can_ingest(&s.record.key.project))
+        .map(|s| {
+            FieldError::new(
+                format!("/{}/project", s.position),
+                format!(
+                    "this token may not post to project `{}`",
+                    s.record.key.project
+                ),
+            )
+        })
+        .collect();
+    if !forbidden.is_empty() {
+        return Err(ApiError::ForbiddenFields(
+            format!(
+                "{} records name projects this token may not post to; nothing was written",
+                forbidden.len()
+            ),
+            forbidden,
+        ));
+    }
+    let named: Vec<String> = batch
+        .iter()
+        .map(|s| s.record.key.project.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let existing: BTreeSet<String> = store::projects::existing_ids(&state.pool, &named)
+        .await?
+        .into_iter()
+        .collect();
+    let mut violations = Violations::default();
+    for s in batch {
+        if !existing.contains(&s.record.key.project) {
+            violations.push(
+                format!("/{}/project", s.position),
+                format!("project `{}` does not exist", s.record.key.project),
+            );
+        }
+    }
+    violations.into_result()
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RecordQuery {
+    /// Records that started at or after this time (RFC 3339, or a date: midnight in the ledger time zone).
+    pub from: Option<String>,
+    /// Records that started before this time (exclusive).
+    pub to: Option<String>,
+    /// Only this outcome.
+    pub outcome: Option<String>,
+    /// Only the attempts of this task.
+    pub task_id: Option<String>,
+    /// Items per page, 1 to 1000 (default 100).
+    pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A time given as RFC 3339 or as a date (midnight of that day in the ledger time zone).
+pub fn parse_instant(raw: &str, tz: chrono_tz::Tz) -> Result<DateTime<Utc>, String> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(raw) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    NaiveDate::parse_from_str(raw, "%Y-%m-%d")
+        .ok()
+        .and_then(|date| {
+            tz.from_local_datetime(&date.and_hms_opt(0, 0, 0)?)
+                .earliest()
+        })
+        .map(|time| time.with_timezone(&Utc))
+        .ok_or_else(|| format!("`{raw}` is neither an RFC 3339 time nor a YYYY-MM-DD date"))
+}
+
+/// List a project's job records by start time.
+#[utoipa::path(get, path = "/v1/projects/{id}/job-records", tag = "job-records",
+    params(("id" = String, Path, description = "Project id"), RecordQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "A page of records in start order", body = Page<RecordView>),
+        (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid filter", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn list_job_records(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<RecordQuery>,
+) -> ApiResult<axum::Json<Page<RecordView>>> {
+    readable_project(&state, &principal, &id).await?;
+    let tz = state.settings.timezone;
+    let page = PageParams {
+        limit: query.limit,
+        cursor: query.cursor.clone(),
+    };
+    let limit = page.limit()?;
+    let mut violations = Violations::default();
+    let after: Option<(DateTime<Utc>, String, i32)> = page.cursor()?;
+    let from = query
+        .from
+        .as_deref()
+        .and_then(|raw| violations.check("query:from", parse_instant(raw, tz)));
+    let to = query
+        .to
+        .as_deref()
+        .and_then(|raw| violations.check("query:to", parse_instant(raw, tz)));
+    let outcome = query.outcome.as_deref().and_then(|raw| {
+        violations.check(
+            "query:outcome",
+            Outcome::parse(raw)
+                .map(|o| o.as_str())
+                .ok_or_else(|| "must be one of completed, failed, cancelled, preempted".to_owned()),
+        )
+    });
+    violations.into_result()?;
+    let filter = RecordFilter {
+        from,
+        to,
+        outcome,
+        task_id: query.task_id,
+        after,
+    };
+    let rows = store::records::list(&state.pool, &id, &filter, limit + 1).await?;
+    Ok(axum::Json(Page::from_rows(
+        rows,
+        limit,
+        |row| (row.started_at, row.task_id.clone(), row.attempt),
+        RecordView::from,
+    )))
+}
+
+fn record_key(project: String, task_id: String, attempt: i32) -> RecordKey {
+    RecordKey {
+        project,
+        task_id,
+        attempt,
+    }
+}
+
+/// One record with every earlier version.
+#[utoipa::path(get, path = "/v1/projects/{id}/job-records/{task_id}/{attempt}", tag = "job-records",
+    params(("id" = String, Path, description = "Project id"), ("task_id" = String, Path, description = "Task id (percent-encoded)"), ("attempt" = i32, Path, description = "Attempt")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The record and its history", body = RecordWithHistory),
+        (status = 404, description = "No such record", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_job_record(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath((id, task_id, attempt)): ApiPath<(String, String, i32)>,
+) -> ApiResult<axum::Json<RecordWithHistory>> {
+    readable_project(&state, &principal, &id).await?;
+    let key = record_key(id, task_id, attempt);
+    let row = store::records::get(&state.pool, &key)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
+    let history = store::records::history(&state.pool, &key).await?;
+    Ok(axum::Json(RecordWithHistory {
+        record: row.into(),
+        history: history.into_iter().map(VersionView::from).collect(),
+    }))
+}
+
+/// Correct a stored record (admin, or an ingest token of the project).
+///
+/// The body is the whole corrected record; `project`, `task_id` and `attempt` may be left
+/// out and must match the path when given. The version it replaces is kept in the history
+/// with who replaced it and when. An identical body changes nothing.
+#[utoipa::path(put, path = "/v1/projects/{id}/job-records/{task_id}/{attempt}", tag = "job-records",
+    params(("id" = String, Path, description = "Project id"), ("task_id" = String, Path, description = "Task id (percent-encoded)"), ("attempt" = i32, Path, description = "Attempt")),
+    request_body = JobRecordInput,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The corrected record and its history", body = RecordWithHistory),
+        (status = 403, description = "This token may not correct records of the project", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such record", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid record", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn put_job_record(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath((id, task_id, attempt)): ApiPath<(String, String, i32)>,
+    crate::http::extract::ApiJson(mut body): crate::http::extract::ApiJson<Value>,
+) -> ApiResult<axum::Json<RecordWithHistory>> {
+    if !principal.can_ingest(&id) {
+        return Err(if principal.can_read(&id) {
+            ApiError::Forbidden(format!(
+                "correcting records of `{id}` needs an admin token or an ingest token of the project"
+            ))
+        } else {
+            project_not_found(&id)
+        });
+    }
+    let Some(object) = body.as_object_mut() else {
+        return Err(ApiError::invalid(
+            "",
+            "the body must be one job record object",
+        ));
+    };
+    let mut violations = Violations::default();
+    for (field, expected) in [
+        ("project", Value::from(id.clone())),
+        ("task_id", Value::from(task_id.clone())),
+        ("attempt", Value::from(attempt)),
+    ] {
+        match object.get(field) {
+            None | Some(Value::Null) => {
+                object.insert(field.to_owned(), expected);
+            }
+            Some(given) if *given == expected => {}
+            Some(_) => violations.push(format!("/{field}"), "must match the path"),
+        }
+    }
+    violations.into_result()?;
+    let record =
+        JobRecord::parse(&body, "", Utc::now()).map_err(|v| ApiError::Validation(v.into_vec()))?;
+    let key = record.key.clone();
+    let mut tx = state.pool.begin().await?;
+    let previous = store::records::lock(&mut tx, &key)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
+    if previous.to_record().content_hash() != record.content_hash() {
+        store::records::replace(&mut tx, &previous, &record, principal.token_id).await?;
+        let key = (key.project.clone(), key.task_id.clone(), key.attempt);
+        store::rating::rate_records(&mut tx, &[key], state.settings.timezone).await?;
+    }
+    tx.commit().await?;
+    let row = store::records::get(&state.pool, &key)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
+    let history = store::records::history(&state.pool, &key).await?;
+    Ok(axum::Json(RecordWithHistory {
+        record: row.into(),
+        history: history.into_iter().map(VersionView::from).collect(),
+    }))
+}

@@ -1,0 +1,152 @@
+//! Storing a batch of job records, shared by the HTTP endpoint and `taskledger import`:
+//! identical copies collapse, differing copies of a key are a conflict, and the database's
+//! primary key decides what is new, whatever other requests do at the same time.
+
+use std::collections::BTreeMap;
+
+use chrono_tz::Tz;
+use sqlx::PgPool;
+
+use crate::domain::record::{JobRecord, RecordKey};
+use crate::store;
+
+/// A validated record and its position in what the client sent.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub position: usize,
+    pub record: JobRecord,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// Records written by this batch.
+    pub accepted: usize,
+    /// Records already stored with the same content, or repeated inside the batch.
+    pub duplicates: usize,
+}
+
+/// A record whose key is taken by different content; nothing of its batch was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub position: usize,
+    pub key: RecordKey,
+    pub reason: ConflictReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConflictReason {
+    /// The key is stored with different content.
+    Stored,
+    /// The same batch holds another, different, copy of the key.
+    InBatch,
+}
+
+impl Conflict {
+    pub fn message(&self) -> String {
+        let key = &self.key;
+        match self.reason {
+            ConflictReason::Stored => format!(
+                "record {key} is already stored with different content; correct it with \
+                 PUT /v1/projects/{}/job-records/{}/{}",
+                key.project, key.task_id, key.attempt
+            ),
+            ConflictReason::InBatch => {
+                format!("the batch holds different copies of record {key}")
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("{} records conflict with stored or repeated keys", .0.len())]
+    Conflicts(Vec<Conflict>),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error("rating the records failed: {0:#}")]
+    Rating(anyhow::Error),
+}
+
+/// Stores a batch all or nothing: on any conflict nothing is written. What is written is
+/// rated in the same transaction, with days and months of `tz`.
+pub async fn store_batch(
+    pool: &PgPool,
+    batch: Vec<Submitted>,
+    tz: Tz,
+) -> Result<Stored, IngestError> {
+    let (unique, repeats) = collapse(batch)?;
+    let records: Vec<JobRecord> = unique.iter().map(|s| s.record.clone()).collect();
+    let mut tx = pool.begin().await?;
+    let outcome = store::records::insert_batch(&mut tx, &records).await?;
+    if !outcome.conflicts.is_empty() {
+        tx.rollback().await?;
+        return Err(IngestError::Conflicts(
+            outcome
+                .conflicts
+                .iter()
+                .map(|&i| Conflict {
+                    position: unique[i].position,
+                    key: unique[i].record.key.clone(),
+                    reason: ConflictReason::Stored,
+                })
+                .collect(),
+        ));
+    }
+    let keys: Vec<_> = outcome
+        .inserted
+        .iter()
+        .map(|key| (key.project.clone(), key.task_id.clone(), key.attempt))
+        .collect();
+    store::rating::rate_records(&mut tx, &keys, tz)
+        .await
+        .map_err(IngestError::Rating)?;
+    tx.commit().await?;
+    metrics::counter!("taskledger_job_records_accepted_total")
+        .increment(outcome.inserted.len() as u64);
+    metrics::counter!("taskledger_job_records_duplicate_total")
+        .increment((outcome.duplicates.len() + repeats) as u64);
+    Ok(Stored {
+        accepted: outcome.inserted.len(),
+        duplicates: outcome.duplicates.len() + repeats,
+    })
+}
+
+/// One record per key, sorted by key (so concurrent batches lock keys in the same order),
+/// and how many identical repeats were dropped.
+fn collapse(batch: Vec<Submitted>) -> Result<(Vec<Submitted>, usize), IngestError> {
+    let mut by_key: BTreeMap<RecordKey, (Submitted, Vec<u8>)> = BTreeMap::new();
+    let mut repeats = 0;
+    let mut conflicts = Vec::new();
+    for submitted in batch {
+        let hash = submitted.record.content_hash();
+        match by_key.get(&submitted.record.key) {
+            None => {
+                by_key.insert(submitted.record.key.clone(), (submitted, hash));
+            }
+            Some((_, first_hash)) if *first_hash == hash => repeats += 1,
+            Some((first, _)) => {
+                if !conflicts
+                    .iter()
+                    .any(|c: &Conflict| c.position == first.position)
+                {
+                    conflicts.push(Conflict {
+                        position: first.position,
+                        key: first.record.key.clone(),
+                        reason: ConflictReason::InBatch,
+                    });
+                }
+                conflicts.push(Conflict {
+                    position: submitted.position,
+                    key: submitted.record.key.clone(),
+                    reason: ConflictReason::InBatch,
+                });
+            }
+        }
+    }
+    if conflicts.is_empty() {
+        Ok((by_key.into_values().map(|(s, _)| s).collect(), repeats))
+    } else {
+        conflicts.sort_by_key(|c| c.position);
+        Err(IngestError::Conflicts(conflicts))
+    }
+}

@@ -1,0 +1,245 @@
+//! Alert events, their outbox and every delivery attempt.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+#[derive(Debug, Clone)]
+pub struct NewAlert {
+    pub project_id: String,
+    pub month: NaiveDate,
+    pub threshold: i32,
+    pub kind: &'static str,
+    pub currency: String,
+    pub spend: Decimal,
+    pub budget: Decimal,
+    pub burn_pct: Decimal,
+    pub forecast: Option<Decimal>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AlertRow {
+    pub project_id: String,
+    pub id: Uuid,
+    pub month: NaiveDate,
+    pub threshold: i32,
+    pub kind: String,
+    pub currency: String,
+    pub spend: Decimal,
+    pub budget: Decimal,
+    pub burn_pct: Decimal,
+    pub forecast: Option<Decimal>,
+    pub fired_at: DateTime<Utc>,
+}
+
+const ALERT_COLUMNS: &str =
+    "project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, forecast, fired_at";
+
+/// Fires an alert unless its `(project, month, threshold, kind)` already fired; `None` then.
+/// Runs in the caller's transaction, so the event and its outbox row commit together.
+pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Option<AlertRow>> {
+    sqlx::query_as::<_, AlertRow>(&format!(
+        "INSERT INTO alert_events (project_id, id, month, threshold, kind, currency, spend, \
+                                   budget, burn_pct, forecast) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT ON CONSTRAINT alert_events_once DO NOTHING \
+         RETURNING {ALERT_COLUMNS}"
+    ))
+    .bind(&alert.project_id)
+    .bind(Uuid::new_v4())
+    .bind(alert.month)
+    .bind(alert.threshold)
+    .bind(alert.kind)
+    .bind(&alert.currency)
+    .bind(alert.spend)
+    .bind(alert.budget)
+    .bind(alert.burn_pct)
+    .bind(alert.forecast)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Puts a fired alert in the outbox.
+pub async fn enqueue_delivery(
+    conn: &mut PgConnection,
+    alert: &AlertRow,
+    url: &str,
+    body: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO alert_deliveries (project_id, alert_id, url, body) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(&alert.project_id)
+    .bind(alert.id)
+    .bind(url)
+    .bind(body)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DueDelivery {
+    pub project_id: String,
+    pub alert_id: Uuid,
+    pub url: String,
+    pub body: String,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Claims one due delivery for the caller's transaction. `SKIP LOCKED` lets several
+/// replicas work the outbox at once without ever sending the same alert together.
+pub async fn claim_due(conn: &mut PgConnection) -> sqlx::Result<Option<DueDelivery>> {
+    sqlx::query_as::<_, DueDelivery>(
+        "SELECT project_id, alert_id, url, body, attempts, created_at FROM alert_deliveries \
+         WHERE state = 'pending' AND next_attempt_at <= now() \
+         ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// The result of one attempt.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub attempted_at: DateTime<Utc>,
+    pub status_code: Option<i32>,
+    pub error: Option<String>,
+    pub duration_ms: i32,
+}
+
+/// Records an attempt and what comes next: delivered, another try at `retry_at`, or given up.
+pub async fn record_attempt(
+    conn: &mut PgConnection,
+    delivery: &DueDelivery,
+    attempt: &Attempt,
+    next: NextStep,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO alert_delivery_attempts \
+             (project_id, alert_id, attempt, attempted_at, status_code, error, duration_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&delivery.project_id)
+    .bind(delivery.alert_id)
+    .bind(delivery.attempts + 1)
+    .bind(attempt.attempted_at)
+    .bind(attempt.status_code)
+    .bind(&attempt.error)
+    .bind(attempt.duration_ms)
+    .execute(&mut *conn)
+    .await?;
+    let (state, next_attempt_at) = match next {
+        NextStep::Delivered => ("delivered", None),
+        NextStep::RetryAt(at) => ("pending", Some(at)),
+        NextStep::GiveUp => ("gave_up", None),
+    };
+    sqlx::query(
+        "UPDATE alert_deliveries SET attempts = attempts + 1, state = $3, \
+             next_attempt_at = COALESCE($4, next_attempt_at), \
+             finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END \
+         WHERE project_id = $1 AND alert_id = $2",
+    )
+    .bind(&delivery.project_id)
+    .bind(delivery.alert_id)
+    .bind(state)
+    .bind(next_attempt_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextStep {
+    Delivered,
+    RetryAt(DateTime<Utc>),
+    GiveUp,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DeliveryRow {
+    pub project_id: String,
+    pub alert_id: Uuid,
+    pub url: String,
+    pub state: String,
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub project_id: String,
+    pub alert_id: Uuid,
+    pub attempt: i32,
+    pub attempted_at: DateTime<Utc>,
+    pub status_code: Option<i32>,
+    pub error: Option<String>,
+    pub duration_ms: i32,
+}
+
+/// Alerts of the given projects (all when `None`), optionally of one month, newest first
+/// (continuing before `before`), with their deliveries and attempts.
+pub async fn list(
+    pool: &PgPool,
+    projects: Option<&[String]>,
+    month: Option<NaiveDate>,
+    before: Option<(DateTime<Utc>, Uuid)>,
+    limit: i64,
+) -> sqlx::Result<(Vec<AlertRow>, Vec<DeliveryRow>, Vec<AttemptRow>)> {
+    let alerts = sqlx::query_as::<_, AlertRow>(&format!(
+        "SELECT {ALERT_COLUMNS} FROM alert_events \
+         WHERE ($1::text[] IS NULL OR project_id = ANY($1)) AND ($2::date IS NULL OR month = $2) \
+           AND ($3::timestamptz IS NULL OR (fired_at, id) < ($3, $4)) \
+         ORDER BY fired_at DESC, id DESC LIMIT $5"
+    ))
+    .bind(projects)
+    .bind(month)
+    .bind(before.map(|(at, _)| at))
+    .bind(before.map(|(_, id)| id))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let projects: Vec<String> = alerts.iter().map(|a| a.project_id.clone()).collect();
+    let ids: Vec<Uuid> = alerts.iter().map(|a| a.id).collect();
+    let deliveries = sqlx::query_as::<_, DeliveryRow>(
+        "SELECT d.project_id, d.alert_id, d.url, d.state, d.attempts, d.next_attempt_at, \
+                d.finished_at \
+         FROM UNNEST($1::text[], $2::uuid[]) AS k(p, a) \
+         JOIN alert_deliveries d ON d.project_id = k.p AND d.alert_id = k.a",
+    )
+    .bind(&projects)
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    let attempts = sqlx::query_as::<_, AttemptRow>(
+        "SELECT t.project_id, t.alert_id, t.attempt, t.attempted_at, t.status_code, t.error, \
+                t.duration_ms \
+         FROM UNNEST($1::text[], $2::uuid[]) AS k(p, a) \
+         JOIN alert_delivery_attempts t ON t.project_id = k.p AND t.alert_id = k.a \
+         ORDER BY t.attempt",
+    )
+    .bind(&projects)
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    Ok((alerts, deliveries, attempts))
+}
+
+/// Alerts fired for one project and month, for the burn endpoint.
+pub async fn fired_in_month(
+    pool: &PgPool,
+    project: &str,
+    month: NaiveDate,
+) -> sqlx::Result<Vec<AlertRow>> {
+    sqlx::query_as::<_, AlertRow>(&format!(
+        "SELECT {ALERT_COLUMNS} FROM alert_events WHERE project_id = $1 AND month = $2 \
+         ORDER BY kind, threshold"
+    ))
+    .bind(project)
+    .bind(month)
+    .fetch_all(pool)
+    .await
+}

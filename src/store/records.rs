@@ -1,0 +1,421 @@
+//! Job records: set-based, idempotent inserts decided by the table's primary key, corrections
+//! that keep every earlier version, and the reads of the API.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::domain::rating::{BillingMode, Outcome};
+use crate::domain::record::{JobRecord, Output, RecordKey};
+
+/// What happened to each record of a batch handed to [`insert_batch`].
+#[derive(Debug, Default)]
+pub struct InsertOutcome {
+    /// Keys stored by this call.
+    pub inserted: Vec<RecordKey>,
+    /// Positions (in the slice given) of records already stored with the same content.
+    pub duplicates: Vec<usize>,
+    /// Positions of records whose key is stored with different content.
+    pub conflicts: Vec<usize>,
+}
+
+/// Inserts records whose keys are not stored yet, in one statement, and classifies the rest
+/// by comparing content hashes with what is stored — including rows another transaction
+/// committed while this one waited. The caller owns the transaction: it commits, or rolls
+/// back when there are conflicts. `records` must have distinct keys, sorted, so that
+/// concurrent batches lock keys in the same order.
+pub async fn insert_batch(
+    conn: &mut PgConnection,
+    records: &[JobRecord],
+) -> sqlx::Result<InsertOutcome> {
+    let hashes: Vec<Vec<u8>> = records.iter().map(JobRecord::content_hash).collect();
+    let columns = Columns::of(records);
+    let inserted: Vec<(String, String, i32)> = sqlx::query_as(
+        "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
+             billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
+             gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
+             content_hash) \
+         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch \
+         FROM UNNEST($1::text[], $2::text[], $3::int[], $4::text[], $5::numeric[], $6::text[], \
+                     $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], \
+                     $11::timestamptz[], $12::numeric[], $13::numeric[], $14::text[], $15::int[], \
+                     $16::int[], $17::numeric[], $18::text[], $19::text[], $20::bytea[]) \
+              AS u(p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l, ch) \
+         ON CONFLICT (project_id, task_id, attempt) DO NOTHING \
+         RETURNING project_id, task_id, attempt",
+    )
+    .bind(&columns.project)
+    .bind(&columns.task_id)
+    .bind(&columns.attempt)
+    .bind(&columns.gpu_model)
+    .bind(&columns.gpu_count)
+    .bind(&columns.billing_mode)
+    .bind(&columns.provider)
+    .bind(&columns.region)
+    .bind(&columns.queued_at)
+    .bind(&columns.started_at)
+    .bind(&columns.ended_at)
+    .bind(&columns.held)
+    .bind(&columns.busy)
+    .bind(&columns.outcome)
+    .bind(&columns.retries)
+    .bind(&columns.failures)
+    .bind(&columns.output_quantity)
+    .bind(&columns.output_unit)
+    .bind(&columns.labels)
+    .bind(&hashes)
+    .fetch_all(&mut *conn)
+    .await?;
+
+    let mut outcome = InsertOutcome {
+        inserted: inserted
+            .into_iter()
+            .map(|(project, task_id, attempt)| RecordKey {
+                project,
+                task_id,
+                attempt,
+            })
+            .collect(),
+        ..InsertOutcome::default()
+    };
+    if outcome.inserted.len() == records.len() {
+        return Ok(outcome);
+    }
+    let stored: std::collections::HashSet<&RecordKey> = outcome.inserted.iter().collect();
+    let pending: Vec<usize> = (0..records.len())
+        .filter(|&i| !stored.contains(&records[i].key))
+        .collect();
+    let existing = stored_hashes(conn, pending.iter().map(|&i| &records[i].key)).await?;
+    for index in pending {
+        match existing.get(&records[index].key) {
+            Some(hash) if *hash == hashes[index] => outcome.duplicates.push(index),
+            _ => outcome.conflicts.push(index),
+        }
+    }
+    Ok(outcome)
+}
+
+async fn stored_hashes<'a>(
+    conn: &mut PgConnection,
+    keys: impl Iterator<Item = &'a RecordKey>,
+) -> sqlx::Result<HashMap<RecordKey, Vec<u8>>> {
+    let (mut projects, mut tasks, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
+    for key in keys {
+        projects.push(key.project.as_str());
+        tasks.push(key.task_id.as_str());
+        attempts.push(key.attempt);
+    }
+    let rows: Vec<(String, String, i32, Vec<u8>)> = sqlx::query_as(
+        "SELECT j.project_id, j.task_id, j.attempt, j.content_hash \
+         FROM UNNEST($1::text[], $2::text[], $3::int[]) AS k(p, t, a) \
+         JOIN job_records j ON j.project_id = k.p AND j.task_id = k.t AND j.attempt = k.a",
+    )
+    .bind(&projects)
+    .bind(&tasks)
+    .bind(&attempts)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(project, task_id, attempt, hash)| {
+            (
+                RecordKey {
+                    project,
+                    task_id,
+                    attempt,
+                },
+                hash,
+            )
+        })
+        .collect())
+}
+
+/// The records as parallel column arrays for `UNNEST`.
+struct Columns {
+    project: Vec<String>,
+    task_id: Vec<String>,
+    attempt: Vec<i32>,
+    gpu_model: Vec<String>,
+    gpu_count: Vec<Decimal>,
+    billing_mode: Vec<&'static str>,
+    provider: Vec<Option<String>>,
+    region: Vec<Option<String>>,
+    queued_at: Vec<Option<DateTime<Utc>>>,
+    started_at: Vec<DateTime<Utc>>,
+    ended_at: Vec<DateTime<Utc>>,
+    held: Vec<Decimal>,
+    busy: Vec<Option<Decimal>>,
+    outcome: Vec<&'static str>,
+    retries: Vec<i32>,
+    failures: Vec<i32>,
+    output_quantity: Vec<Option<Decimal>>,
+    output_unit: Vec<Option<String>>,
+    labels: Vec<String>,
+}
+
+impl Columns {
+    fn of(records: &[JobRecord]) -> Self {
+        let n = records.len();
+        let mut c = Columns {
+            project: Vec::with_capacity(n),
+            task_id: Vec::with_capacity(n),
+            attempt: Vec::with_capacity(n),
+            gpu_model: Vec::with_capacity(n),
+            gpu_count: Vec::with_capacity(n),
+            billing_mode: Vec::with_capacity(n),
+            provider: Vec::with_capacity(n),
+            region: Vec::with_capacity(n),
+            queued_at: Vec::with_capacity(n),
+            started_at: Vec::with_capacity(n),
+            ended_at: Vec::with_capacity(n),
+            held: Vec::with_capacity(n),
+            busy: Vec::with_capacity(n),
+            outcome: Vec::with_capacity(n),
+            retries: Vec::with_capacity(n),
+            failures: Vec::with_capacity(n),
+            output_quantity: Vec::with_capacity(n),
+            output_unit: Vec::with_capacity(n),
+            labels: Vec::with_capacity(n),
+        };
+        for r in records {
+            c.project.push(r.key.project.clone());
+            c.task_id.push(r.key.task_id.clone());
+            c.attempt.push(r.key.attempt);
+            c.gpu_model.push(r.gpu_model.clone());
+            c.gpu_count.push(r.gpu_count);
+            c.billing_mode.push(r.billing_mode.as_str());
+            c.provider.push(r.provider.clone());
+            c.region.push(r.region.clone());
+            c.queued_at.push(r.queued_at);
+            c.started_at.push(r.started_at);
+            c.ended_at.push(r.ended_at);
+            c.held.push(r.gpu_seconds_held);
+            c.busy.push(r.gpu_seconds_busy);
+            c.outcome.push(r.outcome.as_str());
+            c.retries.push(r.retries);
+            c.failures.push(r.failures);
+            c.output_quantity
+                .push(r.output.as_ref().map(|o| o.quantity));
+            c.output_unit
+                .push(r.output.as_ref().map(|o| o.unit.clone()));
+            c.labels
+                .push(serde_json::to_string(&r.labels).expect("labels serialise"));
+        }
+        c
+    }
+}
+
+/// A stored record with its bookkeeping.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RecordRow {
+    pub project_id: String,
+    pub task_id: String,
+    pub attempt: i32,
+    pub version: i32,
+    pub gpu_model: String,
+    pub gpu_count: Decimal,
+    pub billing_mode: String,
+    pub provider: Option<String>,
+    pub region: Option<String>,
+    pub queued_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    pub gpu_seconds_held: Decimal,
+    pub gpu_seconds_busy: Option<Decimal>,
+    pub outcome: String,
+    pub retries: i32,
+    pub failures: i32,
+    pub output_quantity: Option<Decimal>,
+    pub output_unit: Option<String>,
+    pub labels: sqlx::types::Json<BTreeMap<String, String>>,
+    pub ingested_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_count, \
+    billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
+    gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
+    ingested_at, updated_at";
+
+impl RecordRow {
+    /// The record as it was validated; the table's checks guarantee the enumerations.
+    pub fn to_record(&self) -> JobRecord {
+        JobRecord {
+            key: RecordKey {
+                project: self.project_id.clone(),
+                task_id: self.task_id.clone(),
+                attempt: self.attempt,
+            },
+            gpu_model: self.gpu_model.clone(),
+            gpu_count: self.gpu_count.normalize(),
+            billing_mode: BillingMode::parse(&self.billing_mode)
+                .expect("billing_mode is checked by the table"),
+            provider: self.provider.clone(),
+            region: self.region.clone(),
+            queued_at: self.queued_at,
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+            gpu_seconds_held: self.gpu_seconds_held.normalize(),
+            gpu_seconds_busy: self.gpu_seconds_busy.map(|b| b.normalize()),
+            outcome: Outcome::parse(&self.outcome).expect("outcome is checked by the table"),
+            retries: self.retries,
+            failures: self.failures,
+            output: match (self.output_quantity, &self.output_unit) {
+                (Some(quantity), Some(unit)) => Some(Output {
+                    quantity: quantity.normalize(),
+                    unit: unit.clone(),
+                }),
+                _ => None,
+            },
+            labels: self.labels.0.clone(),
+        }
+    }
+}
+
+pub async fn get(pool: &PgPool, key: &RecordKey) -> sqlx::Result<Option<RecordRow>> {
+    sqlx::query_as::<_, RecordRow>(&format!(
+        "SELECT {COLUMNS} FROM job_records WHERE project_id = $1 AND task_id = $2 AND attempt = $3"
+    ))
+    .bind(&key.project)
+    .bind(&key.task_id)
+    .bind(key.attempt)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Filters of the record list; `after` continues after the last row of the previous page.
+#[derive(Debug, Default)]
+pub struct RecordFilter {
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub outcome: Option<&'static str>,
+    pub task_id: Option<String>,
+    pub after: Option<(DateTime<Utc>, String, i32)>,
+}
+
+/// Records of a project by `started_at` in `[from, to)`, in start order.
+pub async fn list(
+    pool: &PgPool,
+    project: &str,
+    filter: &RecordFilter,
+    limit: i64,
+) -> sqlx::Result<Vec<RecordRow>> {
+    let (after_start, after_task, after_attempt) = match &filter.after {
+        Some((start, task, attempt)) => (Some(*start), Some(task.as_str()), Some(*attempt)),
+        None => (None, None, None),
+    };
+    sqlx::query_as::<_, RecordRow>(&format!(
+        "SELECT {COLUMNS} FROM job_records \
+         WHERE project_id = $1 \
+           AND ($2::timestamptz IS NULL OR started_at >= $2) \
+           AND ($3::timestamptz IS NULL OR started_at < $3) \
+           AND ($4::text IS NULL OR outcome = $4) \
+           AND ($5::text IS NULL OR task_id = $5) \
+           AND ($6::timestamptz IS NULL OR (started_at, task_id, attempt) > ($6, $7, $8)) \
+         ORDER BY started_at, task_id, attempt LIMIT $9"
+    ))
+    .bind(project)
+    .bind(filter.from)
+    .bind(filter.to)
+    .bind(filter.outcome)
+    .bind(&filter.task_id)
+    .bind(after_start)
+    .bind(after_task)
+    .bind(after_attempt)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Locks a stored record for a correction.
+pub async fn lock(conn: &mut PgConnection, key: &RecordKey) -> sqlx::Result<Option<RecordRow>> {
+    sqlx::query_as::<_, RecordRow>(&format!(
+        "SELECT {COLUMNS} FROM job_records \
+         WHERE project_id = $1 AND task_id = $2 AND attempt = $3 FOR UPDATE"
+    ))
+    .bind(&key.project)
+    .bind(&key.task_id)
+    .bind(key.attempt)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Replaces a locked record, keeping the version it replaces in the history.
+pub async fn replace(
+    conn: &mut PgConnection,
+    previous: &RecordRow,
+    record: &JobRecord,
+    changed_by: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO job_record_versions \
+             (project_id, task_id, attempt, version, record, recorded_at, replaced_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&previous.project_id)
+    .bind(&previous.task_id)
+    .bind(previous.attempt)
+    .bind(previous.version)
+    .bind(previous.to_record().canonical_json())
+    .bind(previous.updated_at)
+    .bind(changed_by)
+    .execute(&mut *conn)
+    .await?;
+    let labels = serde_json::to_string(&record.labels).expect("labels serialise");
+    sqlx::query(
+        "UPDATE job_records SET version = version + 1, gpu_model = $4, gpu_count = $5, \
+             billing_mode = $6, provider = $7, region = $8, queued_at = $9, started_at = $10, \
+             ended_at = $11, gpu_seconds_held = $12, gpu_seconds_busy = $13, outcome = $14, \
+             retries = $15, failures = $16, output_quantity = $17, output_unit = $18, \
+             labels = $19::jsonb, content_hash = $20, updated_at = now() \
+         WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
+    )
+    .bind(&record.key.project)
+    .bind(&record.key.task_id)
+    .bind(record.key.attempt)
+    .bind(&record.gpu_model)
+    .bind(record.gpu_count)
+    .bind(record.billing_mode.as_str())
+    .bind(&record.provider)
+    .bind(&record.region)
+    .bind(record.queued_at)
+    .bind(record.started_at)
+    .bind(record.ended_at)
+    .bind(record.gpu_seconds_held)
+    .bind(record.gpu_seconds_busy)
+    .bind(record.outcome.as_str())
+    .bind(record.retries)
+    .bind(record.failures)
+    .bind(record.output.as_ref().map(|o| o.quantity))
+    .bind(record.output.as_ref().map(|o| o.unit.clone()))
+    .bind(labels)
+    .bind(record.content_hash())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct VersionRow {
+    pub version: i32,
+    pub record: serde_json::Value,
+    pub recorded_at: DateTime<Utc>,
+    pub replaced_by: Option<Uuid>,
+    pub replaced_at: DateTime<Utc>,
+}
+
+/// Earlier versions of a record, oldest first.
+pub async fn history(pool: &PgPool, key: &RecordKey) -> sqlx::Result<Vec<VersionRow>> {
+    sqlx::query_as::<_, VersionRow>(
+        "SELECT version, record, recorded_at, replaced_by, replaced_at FROM job_record_versions \
+         WHERE project_id = $1 AND task_id = $2 AND attempt = $3 ORDER BY version",
+    )
+    .bind(&key.project)
+    .bind(&key.task_id)
+    .bind(key.attempt)
+    .fetch_all(pool)
+    .await
+}

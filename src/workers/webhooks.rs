@@ -1,0 +1,223 @@
+//! Delivers fired alerts from the outbox to each project's webhook: signed, retried with
+//! exponential back-off and jitter until a 2xx or a final give-up, safe with several
+//! replicas working the same outbox.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use hmac::{Hmac, Mac};
+use rand::Rng;
+use sha2::Sha256;
+use sqlx::PgPool;
+
+use crate::store::alerts::{self, Attempt, DueDelivery, NextStep};
+
+/// The header carrying `sha256=<hex HMAC-SHA256 of the body>`.
+pub const SIGNATURE_HEADER: &str = "X-Taskledger-Signature";
+
+#[derive(Debug, Clone)]
+pub struct DeliveryPolicy {
+    /// Wait before the second attempt; each later wait doubles, up to `max_retry`.
+    pub first_retry: Duration,
+    pub max_retry: Duration,
+    /// After this long since the alert fired, the delivery is given up (and recorded so).
+    pub give_up_after: Duration,
+    pub request_timeout: Duration,
+    /// How often the outbox is checked when it was empty.
+    pub poll_interval: Duration,
+}
+
+impl Default for DeliveryPolicy {
+    fn default() -> Self {
+        Self {
+            first_retry: Duration::from_secs(5),
+            max_retry: Duration::from_secs(3600),
+            give_up_after: Duration::from_secs(72 * 3600),
+            request_timeout: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl DeliveryPolicy {
+    /// The wait after `attempts` failed attempts: exponential, capped, with "equal jitter"
+    /// (half fixed, half random) so that receivers coming back are not hit by a thundering
+    /// herd.
+    pub fn backoff(&self, attempts: u32) -> Duration {
+        let exponential = self
+            .first_retry
+            .saturating_mul(1u32 << attempts.saturating_sub(1).min(20))
+            .min(self.max_retry);
+        let half = exponential / 2;
+        half + half.mul_f64(rand::thread_rng().r#gen::<f64>())
+    }
+}
+
+pub fn sign(secret: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+pub struct Webhooks {
+    pool: PgPool,
+    client: reqwest::Client,
+    secret: String,
+    policy: DeliveryPolicy,
+}
+
+impl Webhooks {
+    pub fn new(pool: PgPool, secret: String, policy: DeliveryPolicy) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .timeout(policy.request_timeout)
+            .user_agent(concat!("taskledger/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self {
+            pool,
+            client,
+            secret,
+            policy,
+        })
+    }
+
+    /// Works the outbox until nothing is due; returns how many attempts were made.
+    pub async fn deliver_due(&self) -> anyhow::Result<usize> {
+        let mut attempts = 0;
+        loop {
+            // The row stays locked while it is sent, so no other replica sends it too.
+            let mut tx = self.pool.begin().await?;
+            let Some(delivery) = alerts::claim_due(&mut tx).await? else {
+                tx.rollback().await?;
+                return Ok(attempts);
+            };
+            let (attempt, next) = self.attempt(&delivery).await;
+            alerts::record_attempt(&mut tx, &delivery, &attempt, next).await?;
+            tx.commit().await?;
+            attempts += 1;
+            match next {
+                NextStep::Delivered => {
+                    metrics::counter!("taskledger_alert_deliveries_total", "result" => "delivered")
+                        .increment(1)
+                }
+                NextStep::RetryAt(_) => {
+                    metrics::counter!("taskledger_alert_deliveries_total", "result" => "retry")
+                        .increment(1)
+                }
+                NextStep::GiveUp => {
+                    tracing::warn!(alert = %delivery.alert_id, url = %delivery.url, "gave up delivering an alert");
+                    metrics::counter!("taskledger_alert_deliveries_total", "result" => "gave_up")
+                        .increment(1)
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, delivery: &DueDelivery) -> (Attempt, NextStep) {
+        let attempted_at = Utc::now();
+        let started = Instant::now();
+        let response = self
+            .client
+            .post(&delivery.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(
+                SIGNATURE_HEADER,
+                sign(&self.secret, delivery.body.as_bytes()),
+            )
+            .header("X-Taskledger-Alert-Id", delivery.alert_id.to_string())
+            .body(delivery.body.clone())
+            .send()
+            .await;
+        let duration_ms = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
+        let (status_code, error) = match response {
+            Ok(response) if response.status().is_success() => {
+                (Some(i32::from(response.status().as_u16())), None)
+            }
+            Ok(response) => (
+                Some(i32::from(response.status().as_u16())),
+                Some(format!("the receiver answered {}", response.status())),
+            ),
+            Err(error) => (None, Some(describe(&error))),
+        };
+        let next = if error.is_none() {
+            NextStep::Delivered
+        } else {
+            let failed_attempts = u32::try_from(delivery.attempts + 1).unwrap_or(u32::MAX);
+            let retry_at = attempted_at
+                + chrono::Duration::from_std(self.policy.backoff(failed_attempts))
+                    .unwrap_or(chrono::Duration::MAX);
+            let deadline = delivery.created_at
+                + chrono::Duration::from_std(self.policy.give_up_after)
+                    .unwrap_or(chrono::Duration::MAX);
+            if retry_at > deadline {
+                NextStep::GiveUp
+            } else {
+                NextStep::RetryAt(retry_at)
+            }
+        };
+        (
+            Attempt {
+                attempted_at,
+                status_code,
+                error,
+                duration_ms,
+            },
+            next,
+        )
+    }
+
+    /// Delivers until `shutdown` completes.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(error) = self.deliver_due().await {
+                tracing::error!(error = ?error, "alert delivery failed; retrying");
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(self.policy.poll_interval) => {}
+            }
+        }
+    }
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        "the receiver did not answer in time".to_owned()
+    } else if error.is_connect() {
+        "cannot connect to the receiver".to_owned()
+    } else {
+        format!("request failed: {error}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_hmac_sha256_hex() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            sign("Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_exponentially_with_jitter_and_a_cap() {
+        let policy = DeliveryPolicy {
+            first_retry: Duration::from_secs(4),
+            max_retry: Duration::from_secs(60),
+            ..DeliveryPolicy::default()
+        };
+        for _ in 0..100 {
+            let first = policy.backoff(1);
+            assert!(first >= Duration::from_secs(2) && first <= Duration::from_secs(4));
+            let third = policy.backoff(3);
+            assert!(third >= Duration::from_secs(8) && third <= Duration::from_secs(16));
+            let capped = policy.backoff(30);
+            assert!(capped >= Duration::from_secs(30) && capped <= Duration::from_secs(60));
+        }
+    }
+}
