@@ -478,3 +478,38 @@ async fn only_readers_of_the_project_see_its_cost() {
         .await
         .problem(StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_corrected_record_is_re_rated_and_its_task_recounted() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let before = cost(&app, NOVEMBER).await;
+    let r3 = |outcome: &str| {
+        json!({"gpu_model": "H100", "gpu_count": 8, "billing_mode": "spot",
+               "started_at": "2026-11-20T12:00:00Z", "ended_at": "2026-11-20T14:00:00Z",
+               "outcome": outcome, "retries": 1,
+               "output": {"quantity": "1000000", "unit": "tokens"},
+               "labels": {"team": "perception"}})
+    };
+    let path = "/v1/projects/vision/job-records/t2/2";
+    let corrected = app.put(path, &app.admin, r3("failed")).await;
+    assert_eq!(corrected.status, StatusCode::OK, "{}", corrected.text());
+    let after = cost(&app, NOVEMBER).await;
+    assert_eq!(after["tasks_completed"], 3);
+    assert_eq!(
+        after["tasks_failed"], 2,
+        "t2 has no completed attempt any more"
+    );
+    assert_money(&after["breakdown"]["failed"], "33.60");
+    assert_money(&after["breakdown"]["unmeasured"], "5.00");
+    assert_money(&after["total"], "84.60");
+    let tokens = after["output"].as_array().unwrap();
+    assert_money(
+        &tokens.iter().find(|o| o["unit"] == "tokens").unwrap()["quantity"],
+        "2000000",
+    );
+
+    let reverted = app.put(path, &app.admin, r3("completed")).await;
+    assert_eq!(reverted.status, StatusCode::OK, "{}", reverted.text());
+    assert_eq!(cost(&app, NOVEMBER).await, before);
+}
