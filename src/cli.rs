@@ -157,7 +157,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Import { files } => {
             let database = open(&config).await?;
             crate::db::migrate(&database.pool).await?;
-            let outcome = crate::import::import_files(&database.pool, &files).await;
+            let outcome =
+                crate::import::import_files(&database.pool, &files, config.timezone).await;
             database.close().await?;
             let summary = outcome?;
             crate::import::print_summary(&summary, 100);

@@ -70,7 +70,11 @@ impl Format {
 }
 
 /// Imports every file in turn and returns what happened to each record.
-pub async fn import_files(pool: &PgPool, files: &[PathBuf]) -> anyhow::Result<Summary> {
+pub async fn import_files(
+    pool: &PgPool,
+    files: &[PathBuf],
+    tz: chrono_tz::Tz,
+) -> anyhow::Result<Summary> {
     for file in files {
         Format::of(file)?;
         anyhow::ensure!(file.is_file(), "{}: no such file", file.display());
@@ -88,7 +92,7 @@ pub async fn import_files(pool: &PgPool, files: &[PathBuf]) -> anyhow::Result<Su
         let reader = tokio::task::spawn_blocking(move || read_file(&path, &sender));
         while let Some(batch) = receiver.recv().await {
             let size = batch.len() as u64;
-            store_batch(pool, batch, &mut summary).await?;
+            store_batch(pool, batch, tz, &mut summary).await?;
             progress.inc(size);
         }
         reader.await.context("the file reader stopped")??;
@@ -100,6 +104,7 @@ pub async fn import_files(pool: &PgPool, files: &[PathBuf]) -> anyhow::Result<Su
 async fn store_batch(
     pool: &PgPool,
     batch: Vec<SourceRecord>,
+    tz: chrono_tz::Tz,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
     let now = Utc::now();
@@ -154,7 +159,7 @@ async fn store_batch(
     });
     // Conflicting records are reported and left out, and the rest of the batch is stored.
     loop {
-        match ingest::store_batch(pool, valid.clone()).await {
+        match ingest::store_batch(pool, valid.clone(), tz).await {
             Ok(stored) => {
                 summary.accepted += stored.accepted;
                 summary.duplicates += stored.duplicates;
@@ -171,6 +176,7 @@ async fn store_batch(
                 valid.retain(|s| !positions.contains(&s.position));
             }
             Err(IngestError::Database(error)) => return Err(error.into()),
+            Err(IngestError::Rating(error)) => return Err(error),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono_tz::Tz;
 use sqlx::PgPool;
 
 use crate::domain::record::{JobRecord, RecordKey};
@@ -62,10 +63,17 @@ pub enum IngestError {
     Conflicts(Vec<Conflict>),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    #[error("rating the records failed: {0:#}")]
+    Rating(anyhow::Error),
 }
 
-/// Stores a batch all or nothing: on any conflict nothing is written.
-pub async fn store_batch(pool: &PgPool, batch: Vec<Submitted>) -> Result<Stored, IngestError> {
+/// Stores a batch all or nothing: on any conflict nothing is written. What is written is
+/// rated in the same transaction, with days and months of `tz`.
+pub async fn store_batch(
+    pool: &PgPool,
+    batch: Vec<Submitted>,
+    tz: Tz,
+) -> Result<Stored, IngestError> {
     let (unique, repeats) = collapse(batch)?;
     let records: Vec<JobRecord> = unique.iter().map(|s| s.record.clone()).collect();
     let mut tx = pool.begin().await?;
@@ -84,6 +92,14 @@ pub async fn store_batch(pool: &PgPool, batch: Vec<Submitted>) -> Result<Stored,
                 .collect(),
         ));
     }
+    let keys: Vec<_> = outcome
+        .inserted
+        .iter()
+        .map(|key| (key.project.clone(), key.task_id.clone(), key.attempt))
+        .collect();
+    store::rating::rate_records(&mut tx, &keys, tz)
+        .await
+        .map_err(IngestError::Rating)?;
     tx.commit().await?;
     metrics::counter!("taskledger_job_records_accepted_total")
         .increment(outcome.inserted.len() as u64);

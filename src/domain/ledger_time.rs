@@ -95,7 +95,8 @@ pub fn first_of_month(day: NaiveDate) -> NaiveDate {
     day - Days::new(u64::from(day.day0()))
 }
 
-fn first_instant_of_day(day: NaiveDate, tz: Tz) -> DateTime<Utc> {
+/// The first instant whose local date is `day`: where a ledger day begins.
+pub fn first_instant_of_day(day: NaiveDate, tz: Tz) -> DateTime<Utc> {
     let midnight = day.and_time(chrono::NaiveTime::MIN);
     match tz.from_local_datetime(&midnight) {
         LocalResult::Single(at) => at.with_timezone(&Utc),

@@ -133,6 +133,15 @@ pub enum UnratedReason {
     NoFxRate,
 }
 
+impl UnratedReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoContract => "no_contract",
+            Self::NoFxRate => "no_fx_rate",
+        }
+    }
+}
+
 /// A piece of a record inside one ledger hour, one month and one contract's validity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {

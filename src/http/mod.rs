@@ -3,8 +3,11 @@
 
 pub mod alerts;
 pub mod auth;
+pub mod contracts;
+pub mod cost;
 pub mod dashboard;
 pub mod extract;
+pub mod fx_rates;
 pub mod health;
 pub mod pagination;
 pub mod projects;
@@ -39,6 +42,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
     modifiers(&BearerAuth),
     tags(
         (name = "projects", description = "Projects and monthly budgets"),
+        (name = "contracts", description = "Pricing contracts and FX rates; every change re-rates what it touches"),
+        (name = "cost", description = "What a project's GPU time cost"),
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),
@@ -64,6 +69,9 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(health::router())
         .merge(dashboard::router())
         .merge(projects::router())
+        .merge(contracts::router())
+        .merge(fx_rates::router())
+        .merge(cost::router())
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())

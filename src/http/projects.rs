@@ -96,7 +96,7 @@ pub struct UpdateProject {
 }
 
 /// Tells a field given as `null` (`Some(None)`) from one left out (`None`).
-fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+pub fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,

@@ -311,7 +311,7 @@ pub async fn post_job_records(
     }
     violations.into_result()?;
     check_projects(&state, &principal, &batch).await?;
-    match ingest::store_batch(&state.pool, batch).await {
+    match ingest::store_batch(&state.pool, batch, state.settings.timezone).await {
         Ok(stored) => Ok(axum::Json(IngestResult {
             accepted: stored.accepted,
             duplicates: stored.duplicates,
@@ -327,6 +327,7 @@ pub async fn post_job_records(
                 .collect(),
         )),
         Err(IngestError::Database(error)) => Err(error.into()),
+        Err(IngestError::Rating(error)) => Err(ApiError::Internal(error)),
     }
 }
 
@@ -563,6 +564,8 @@ pub async fn put_job_record(
         .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
     if previous.to_record().content_hash() != record.content_hash() {
         store::records::replace(&mut tx, &previous, &record, principal.token_id).await?;
+        let key = (key.project.clone(), key.task_id.clone(), key.attempt);
+        store::rating::rate_records(&mut tx, &[key], state.settings.timezone).await?;
     }
     tx.commit().await?;
     let row = store::records::get(&state.pool, &key)

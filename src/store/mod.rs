@@ -2,7 +2,11 @@
 //! speaks SQL.
 
 pub mod alerts;
+pub mod contracts;
+pub mod cost;
+pub mod fx_rates;
 pub mod projects;
+pub mod rating;
 pub mod records;
 pub mod settings;
 pub mod tokens;

@@ -2,6 +2,8 @@
 
 mod alerts;
 mod common;
+mod contracts;
+mod cost;
 mod foundation;
 mod import;
 mod ingest;

@@ -432,3 +432,11 @@ impl Drop for Receiver {
         }
     }
 }
+
+impl TestApp {
+    /// Posts job records through `POST /v1/job-records` as admin; they are rated on the way in.
+    pub async fn ingest(&self, records: Value) {
+        let response = self.post("/v1/job-records", &self.admin, records).await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    }
+}

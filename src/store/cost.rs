@@ -1,0 +1,206 @@
+//! Reading a project's cost for a period from the hourly rollups (never from raw records).
+//!
+//! Sums come out of PostgreSQL exactly and are rounded to [`SUM_SCALE`] decimal places on the
+//! way out: `Decimal` holds 28 significant digits, and a sum of 28-digit segment figures can
+//! need more. At that scale every figure below 10^8 fits and every further addition in Rust
+//! is exact, so groups add up exactly to their total.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use rust_decimal::Decimal;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// Decimal places of every sum read here: 10^-20 of a currency unit or GPU-second.
+pub const SUM_SCALE: u32 = 20;
+
+/// What the figures of a period are grouped by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grouping {
+    /// One group for the whole period.
+    Whole,
+    /// `YYYY-MM-DD` of the ledger time zone.
+    Day,
+    /// `YYYY-MM` of the ledger time zone.
+    Month,
+    GpuModel,
+    BillingMode,
+    Outcome,
+    /// The value of one label; records without it have no key.
+    Label(String),
+}
+
+/// Sums of segments of one group and kind.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CostSums {
+    pub key: Option<String>,
+    pub outcome: String,
+    pub gpu_model: String,
+    pub unrated_reason: Option<String>,
+    pub output_unit: Option<String>,
+    pub gpu_seconds_held: Decimal,
+    pub gpu_seconds_busy: Decimal,
+    pub cost: Decimal,
+    pub productive: Decimal,
+    pub idle: Decimal,
+    pub unmeasured: Decimal,
+    pub failed: Decimal,
+    pub output_quantity: Decimal,
+}
+
+/// Per-record counts of one group.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RecordSums {
+    pub key: Option<String>,
+    pub records: i64,
+    pub retries: i64,
+    pub failures: i64,
+    pub tasks_completed: i64,
+    pub tasks_failed: i64,
+}
+
+fn cost_columns(prefix: &str) -> String {
+    [
+        "gpu_seconds_held",
+        "gpu_seconds_busy",
+        "cost",
+        "productive",
+        "idle",
+        "unmeasured",
+        "failed",
+        "output_quantity",
+    ]
+    .iter()
+    .map(|column| format!("round(coalesce(sum({prefix}{column}), 0), {SUM_SCALE}) AS {column}"))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+/// The SQL expression of a group's key over a table with `hour`, `gpu_model`,
+/// `billing_mode` and `outcome`; `$4` is the ledger time zone or the label key.
+fn key_expression(grouping: &Grouping, hour: &str, prefix: &str) -> String {
+    match grouping {
+        Grouping::Whole => "NULL::text".to_owned(),
+        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE $4, 'YYYY-MM-DD')"),
+        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $4, 'YYYY-MM')"),
+        Grouping::GpuModel => format!("{prefix}gpu_model"),
+        Grouping::BillingMode => format!("{prefix}billing_mode"),
+        Grouping::Outcome => format!("{prefix}outcome"),
+        Grouping::Label(_) => "r.labels ->> $4".to_owned(),
+    }
+}
+
+fn fourth_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
+    match grouping {
+        Grouping::Day | Grouping::Month => Some(tz.name().to_owned()),
+        Grouping::Label(key) => Some(key.clone()),
+        Grouping::Whole | Grouping::GpuModel | Grouping::BillingMode | Grouping::Outcome => None,
+    }
+}
+
+/// Segment sums of `project` over `[from, to)` (ledger hour boundaries), by group and by
+/// outcome, model, unrated reason and output unit.
+pub async fn cost_sums(
+    conn: &mut PgConnection,
+    project: &str,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    grouping: &Grouping,
+    tz: Tz,
+) -> sqlx::Result<Vec<CostSums>> {
+    let sql = match grouping {
+        // Labels live on the records, so grouping by one reads the period's segments.
+        Grouping::Label(_) => format!(
+            "SELECT {key} AS key, s.outcome, s.gpu_model, s.unrated_reason, s.output_unit, {sums} \
+             FROM rated_segments s \
+             JOIN job_records r USING (project_id, task_id, attempt) \
+             WHERE s.project_id = $1 AND s.hour >= $2 AND s.hour < $3 \
+             GROUP BY 1, 2, 3, 4, 5",
+            key = key_expression(grouping, "hour", "s."),
+            sums = cost_columns("s."),
+        ),
+        _ => format!(
+            "SELECT {key} AS key, outcome, gpu_model, unrated_reason, output_unit, {sums} \
+             FROM cost_hourly WHERE project_id = $1 AND hour >= $2 AND hour < $3 \
+             GROUP BY 1, 2, 3, 4, 5",
+            key = key_expression(grouping, "hour", ""),
+            sums = cost_columns(""),
+        ),
+    };
+    let mut query = sqlx::query_as::<_, CostSums>(&sql)
+        .bind(project)
+        .bind(from)
+        .bind(to);
+    if let Some(fourth) = fourth_parameter(grouping, tz) {
+        query = query.bind(fourth);
+    }
+    query.fetch_all(conn).await
+}
+
+/// Per-record counts of `project` for the records that ended in `[from, to)`, by group.
+pub async fn record_sums(
+    conn: &mut PgConnection,
+    project: &str,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    grouping: &Grouping,
+    tz: Tz,
+) -> sqlx::Result<Vec<RecordSums>> {
+    let counts = "sum(records)::bigint AS records, sum(retries)::bigint AS retries, \
+                  sum(failures)::bigint AS failures, \
+                  sum(tasks_completed)::bigint AS tasks_completed, \
+                  sum(tasks_failed)::bigint AS tasks_failed";
+    let sql = match grouping {
+        Grouping::Label(_) => format!(
+            "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
+                    sum(d.failures)::bigint AS failures, \
+                    count(*) FILTER (WHERE d.completes_task) AS tasks_completed, \
+                    count(*) FILTER (WHERE d.fails_task) AS tasks_failed \
+             FROM rated_records d \
+             JOIN job_records r USING (project_id, task_id, attempt) \
+             WHERE d.project_id = $1 AND d.end_hour >= $2 AND d.end_hour < $3 \
+             GROUP BY 1",
+            key = key_expression(grouping, "end_hour", "d."),
+        ),
+        _ => format!(
+            "SELECT {key} AS key, {counts} \
+             FROM records_hourly WHERE project_id = $1 AND hour >= $2 AND hour < $3 \
+             GROUP BY 1",
+            key = key_expression(grouping, "hour", ""),
+        ),
+    };
+    let mut query = sqlx::query_as::<_, RecordSums>(&sql)
+        .bind(project)
+        .bind(from)
+        .bind(to);
+    if let Some(fourth) = fourth_parameter(grouping, tz) {
+        query = query.bind(fourth);
+    }
+    query.fetch_all(conn).await
+}
+
+/// GPU-seconds each of `contracts` rated for `project`, per ledger hour of `[from, to)`.
+pub async fn contract_usage(
+    conn: &mut PgConnection,
+    project: &str,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    contracts: &[Uuid],
+) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
+    let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
+        "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
+         FROM cost_hourly \
+         WHERE project_id = $1 AND hour >= $2 AND hour < $3 AND contract_id = ANY($4) \
+         GROUP BY 1, 2"
+    ))
+    .bind(project)
+    .bind(from)
+    .bind(to)
+    .bind(contracts)
+    .fetch_all(conn)
+    .await?;
+    let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
+    for (contract, hour, seconds) in rows {
+        usage.entry(contract).or_default().insert(hour, seconds);
+    }
+    Ok(usage)
+}

@@ -1,0 +1,111 @@
+//! Exchange rates by ledger month.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use sqlx::PgConnection;
+
+use crate::domain::rating::FxRates;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FxRateRow {
+    pub month: NaiveDate,
+    pub from_currency: String,
+    pub to_currency: String,
+    pub rate: Decimal,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "month, from_currency, to_currency, rate, updated_at";
+
+pub async fn put(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    from: &str,
+    to: &str,
+    rate: Decimal,
+) -> sqlx::Result<FxRateRow> {
+    sqlx::query_as::<_, FxRateRow>(&format!(
+        "INSERT INTO fx_rates (month, from_currency, to_currency, rate) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (month, from_currency, to_currency) \
+         DO UPDATE SET rate = EXCLUDED.rate, updated_at = now() \
+         RETURNING {COLUMNS}"
+    ))
+    .bind(month)
+    .bind(from)
+    .bind(to)
+    .bind(rate)
+    .fetch_one(conn)
+    .await
+}
+
+/// Deletes one rate; whether it existed.
+pub async fn delete(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    from: &str,
+    to: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query("DELETE FROM fx_rates WHERE month = $1 AND from_currency = $2 AND to_currency = $3")
+        .bind(month)
+        .bind(from)
+        .bind(to)
+        .execute(conn)
+        .await
+        .map(|done| done.rows_affected() > 0)
+}
+
+/// Rates in `(month, from, to)` order after `after`.
+pub async fn list(
+    conn: &mut PgConnection,
+    after: Option<&(NaiveDate, String, String)>,
+    limit: i64,
+) -> sqlx::Result<Vec<FxRateRow>> {
+    sqlx::query_as::<_, FxRateRow>(&format!(
+        "SELECT {COLUMNS} FROM fx_rates \
+         WHERE $1::date IS NULL OR (month, from_currency, to_currency) > ($1, $2::text, $3::text) \
+         ORDER BY month, from_currency, to_currency LIMIT $4"
+    ))
+    .bind(after.map(|a| a.0))
+    .bind(after.map(|a| a.1.clone()))
+    .bind(after.map(|a| a.2.clone()))
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// The rates of months `first..=last` into any of `to_currencies`, ready for rating.
+pub async fn table(
+    conn: &mut PgConnection,
+    first: NaiveDate,
+    last: NaiveDate,
+    to_currencies: &[String],
+) -> sqlx::Result<RateTable> {
+    let rows = sqlx::query_as::<_, FxRateRow>(&format!(
+        "SELECT {COLUMNS} FROM fx_rates \
+         WHERE month BETWEEN $1 AND $2 AND to_currency = ANY($3)"
+    ))
+    .bind(first)
+    .bind(last)
+    .bind(to_currencies)
+    .fetch_all(conn)
+    .await?;
+    Ok(RateTable(
+        rows.into_iter()
+            .map(|row| ((row.month, row.from_currency, row.to_currency), row.rate))
+            .collect(),
+    ))
+}
+
+/// Rates loaded once for a batch.
+#[derive(Debug, Default)]
+pub struct RateTable(HashMap<(NaiveDate, String, String), Decimal>);
+
+impl FxRates for RateTable {
+    fn rate(&self, month: NaiveDate, from: &str, to: &str) -> Option<Decimal> {
+        self.0
+            .get(&(month, from.to_owned(), to.to_owned()))
+            .copied()
+    }
+}

@@ -1,0 +1,587 @@
+//! Rating stored: each record's segments, its per-record figures and the hourly rollups
+//! they add up to. [`rate_records`] is the one way in; whatever changes a record, a
+//! contract or an FX rate calls it in the same transaction.
+
+use std::collections::HashSet;
+
+use anyhow::Context;
+use chrono::{DateTime, Days, NaiveDate, Utc};
+use chrono_tz::Tz;
+use rust_decimal::Decimal;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::domain::ledger_time::{LedgerHour, first_of_month};
+use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
+use crate::store::contracts::billing_mode;
+use crate::store::{contracts, fx_rates};
+
+/// `(project_id, task_id, attempt)`: a job record's key.
+pub type RecordKey = (String, String, i32);
+
+/// How many records one re-rating call takes at a time.
+pub const RERATE_CHUNK: usize = 10_000;
+
+/// Tasks are serialised through this many advisory locks, so that two transactions rating
+/// attempts of the same task see each other's records, while a batch of any size takes a
+/// bounded number of locks.
+const TASK_LOCK_BUCKETS: i32 = 1024;
+const TASK_LOCK_CLASS: i32 = 0x7461_736b;
+
+#[derive(Debug, sqlx::FromRow)]
+struct RecordRow {
+    project_id: String,
+    task_id: String,
+    attempt: i32,
+    gpu_model: String,
+    billing_mode: String,
+    provider: Option<String>,
+    region: Option<String>,
+    started_at: DateTime<Utc>,
+    ended_at: DateTime<Utc>,
+    gpu_seconds_held: Decimal,
+    gpu_seconds_busy: Option<Decimal>,
+    outcome: String,
+    retries: i32,
+    failures: i32,
+    output_quantity: Option<Decimal>,
+    output_unit: Option<String>,
+    currency: String,
+}
+
+impl RecordRow {
+    fn outcome(&self) -> anyhow::Result<Outcome> {
+        Outcome::parse(&self.outcome)
+            .ok_or_else(|| anyhow::anyhow!("unknown outcome {}", self.outcome))
+    }
+
+    fn to_rate(&self) -> anyhow::Result<RecordToRate> {
+        Ok(RecordToRate {
+            project: self.project_id.clone(),
+            gpu_model: self.gpu_model.clone(),
+            billing_mode: billing_mode(&self.billing_mode)?,
+            provider: self.provider.clone(),
+            region: self.region.clone(),
+            currency: self.currency.clone(),
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+            gpu_seconds_held: self.gpu_seconds_held,
+            gpu_seconds_busy: self.gpu_seconds_busy,
+            outcome: self.outcome()?,
+        })
+    }
+}
+
+/// New `rated_segments` rows, column by column, for `UNNEST`.
+#[derive(Default)]
+struct SegmentColumns {
+    project_id: Vec<String>,
+    task_id: Vec<String>,
+    attempt: Vec<i32>,
+    seq: Vec<i32>,
+    hour: Vec<DateTime<Utc>>,
+    gpu_model: Vec<String>,
+    billing_mode: Vec<String>,
+    outcome: Vec<String>,
+    contract_id: Vec<Option<Uuid>>,
+    unrated_reason: Vec<Option<String>>,
+    output_unit: Vec<Option<String>>,
+    gpu_seconds_held: Vec<Decimal>,
+    gpu_seconds_busy: Vec<Option<Decimal>>,
+    cost: Vec<Option<Decimal>>,
+    productive: Vec<Decimal>,
+    idle: Vec<Decimal>,
+    unmeasured: Vec<Decimal>,
+    failed: Vec<Decimal>,
+    output_quantity: Vec<Option<Decimal>>,
+}
+
+impl SegmentColumns {
+    fn push_record(
+        &mut self,
+        row: &RecordRow,
+        contracts: &[Contract],
+        fx: &fx_rates::RateTable,
+        tz: Tz,
+    ) -> anyhow::Result<()> {
+        let record = row.to_rate()?;
+        let segments = rate_record(&record, contracts, fx, tz);
+        // Output belongs to completed records and is booked where the record ends.
+        let output = match record.outcome {
+            Outcome::Completed => row.output_unit.as_ref().zip(row.output_quantity),
+            _ => None,
+        };
+        let last = segments.len().saturating_sub(1);
+        for (seq, segment) in segments.into_iter().enumerate() {
+            self.project_id.push(row.project_id.clone());
+            self.task_id.push(row.task_id.clone());
+            self.attempt.push(row.attempt);
+            self.seq
+                .push(i32::try_from(seq).context("too many segments in one record")?);
+            self.hour.push(segment.hour);
+            self.gpu_model.push(row.gpu_model.clone());
+            self.billing_mode.push(row.billing_mode.clone());
+            self.outcome.push(row.outcome.clone());
+            self.contract_id.push(segment.contract_id);
+            self.unrated_reason
+                .push(segment.unrated.map(|reason| reason.as_str().to_owned()));
+            self.output_unit.push(output.map(|(unit, _)| unit.clone()));
+            self.gpu_seconds_held.push(segment.gpu_seconds_held);
+            self.gpu_seconds_busy.push(segment.gpu_seconds_busy);
+            self.cost.push(segment.cost);
+            self.productive.push(segment.parts.productive);
+            self.idle.push(segment.parts.idle);
+            self.unmeasured.push(segment.parts.unmeasured);
+            self.failed.push(segment.parts.failed);
+            self.output_quantity
+                .push(output.filter(|_| seq == last).map(|(_, quantity)| quantity));
+        }
+        Ok(())
+    }
+
+    fn bind<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.project_id)
+            .bind(&self.task_id)
+            .bind(&self.attempt)
+            .bind(&self.seq)
+            .bind(&self.hour)
+            .bind(&self.gpu_model)
+            .bind(&self.billing_mode)
+            .bind(&self.outcome)
+            .bind(&self.contract_id)
+            .bind(&self.unrated_reason)
+            .bind(&self.output_unit)
+            .bind(&self.gpu_seconds_held)
+            .bind(&self.gpu_seconds_busy)
+            .bind(&self.cost)
+            .bind(&self.productive)
+            .bind(&self.idle)
+            .bind(&self.unmeasured)
+            .bind(&self.failed)
+            .bind(&self.output_quantity)
+    }
+}
+
+const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[], \
+     $5::timestamptz[], $6::text[], $7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[], \
+     $12::numeric[], $13::numeric[], $14::numeric[], $15::numeric[], $16::numeric[], \
+     $17::numeric[], $18::numeric[], $19::numeric[]) \
+     AS s(project_id, task_id, attempt, seq, hour, gpu_model, billing_mode, outcome, contract_id, \
+          unrated_reason, output_unit, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
+          unmeasured, failed, output_quantity)";
+
+/// New `rated_records` rows, column by column.
+#[derive(Default)]
+struct RecordColumns {
+    project_id: Vec<String>,
+    task_id: Vec<String>,
+    attempt: Vec<i32>,
+    end_hour: Vec<DateTime<Utc>>,
+    gpu_model: Vec<String>,
+    billing_mode: Vec<String>,
+    outcome: Vec<String>,
+    retries: Vec<i32>,
+    failures: Vec<i32>,
+    completes_task: Vec<bool>,
+    fails_task: Vec<bool>,
+}
+
+impl RecordColumns {
+    /// Every attempt of one task, with the marks that count the task once (COST_MODEL §4).
+    fn push_task(&mut self, attempts: &[&RecordRow], tz: Tz) -> anyhow::Result<()> {
+        let mut completed = Vec::new();
+        for attempt in attempts {
+            if attempt.outcome()? == Outcome::Completed {
+                completed.push(*attempt);
+            }
+        }
+        let first_completed = completed
+            .iter()
+            .min_by_key(|a| (a.ended_at, a.attempt))
+            .map(|a| a.attempt);
+        let last_failed = match first_completed {
+            Some(_) => None,
+            None => attempts
+                .iter()
+                .max_by_key(|a| (a.ended_at, a.attempt))
+                .map(|a| a.attempt),
+        };
+        for attempt in attempts {
+            self.project_id.push(attempt.project_id.clone());
+            self.task_id.push(attempt.task_id.clone());
+            self.attempt.push(attempt.attempt);
+            self.end_hour
+                .push(LedgerHour::holding(attempt.ended_at, tz).start);
+            self.gpu_model.push(attempt.gpu_model.clone());
+            self.billing_mode.push(attempt.billing_mode.clone());
+            self.outcome.push(attempt.outcome.clone());
+            self.retries.push(attempt.retries);
+            self.failures.push(attempt.failures);
+            self.completes_task
+                .push(first_completed == Some(attempt.attempt));
+            self.fails_task.push(last_failed == Some(attempt.attempt));
+        }
+        Ok(())
+    }
+}
+
+impl RecordColumns {
+    fn bind<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.project_id)
+            .bind(&self.task_id)
+            .bind(&self.attempt)
+            .bind(&self.end_hour)
+            .bind(&self.gpu_model)
+            .bind(&self.billing_mode)
+            .bind(&self.outcome)
+            .bind(&self.retries)
+            .bind(&self.failures)
+            .bind(&self.completes_task)
+            .bind(&self.fails_task)
+    }
+}
+
+const NEW_RECORDS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::timestamptz[], \
+     $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bool[], $11::bool[]) \
+     AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, retries, \
+          failures, completes_task, fails_task)";
+
+/// (Re)rates the records with these keys from their current `job_records` rows.
+///
+/// Their old segments and their contributions to the rollups are removed, they are rated
+/// with the contracts and FX rates in the database, and the new segments are stored and
+/// added to the rollups. The per-record figures of every attempt of their tasks are
+/// recomputed too, since one attempt decides whether its siblings complete or fail the
+/// task. A key without a `job_records` row only loses its contributions.
+///
+/// Set-based: a fixed number of statements per call, whatever the number of keys. Rollup
+/// rows are changed by one statement per table, in key order, so that concurrent calls
+/// lock them in the same order.
+pub async fn rate_records(
+    conn: &mut PgConnection,
+    keys: &[RecordKey],
+    tz: Tz,
+) -> anyhow::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut tasks: Vec<(&str, &str)> = keys
+        .iter()
+        .map(|(project, task, _)| (project.as_str(), task.as_str()))
+        .collect();
+    tasks.sort_unstable();
+    tasks.dedup();
+    let task_projects: Vec<&str> = tasks.iter().map(|t| t.0).collect();
+    let task_ids: Vec<&str> = tasks.iter().map(|t| t.1).collect();
+
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock($1, bucket) FROM ( \
+           SELECT DISTINCT hashtext(p || '/' || t) & ($2 - 1) AS bucket \
+           FROM UNNEST($3::text[], $4::text[]) AS u(p, t) ORDER BY bucket) AS buckets",
+    )
+    .bind(TASK_LOCK_CLASS)
+    .bind(TASK_LOCK_BUCKETS)
+    .bind(&task_projects)
+    .bind(&task_ids)
+    .execute(&mut *conn)
+    .await
+    .context("locking the tasks to rate")?;
+
+    let attempts = sqlx::query_as::<_, RecordRow>(
+        "SELECT r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, r.provider, \
+                r.region, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
+                r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, p.currency \
+         FROM job_records r JOIN projects p ON p.id = r.project_id \
+         WHERE (r.project_id, r.task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
+         ORDER BY r.project_id, r.task_id, r.attempt",
+    )
+    .bind(&task_projects)
+    .bind(&task_ids)
+    .fetch_all(&mut *conn)
+    .await
+    .context("loading the records to rate")?;
+
+    let wanted: HashSet<(&str, &str, i32)> = keys
+        .iter()
+        .map(|(p, t, a)| (p.as_str(), t.as_str(), *a))
+        .collect();
+    let to_rate: Vec<&RecordRow> = attempts
+        .iter()
+        .filter(|r| wanted.contains(&(r.project_id.as_str(), r.task_id.as_str(), r.attempt)))
+        .collect();
+
+    let segments = rate_all(conn, &to_rate, tz).await?;
+    let mut records = RecordColumns::default();
+    for task in attempts.chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
+    {
+        records.push_task(&task.iter().collect::<Vec<_>>(), tz)?;
+    }
+
+    let key_projects: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+    let key_tasks: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
+    let key_attempts: Vec<i32> = keys.iter().map(|k| k.2).collect();
+
+    // Old segments out, new ones in, in one rollup statement.
+    let emptied = segments
+        .bind(sqlx::query_as::<_, (String, DateTime<Utc>)>(&format!(
+            "WITH old AS ( \
+               DELETE FROM rated_segments \
+               WHERE (project_id, task_id, attempt) IN \
+                     (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
+               RETURNING *), \
+             changes AS ( \
+               SELECT -1 AS sign, * FROM old \
+               UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
+             delta AS ( \
+               SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                      unrated_reason, output_unit, \
+                      sum(sign) AS segments, \
+                      sum(sign * gpu_seconds_held) AS gpu_seconds_held, \
+                      sum(sign * coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                      sum(sign * coalesce(cost, 0)) AS cost, \
+                      sum(sign * productive) AS productive, sum(sign * idle) AS idle, \
+                      sum(sign * unmeasured) AS unmeasured, sum(sign * failed) AS failed, \
+                      sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
+               FROM changes \
+               GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                        unrated_reason, output_unit) \
+             INSERT INTO cost_hourly AS c \
+             SELECT * FROM delta \
+             WHERE (segments, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
+                    unmeasured, failed, output_quantity) <> (0, 0, 0, 0, 0, 0, 0, 0, 0) \
+             ORDER BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                      unrated_reason, output_unit \
+             ON CONFLICT ON CONSTRAINT cost_hourly_key DO UPDATE SET \
+               segments = c.segments + EXCLUDED.segments, \
+               gpu_seconds_held = c.gpu_seconds_held + EXCLUDED.gpu_seconds_held, \
+               gpu_seconds_busy = c.gpu_seconds_busy + EXCLUDED.gpu_seconds_busy, \
+               cost = c.cost + EXCLUDED.cost, \
+               productive = c.productive + EXCLUDED.productive, \
+               idle = c.idle + EXCLUDED.idle, \
+               unmeasured = c.unmeasured + EXCLUDED.unmeasured, \
+               failed = c.failed + EXCLUDED.failed, \
+               output_quantity = c.output_quantity + EXCLUDED.output_quantity \
+             RETURNING c.project_id, c.hour, c.segments"
+        )))
+        .bind(&key_projects)
+        .bind(&key_tasks)
+        .bind(&key_attempts)
+        .fetch_all(&mut *conn)
+        .await
+        .context("updating the hourly cost rollup")?;
+    remove_empty_rollup_rows(conn, "cost_hourly", "segments", emptied).await?;
+
+    segments
+        .bind(sqlx::query_as::<_, (i64,)>(&format!(
+            "WITH stored AS (INSERT INTO rated_segments SELECT * FROM {NEW_SEGMENTS} RETURNING 1) \
+             SELECT count(*) FROM stored"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .context("storing segments")?;
+
+    let emptied = records
+        .bind(sqlx::query_as::<_, (String, DateTime<Utc>)>(&format!(
+            "WITH old AS ( \
+               DELETE FROM rated_records \
+               WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($12::text[], $13::text[])) \
+               RETURNING *), \
+             changes AS ( \
+               SELECT -1 AS sign, * FROM old \
+               UNION ALL SELECT 1, * FROM {NEW_RECORDS}), \
+             delta AS ( \
+               SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
+                      sum(sign) AS records, sum(sign * retries) AS retries, \
+                      sum(sign * failures) AS failures, \
+                      sum(sign * completes_task::int) AS tasks_completed, \
+                      sum(sign * fails_task::int) AS tasks_failed \
+               FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome) \
+             INSERT INTO records_hourly AS h \
+             SELECT * FROM delta \
+             WHERE (records, retries, failures, tasks_completed, tasks_failed) <> (0, 0, 0, 0, 0) \
+             ORDER BY project_id, hour, gpu_model, billing_mode, outcome \
+             ON CONFLICT (project_id, hour, gpu_model, billing_mode, outcome) DO UPDATE SET \
+               records = h.records + EXCLUDED.records, \
+               retries = h.retries + EXCLUDED.retries, \
+               failures = h.failures + EXCLUDED.failures, \
+               tasks_completed = h.tasks_completed + EXCLUDED.tasks_completed, \
+               tasks_failed = h.tasks_failed + EXCLUDED.tasks_failed \
+             RETURNING h.project_id, h.hour, h.records"
+        )))
+        .bind(&task_projects)
+        .bind(&task_ids)
+        .fetch_all(&mut *conn)
+        .await
+        .context("updating the hourly record rollup")?;
+    remove_empty_rollup_rows(conn, "records_hourly", "records", emptied).await?;
+
+    records
+        .bind(sqlx::query_as::<_, (i64,)>(&format!(
+            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {NEW_RECORDS} RETURNING 1) \
+             SELECT count(*) FROM stored"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+        .context("storing per-record figures")?;
+    Ok(())
+}
+
+/// Rates `records` against the contracts and FX rates they may need.
+async fn rate_all(
+    conn: &mut PgConnection,
+    records: &[&RecordRow],
+    tz: Tz,
+) -> anyhow::Result<SegmentColumns> {
+    let mut segments = SegmentColumns::default();
+    let (Some(earliest), Some(latest)) = (
+        records.iter().map(|r| r.started_at).min(),
+        records.iter().map(|r| r.ended_at).max(),
+    ) else {
+        return Ok(segments);
+    };
+    let mut kinds: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| (r.gpu_model.as_str(), r.billing_mode.as_str()))
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let models: Vec<String> = kinds.iter().map(|k| k.0.to_owned()).collect();
+    let modes: Vec<String> = kinds.iter().map(|k| k.1.to_owned()).collect();
+    let contracts = contracts::for_kinds(conn, &models, &modes)
+        .await
+        .context("loading contracts")?
+        .iter()
+        .map(contracts::ContractRow::to_domain)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut currencies: Vec<String> = records.iter().map(|r| r.currency.clone()).collect();
+    currencies.sort_unstable();
+    currencies.dedup();
+    // Ledger months are within a day of UTC ones.
+    let month_around = |at: DateTime<Utc>, shift: fn(NaiveDate) -> Option<NaiveDate>| {
+        first_of_month(shift(at.date_naive()).unwrap_or(at.date_naive()))
+    };
+    let fx = fx_rates::table(
+        conn,
+        month_around(earliest, |d| d.checked_sub_days(Days::new(1))),
+        month_around(latest, |d| d.checked_add_days(Days::new(1))),
+        &currencies,
+    )
+    .await
+    .context("loading FX rates")?;
+    for record in records {
+        segments.push_record(record, &contracts, &fx, tz)?;
+    }
+    Ok(segments)
+}
+
+/// Deletes rollup rows whose count fell to zero, among those a statement just returned.
+async fn remove_empty_rollup_rows(
+    conn: &mut PgConnection,
+    table: &str,
+    count: &str,
+    returned: Vec<(String, DateTime<Utc>)>,
+) -> anyhow::Result<()> {
+    if returned.is_empty() {
+        return Ok(());
+    }
+    let (projects, hours): (Vec<String>, Vec<DateTime<Utc>>) = returned.into_iter().unzip();
+    sqlx::query(&format!(
+        "DELETE FROM {table} AS t USING UNNEST($1::text[], $2::timestamptz[]) AS e(project_id, hour) \
+         WHERE t.project_id = e.project_id AND t.hour = e.hour AND t.{count} = 0"
+    ))
+    .bind(&projects)
+    .bind(&hours)
+    .execute(conn)
+    .await
+    .with_context(|| format!("removing emptied {table} rows"))?;
+    Ok(())
+}
+
+/// Re-rates every record with segments of `gpu_model` and `billing_mode` in `[from, until)`
+/// (open-ended without `until`), of `project` or of every project: what a contract valid
+/// over that span may change. Returns how many records were re-rated.
+pub async fn rerate_kind(
+    conn: &mut PgConnection,
+    gpu_model: &str,
+    billing_mode: BillingMode,
+    project: Option<&str>,
+    (from, until): (DateTime<Utc>, Option<DateTime<Utc>>),
+    tz: Tz,
+) -> anyhow::Result<usize> {
+    let projects: Vec<String> = match project {
+        Some(project) => vec![project.to_owned()],
+        None => {
+            sqlx::query_scalar("SELECT id FROM projects")
+                .fetch_all(&mut *conn)
+                .await?
+        }
+    };
+    // A segment lies inside its ledger hour, which is at most an hour long.
+    let keys = sqlx::query_as::<_, RecordKey>(
+        "SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
+         WHERE project_id = ANY($1) AND gpu_model = $2 AND billing_mode = $3 \
+           AND hour > $4 - interval '1 hour' AND ($5::timestamptz IS NULL OR hour < $5) \
+         ORDER BY project_id, task_id, attempt",
+    )
+    .bind(&projects)
+    .bind(gpu_model)
+    .bind(billing_mode.as_str())
+    .bind(from)
+    .bind(until)
+    .fetch_all(&mut *conn)
+    .await
+    .context("finding the records a contract touches")?;
+    rate_in_chunks(conn, &keys, tz).await
+}
+
+/// Re-rates every record with segments in the ledger month `[month_start, month_end)` that
+/// use a contract priced in `from` for a project kept in `to`: what the FX rate of that
+/// month from `from` into `to` may change.
+pub async fn rerate_fx(
+    conn: &mut PgConnection,
+    (month_start, month_end): (DateTime<Utc>, DateTime<Utc>),
+    from: &str,
+    to: &str,
+    tz: Tz,
+) -> anyhow::Result<usize> {
+    let contracts = contracts::ids_in_currency(conn, from).await?;
+    if contracts.is_empty() {
+        return Ok(0);
+    }
+    let projects: Vec<String> = sqlx::query_scalar("SELECT id FROM projects WHERE currency = $1")
+        .bind(to)
+        .fetch_all(&mut *conn)
+        .await?;
+    let keys = sqlx::query_as::<_, RecordKey>(
+        "SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
+         WHERE project_id = ANY($1) AND hour >= $2 AND hour < $3 AND contract_id = ANY($4) \
+         ORDER BY project_id, task_id, attempt",
+    )
+    .bind(&projects)
+    .bind(month_start)
+    .bind(month_end)
+    .bind(&contracts)
+    .fetch_all(&mut *conn)
+    .await
+    .context("finding the records an FX rate touches")?;
+    rate_in_chunks(conn, &keys, tz).await
+}
+
+async fn rate_in_chunks(
+    conn: &mut PgConnection,
+    keys: &[RecordKey],
+    tz: Tz,
+) -> anyhow::Result<usize> {
+    for chunk in keys.chunks(RERATE_CHUNK) {
+        rate_records(conn, chunk, tz).await?;
+    }
+    Ok(keys.len())
+}

@@ -1,0 +1,515 @@
+//! The cost of a project over a period: COST_MODEL.md's worked example end to end, re-rating
+//! through contract and FX changes, grouping, and who may read it.
+
+use std::str::FromStr;
+
+use axum::http::StatusCode;
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+
+use crate::common::TestApp;
+
+pub fn dec(value: &Value) -> Decimal {
+    Decimal::from_str(
+        value
+            .as_str()
+            .unwrap_or_else(|| panic!("not a decimal string: {value}")),
+    )
+    .unwrap()
+}
+
+pub fn assert_money(value: &Value, expected: &str) {
+    assert_eq!(
+        dec(value),
+        Decimal::from_str(expected).unwrap(),
+        "{value} is not {expected}"
+    );
+}
+
+/// Creates a contract as admin and returns its id.
+pub async fn contract(app: &TestApp, body: Value) -> String {
+    let response = app.post("/v1/contracts", &app.admin, body).await;
+    assert_eq!(response.status, StatusCode::CREATED, "{}", response.text());
+    response.json()["id"].as_str().unwrap().to_owned()
+}
+
+/// The contracts and records of COST_MODEL.md's worked example; returns C1..C4's ids.
+pub async fn worked_example(app: &TestApp) -> [String; 4] {
+    app.create_project("vision", "USD").await;
+    let c1 = contract(
+        app,
+        json!({"name": "C1", "gpu_model": "H100", "billing_mode": "on_demand",
+        "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    let c2 = contract(
+        app,
+        json!({"name": "C2", "gpu_model": "H100", "billing_mode": "on_demand",
+        "price_per_gpu_hour": "2.00", "currency": "USD", "valid_from": "2026-11-15T00:00:00Z",
+        "project": "vision"}),
+    )
+    .await;
+    let c3 = contract(
+        app,
+        json!({"name": "C3", "gpu_model": "H100", "billing_mode": "spot",
+        "price_per_gpu_hour": 1.20, "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    let c4 = contract(
+        app,
+        json!({"name": "C4", "gpu_model": "A100", "billing_mode": "reserved",
+        "price_per_gpu_hour": "1.00", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z",
+        "valid_until": "2026-12-01T00:00:00Z", "committed_gpus": 2}),
+    )
+    .await;
+    app.ingest(json!([
+        {"project": "vision", "task_id": "t1", "gpu_model": "H100", "gpu_count": 4,
+         "started_at": "2026-11-14T22:00:00Z", "ended_at": "2026-11-15T02:00:00Z",
+         "gpu_seconds_busy": 43200, "outcome": "completed",
+         "output": {"quantity": "2000000", "unit": "tokens"}, "labels": {"team": "perception"}},
+        {"project": "vision", "task_id": "t2", "gpu_model": "H100", "gpu_count": 8,
+         "billing_mode": "spot", "started_at": "2026-11-20T10:00:00Z",
+         "ended_at": "2026-11-20T11:30:00Z", "outcome": "preempted", "failures": 1,
+         "labels": {"team": "perception"}},
+        {"project": "vision", "task_id": "t2", "attempt": 2, "gpu_model": "H100", "gpu_count": 8,
+         "billing_mode": "spot", "started_at": "2026-11-20T12:00:00Z",
+         "ended_at": "2026-11-20T14:00:00Z", "outcome": "completed", "retries": 1,
+         "output": {"quantity": "1000000", "unit": "tokens"}, "labels": {"team": "perception"}},
+        {"project": "vision", "task_id": "t3", "gpu_model": "A100", "gpu_count": 1,
+         "billing_mode": "reserved", "started_at": "2026-11-10T00:00:00Z",
+         "ended_at": "2026-11-10T10:00:00Z", "gpu_seconds_busy": 36000, "outcome": "completed",
+         "output": {"quantity": "500", "unit": "samples"}, "labels": {"team": "search"}},
+        {"project": "vision", "task_id": "t4", "gpu_model": "B200", "gpu_count": 1,
+         "started_at": "2026-11-21T00:00:00Z", "ended_at": "2026-11-21T01:00:00Z",
+         "outcome": "failed"},
+        {"project": "vision", "task_id": "t5", "gpu_model": "H100", "gpu_count": 2,
+         "started_at": "2026-10-31T23:00:00Z", "ended_at": "2026-11-01T01:00:00Z",
+         "outcome": "completed"},
+    ]))
+    .await;
+    [c1, c2, c3, c4]
+}
+
+pub const NOVEMBER: &str = "/v1/projects/vision/cost?month=2026-11&as_of=2027-01-01T00:00:00Z";
+
+pub async fn cost(app: &TestApp, path: &str) -> Value {
+    let response = app.get(path, &app.admin).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    response.json()
+}
+
+#[tokio::test]
+async fn the_worked_example_to_the_cent() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let november = cost(&app, NOVEMBER).await;
+
+    assert_eq!(november["project"], "vision");
+    assert_eq!(november["currency"], "USD");
+    assert_eq!(november["from"], "2026-11-01T00:00:00Z");
+    assert_eq!(november["to"], "2026-12-01T00:00:00Z");
+    assert_money(&november["total"], "84.60");
+    let breakdown = &november["breakdown"];
+    assert_money(&breakdown["productive"], "37.00");
+    assert_money(&breakdown["idle"], "9.00");
+    assert_money(&breakdown["unmeasured"], "24.20");
+    assert_money(&breakdown["failed"], "14.40");
+    assert_money(&breakdown["unused_commitment"], "0");
+    assert_money(&november["waste"], "23.40");
+    // R1 57600 + R2 43200 + R3 57600 + R4 36000 + R5 3600 + R6's November half 7200.
+    assert_money(&november["gpu_seconds_held"], "205200");
+    assert_money(&november["gpu_seconds_busy"], "79200");
+    assert_money(&november["unrated_gpu_seconds"], "3600");
+    assert_eq!(
+        november["unrated"],
+        json!([{"reason": "no_contract", "gpu_model": "B200", "gpu_seconds": "3600"}])
+    );
+    assert_eq!(november["tasks_completed"], 4);
+    assert_eq!(
+        november["tasks_failed"], 1,
+        "t4 failed; t2 completed on retry"
+    );
+    assert_eq!(november["retries"], 1);
+    assert_eq!(november["failures"], 1);
+    assert_money(&november["cost_per_completed_task"], "21.15");
+
+    let output = november["output"].as_array().unwrap();
+    let tokens = output.iter().find(|o| o["unit"] == "tokens").unwrap();
+    assert_money(&tokens["quantity"], "3000000");
+    assert_money(&tokens["direct_cost_per_unit"], "0.0000184");
+    let loaded_per_million = dec(&tokens["loaded_cost_per_unit"]) * Decimal::from(1_000_000);
+    assert_eq!(
+        loaded_per_million.round_dp(6),
+        Decimal::from_str("22.174359").unwrap()
+    );
+    assert_eq!(
+        dec(&tokens["loaded_cost_per_unit"]),
+        Decimal::from_str("0.0000184").unwrap() * Decimal::from_str("84.60").unwrap()
+            / Decimal::from_str("70.20").unwrap()
+    );
+    let samples = output.iter().find(|o| o["unit"] == "samples").unwrap();
+    assert_money(&samples["quantity"], "500");
+    assert_money(&samples["direct_cost_per_unit"], "0.02");
+    assert_eq!(november["groups"], json!([]));
+
+    let october = cost(
+        &app,
+        "/v1/projects/vision/cost?month=2026-10&as_of=2027-01-01T00:00:00Z",
+    )
+    .await;
+    assert_money(&october["total"], "5.00");
+    assert_money(&october["breakdown"]["unmeasured"], "5.00");
+    assert_eq!(october["tasks_completed"], 0);
+    assert_eq!(october["cost_per_completed_task"], Value::Null);
+}
+
+#[tokio::test]
+async fn adding_the_missing_contract_rates_the_unrated_seconds() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    contract(
+        &app,
+        json!({"name": "B200", "gpu_model": "B200", "billing_mode": "on_demand",
+        "price_per_gpu_hour": "3.00", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z"}),
+    )
+    .await;
+    let november = cost(&app, NOVEMBER).await;
+    assert_money(&november["unrated_gpu_seconds"], "0");
+    assert_eq!(november["unrated"], json!([]));
+    assert_money(&november["total"], "87.60");
+    assert_money(&november["breakdown"]["failed"], "17.40");
+}
+
+#[tokio::test]
+async fn a_price_change_shows_at_once_and_its_reversal_restores_every_figure() {
+    let app = TestApp::spawn().await;
+    let [c1, ..] = worked_example(&app).await;
+    let by_day = format!("{NOVEMBER}&group_by=day");
+    let before = (cost(&app, NOVEMBER).await, cost(&app, &by_day).await);
+
+    let changed = app
+        .patch(
+            &format!("/v1/contracts/{c1}"),
+            &app.admin,
+            json!({"price_per_gpu_hour": "3.00"}),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.text());
+    assert_money(&changed.json()["price_per_gpu_hour"], "3.00");
+    let repriced = cost(&app, NOVEMBER).await;
+    // R1's 8 GPU-hours before the 15th and R6's 2 November GPU-hours, 0.50 dearer each.
+    assert_money(&repriced["total"], "89.60");
+    assert_money(&repriced["breakdown"]["productive"], "40.00");
+
+    // Shortening it leaves R6 (and R1's first half) without a contract.
+    let shortened = app
+        .patch(
+            &format!("/v1/contracts/{c1}"),
+            &app.admin,
+            json!({"valid_until": "2026-11-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(shortened.status, StatusCode::OK, "{}", shortened.text());
+    let unrated = cost(&app, NOVEMBER).await;
+    assert_money(&unrated["unrated_gpu_seconds"], "39600");
+
+    let restored = app
+        .patch(
+            &format!("/v1/contracts/{c1}"),
+            &app.admin,
+            json!({"price_per_gpu_hour": "2.50", "valid_until": null}),
+        )
+        .await;
+    assert_eq!(restored.status, StatusCode::OK, "{}", restored.text());
+    let after = (cost(&app, NOVEMBER).await, cost(&app, &by_day).await);
+    assert_eq!(after, before);
+}
+
+#[tokio::test]
+async fn deleting_a_contract_unrates_what_it_priced() {
+    let app = TestApp::spawn().await;
+    let [_, c2, ..] = worked_example(&app).await;
+    let deleted = app.delete(&format!("/v1/contracts/{c2}"), &app.admin).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.text());
+    // R1's second half falls back to C1: 8 GPU-hours at 2.50 instead of 2.00.
+    assert_money(&cost(&app, NOVEMBER).await["total"], "88.60");
+    app.get(&format!("/v1/contracts/{c2}"), &app.admin)
+        .await
+        .problem(StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn foreign_prices_convert_at_the_months_rate() {
+    let app = TestApp::spawn().await;
+    app.create_project("speech", "USD").await;
+    contract(
+        &app,
+        json!({"name": "EU", "gpu_model": "L40S", "billing_mode": "on_demand",
+        "price_per_gpu_hour": "2.00", "currency": "EUR", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    app.ingest(
+        json!([{"project": "speech", "task_id": "a", "gpu_model": "L40S", "gpu_count": 1,
+        "started_at": "2026-11-02T00:00:00Z", "ended_at": "2026-11-02T03:00:00Z",
+        "outcome": "completed"}]),
+    )
+    .await;
+    let path = "/v1/projects/speech/cost?month=2026-11&as_of=2027-01-01T00:00:00Z";
+    let unconverted = cost(&app, path).await;
+    assert_money(&unconverted["total"], "0");
+    assert_eq!(
+        unconverted["unrated"],
+        json!([{"reason": "no_fx_rate", "gpu_model": "L40S", "gpu_seconds": "10800"}])
+    );
+
+    let rate = app
+        .put(
+            "/v1/fx-rates/2026-11/EUR/USD",
+            &app.admin,
+            json!({"rate": "1.10"}),
+        )
+        .await;
+    assert_eq!(rate.status, StatusCode::OK, "{}", rate.text());
+    assert_eq!(rate.json()["rate"], "1.1");
+    let converted = cost(&app, path).await;
+    assert_money(&converted["total"], "6.60");
+    assert_money(&converted["unrated_gpu_seconds"], "0");
+
+    let rates = app.get("/v1/fx-rates", &app.admin).await.json();
+    assert_eq!(rates["items"][0]["month"], "2026-11");
+    assert_eq!(rates["items"][0]["from"], "EUR");
+
+    let deleted = app.delete("/v1/fx-rates/2026-11/EUR/USD", &app.admin).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.text());
+    assert_eq!(cost(&app, path).await, unconverted);
+    app.delete("/v1/fx-rates/2026-11/EUR/USD", &app.admin)
+        .await
+        .problem(StatusCode::NOT_FOUND);
+    let reader = app.token("reader", &["speech"]).await;
+    app.put(
+        "/v1/fx-rates/2026-11/EUR/USD",
+        &reader,
+        json!({"rate": "1.10"}),
+    )
+    .await
+    .problem(StatusCode::FORBIDDEN);
+    let bad = app
+        .put(
+            "/v1/fx-rates/2026-13/EUR/EUR",
+            &app.admin,
+            json!({"rate": "-1"}),
+        )
+        .await;
+    bad.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(bad.pointers(), ["path:month", "path:to", "/rate"]);
+}
+
+/// Every figure of a group list, summed, equals the top-level figure.
+fn assert_groups_add_up(report: &Value) {
+    let groups = report["groups"].as_array().unwrap();
+    assert!(!groups.is_empty());
+    let money =
+        |path: &str| -> Decimal { groups.iter().map(|g| dec(g.pointer(path).unwrap())).sum() };
+    for path in [
+        "/total",
+        "/waste",
+        "/gpu_seconds_held",
+        "/gpu_seconds_busy",
+        "/unrated_gpu_seconds",
+        "/breakdown/productive",
+        "/breakdown/idle",
+        "/breakdown/unmeasured",
+        "/breakdown/failed",
+        "/breakdown/unused_commitment",
+    ] {
+        assert_eq!(money(path), dec(report.pointer(path).unwrap()), "{path}");
+    }
+    for count in ["tasks_completed", "tasks_failed", "retries", "failures"] {
+        let sum: i64 = groups.iter().map(|g| g[count].as_i64().unwrap()).sum();
+        assert_eq!(Value::from(sum), report[count], "{count}");
+    }
+}
+
+#[tokio::test]
+async fn groups_add_up_to_the_total_for_every_dimension() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    // A project-scoped commitment, so that unused commitment is spread over groups too.
+    contract(
+        &app,
+        json!({"name": "own", "gpu_model": "A100", "billing_mode": "reserved",
+        "price_per_gpu_hour": "1.00", "currency": "USD", "valid_from": "2026-11-10T00:00:00Z",
+        "valid_until": "2026-11-12T00:00:00Z", "committed_gpus": 2, "project": "vision"}),
+    )
+    .await;
+    for group_by in [
+        "day",
+        "month",
+        "gpu_model",
+        "billing_mode",
+        "outcome",
+        "label:team",
+    ] {
+        let report = cost(&app, &format!("{NOVEMBER}&group_by={group_by}")).await;
+        assert_groups_add_up(&report);
+    }
+
+    let by_model = cost(&app, &format!("{NOVEMBER}&group_by=gpu_model")).await;
+    let keys: Vec<&str> = by_model["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["A100", "B200", "H100"]);
+    // R4 now runs on the project's own reservation: 10 of its 2 × 48 committed GPU-hours.
+    let a100 = &by_model["groups"][0];
+    assert_money(&a100["breakdown"]["unused_commitment"], "86");
+    assert_money(&a100["breakdown"]["productive"], "10");
+
+    let by_team = cost(&app, &format!("{NOVEMBER}&group_by=label:team")).await;
+    let groups = by_team["groups"].as_array().unwrap();
+    let team = |key: Value| groups.iter().find(|g| g["key"] == key).unwrap().clone();
+    // t1 (36.00) and both attempts of t2 (14.40 + 19.20).
+    assert_money(&team(json!("perception"))["total"], "69.60");
+    assert_eq!(team(json!("perception"))["tasks_completed"], 2);
+    assert_money(&team(json!("search"))["total"], "10.00");
+    // Unlabelled records (R5, R6) and the unused commitment have no key.
+    assert_money(&team(Value::Null)["total"], "91.00");
+
+    let by_day = cost(&app, &format!("{NOVEMBER}&group_by=day")).await;
+    let day = |key: &str| {
+        by_day["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["key"] == key)
+            .unwrap()
+            .clone()
+    };
+    // R1 from 22:00 on the 14th: two hours at 2.50 on 4 GPUs.
+    assert_money(&day("2026-11-14")["total"], "20.00");
+    assert_eq!(day("2026-11-14")["tasks_completed"], 0);
+    assert_eq!(day("2026-11-15")["tasks_completed"], 1);
+}
+
+#[tokio::test]
+async fn unused_commitment_accrues_up_to_as_of() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract(
+        &app,
+        json!({"name": "own", "gpu_model": "A100", "billing_mode": "reserved",
+        "price_per_gpu_hour": "1.50", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z",
+        "committed_gpus": 2, "project": "vision"}),
+    )
+    .await;
+    app.ingest(
+        json!([{"project": "vision", "task_id": "x", "gpu_model": "A100", "gpu_count": 1,
+        "billing_mode": "reserved", "started_at": "2026-11-01T01:00:00Z",
+        "ended_at": "2026-11-01T03:00:00Z", "outcome": "completed"}]),
+    )
+    .await;
+    let at = |as_of: &str| format!("/v1/projects/vision/cost?month=2026-11&as_of={as_of}");
+    // 10 committed hours × 2 GPUs, of which 2 GPU-hours used: 18 unused GPU-hours × 1.50.
+    let early = cost(&app, &at("2026-11-01T10:00:00Z")).await;
+    assert_money(&early["breakdown"]["unused_commitment"], "27");
+    assert_money(&early["total"], "30");
+    assert_money(&early["waste"], "27");
+    // Half an hour more: one more committed GPU-hour, pro rata.
+    let later = cost(&app, &at("2026-11-01T10:30:00Z")).await;
+    assert_money(&later["breakdown"]["unused_commitment"], "28.5");
+    let before_month = cost(&app, &at("2026-10-20T00:00:00Z")).await;
+    assert_money(&before_month["breakdown"]["unused_commitment"], "0");
+}
+
+#[tokio::test]
+async fn periods_must_be_ledger_hours_and_parameters_are_named() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let hours = cost(
+        &app,
+        "/v1/projects/vision/cost?from=2026-11-14T22:00:00Z&to=2026-11-15&as_of=2027-01-01T00:00:00Z",
+    )
+    .await;
+    assert_money(&hours["total"], "20.00");
+    let days = cost(
+        &app,
+        "/v1/projects/vision/cost?from=2026-11-01&to=2026-12-01",
+    )
+    .await;
+    assert_money(&days["total"], "84.60");
+    assert_eq!(days["from"], "2026-11-01T00:00:00Z");
+
+    for (query, pointer) in [
+        ("from=2026-11-14T22:30:00Z&to=2026-11-15", "query:from"),
+        ("from=2026-11-15&to=2026-11-14", "query:to"),
+        ("month=2026-13", "query:month"),
+        ("month=2026-11&group_by=team", "query:group_by"),
+        ("month=2026-11&as_of=yesterday", "query:as_of"),
+        ("", "query:from"),
+    ] {
+        let response = app
+            .get(&format!("/v1/projects/vision/cost?{query}"), &app.admin)
+            .await;
+        response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(response.pointers(), [pointer], "{query}");
+    }
+}
+
+#[tokio::test]
+async fn only_readers_of_the_project_see_its_cost() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    app.create_project("speech", "USD").await;
+    let own = app.token("reader", &["vision"]).await;
+    let other = app.token("reader", &["speech"]).await;
+    let ingest = app.token("ingest", &["vision"]).await;
+    let finance = app.token("finance", &[]).await;
+    assert_eq!(app.get(NOVEMBER, &own).await.status, StatusCode::OK);
+    assert_eq!(app.get(NOVEMBER, &finance).await.status, StatusCode::OK);
+    app.get(NOVEMBER, &other)
+        .await
+        .problem(StatusCode::NOT_FOUND);
+    app.get(NOVEMBER, &ingest)
+        .await
+        .problem(StatusCode::NOT_FOUND);
+    app.get("/v1/projects/nope/cost?month=2026-11", &app.admin)
+        .await
+        .problem(StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_corrected_record_is_re_rated_and_its_task_recounted() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let before = cost(&app, NOVEMBER).await;
+    let r3 = |outcome: &str| {
+        json!({"gpu_model": "H100", "gpu_count": 8, "billing_mode": "spot",
+               "started_at": "2026-11-20T12:00:00Z", "ended_at": "2026-11-20T14:00:00Z",
+               "outcome": outcome, "retries": 1,
+               "output": {"quantity": "1000000", "unit": "tokens"},
+               "labels": {"team": "perception"}})
+    };
+    let path = "/v1/projects/vision/job-records/t2/2";
+    let corrected = app.put(path, &app.admin, r3("failed")).await;
+    assert_eq!(corrected.status, StatusCode::OK, "{}", corrected.text());
+    let after = cost(&app, NOVEMBER).await;
+    assert_eq!(after["tasks_completed"], 3);
+    assert_eq!(
+        after["tasks_failed"], 2,
+        "t2 has no completed attempt any more"
+    );
+    assert_money(&after["breakdown"]["failed"], "33.60");
+    assert_money(&after["breakdown"]["unmeasured"], "5.00");
+    assert_money(&after["total"], "84.60");
+    let tokens = after["output"].as_array().unwrap();
+    assert_money(
+        &tokens.iter().find(|o| o["unit"] == "tokens").unwrap()["quantity"],
+        "2000000",
+    );
+
+    let reverted = app.put(path, &app.admin, r3("completed")).await;
+    assert_eq!(reverted.status, StatusCode::OK, "{}", reverted.text());
+    assert_eq!(cost(&app, NOVEMBER).await, before);
+}
