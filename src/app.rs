@@ -9,16 +9,34 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 /// Server settings every handler may read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Settings {
     /// Where days and months begin.
     pub timezone: chrono_tz::Tz,
+    /// What "now" is: the system clock, or a fixed instant for reproducible runs.
+    pub clock: Clock,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
             timezone: chrono_tz::UTC,
+            clock: Clock::System,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    System,
+    Fixed(chrono::DateTime<chrono::Utc>),
+}
+
+impl Clock {
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        match self {
+            Clock::System => chrono::Utc::now(),
+            Clock::Fixed(at) => *at,
         }
     }
 }

@@ -158,7 +158,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let database = open(&config).await?;
             crate::db::migrate(&database.pool).await?;
             let outcome =
-                crate::import::import_files(&database.pool, &files, config.timezone).await;
+                crate::import::import_files(&database.pool, &files, &settings(&config)).await;
             database.close().await?;
             let summary = outcome?;
             crate::import::print_summary(&summary, 100);
@@ -200,6 +200,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+fn settings(config: &Config) -> Settings {
+    Settings {
+        timezone: config.timezone,
+        clock: crate::app::Clock::System,
     }
 }
 
@@ -254,12 +261,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
     crate::db::migrate(&database.pool).await?;
     bootstrap_admin(&database.pool).await?;
-    let state = AppState::new(
-        database.pool.clone(),
-        Settings {
-            timezone: config.timezone,
-        },
-    );
+    let state = AppState::new(database.pool.clone(), settings(config));
     let webhooks = crate::workers::webhooks::Webhooks::new(
         database.pool.clone(),
         webhook_secret(&database.pool).await?,
@@ -268,17 +270,27 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
     let application = Application::bind(state, config.listen).await?;
     tracing::info!(address = %application.local_addr(), "taskledger is ready");
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let worker = tokio::spawn(webhooks.run(async move {
-        let mut stopped = stopped;
-        let _ = stopped.changed().await;
-    }));
+    let stopping = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.changed().await;
+        }
+    };
+    let delivery = tokio::spawn(webhooks.run(stopping()));
+    let ticker = tokio::spawn(crate::workers::burn_tick::run(
+        database.pool.clone(),
+        settings(config),
+        crate::workers::burn_tick::DEFAULT_INTERVAL,
+        stopping(),
+    ));
     let served = application
         .serve_until(async move {
             app::shutdown_signal().await;
             let _ = stop.send(true);
         })
         .await;
-    worker.await?;
+    delivery.await?;
+    ticker.await?;
     served
 }
 

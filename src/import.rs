@@ -8,13 +8,13 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use chrono::Utc;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
+use crate::app::Settings;
 use crate::domain::record::JobRecord;
 use crate::ingest::{self, IngestError, Submitted};
 use crate::store;
@@ -73,7 +73,7 @@ impl Format {
 pub async fn import_files(
     pool: &PgPool,
     files: &[PathBuf],
-    tz: chrono_tz::Tz,
+    settings: &Settings,
 ) -> anyhow::Result<Summary> {
     for file in files {
         Format::of(file)?;
@@ -92,7 +92,7 @@ pub async fn import_files(
         let reader = tokio::task::spawn_blocking(move || read_file(&path, &sender));
         while let Some(batch) = receiver.recv().await {
             let size = batch.len() as u64;
-            store_batch(pool, batch, tz, &mut summary).await?;
+            store_batch(pool, batch, settings, &mut summary).await?;
             progress.inc(size);
         }
         reader.await.context("the file reader stopped")??;
@@ -104,10 +104,10 @@ pub async fn import_files(
 async fn store_batch(
     pool: &PgPool,
     batch: Vec<SourceRecord>,
-    tz: chrono_tz::Tz,
+    settings: &Settings,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
-    let now = Utc::now();
+    let now = settings.clock.now();
     let mut valid = Vec::with_capacity(batch.len());
     let mut locations = Vec::with_capacity(batch.len());
     for source in batch {
@@ -159,7 +159,7 @@ async fn store_batch(
     });
     // Conflicting records are reported and left out, and the rest of the batch is stored.
     loop {
-        match ingest::store_batch(pool, valid.clone(), tz).await {
+        match ingest::store_batch(pool, valid.clone(), settings).await {
             Ok(stored) => {
                 summary.accepted += stored.accepted;
                 summary.duplicates += stored.duplicates;

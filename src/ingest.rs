@@ -2,12 +2,14 @@
 //! identical copies collapse, differing copies of a key are a conflict, and the database's
 //! primary key decides what is new, whatever other requests do at the same time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use chrono_tz::Tz;
 use sqlx::PgPool;
 
+use crate::alerting::{self, months_between};
+use crate::app::Settings;
 use crate::domain::record::{JobRecord, RecordKey};
+use crate::domain::values::Month;
 use crate::store;
 
 /// A validated record and its position in what the client sent.
@@ -68,12 +70,14 @@ pub enum IngestError {
 }
 
 /// Stores a batch all or nothing: on any conflict nothing is written. What is written is
-/// rated in the same transaction, with days and months of `tz`.
+/// rated in the same transaction, with days and months of `tz`; then the budget burn of every
+/// project and month it touched is re-evaluated.
 pub async fn store_batch(
     pool: &PgPool,
     batch: Vec<Submitted>,
-    tz: Tz,
+    settings: &Settings,
 ) -> Result<Stored, IngestError> {
+    let tz = settings.timezone;
     let (unique, repeats) = collapse(batch)?;
     let records: Vec<JobRecord> = unique.iter().map(|s| s.record.clone()).collect();
     let mut tx = pool.begin().await?;
@@ -100,7 +104,18 @@ pub async fn store_batch(
     store::rating::rate_records(&mut tx, &keys, tz)
         .await
         .map_err(IngestError::Rating)?;
+    let stored_keys: BTreeSet<&RecordKey> = outcome.inserted.iter().collect();
     tx.commit().await?;
+    let touched: BTreeSet<(String, Month)> = unique
+        .iter()
+        .filter(|s| stored_keys.contains(&s.record.key))
+        .flat_map(|s| {
+            months_between(s.record.started_at, s.record.ended_at, tz)
+                .into_iter()
+                .map(|month| (s.record.key.project.clone(), month))
+        })
+        .collect();
+    alerting::evaluate_all(pool, touched, settings).await;
     metrics::counter!("taskledger_job_records_accepted_total")
         .increment(outcome.inserted.len() as u64);
     metrics::counter!("taskledger_job_records_duplicate_total")

@@ -21,7 +21,9 @@ use crate::store;
 use crate::store::alerts::{AlertRow, AttemptRow, DeliveryRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_alerts))
+    OpenApiRouter::new()
+        .routes(routes!(list_alerts))
+        .routes(routes!(get_burn))
 }
 
 /// An alert as it fired; also the JSON document POSTed to the project's webhook.
@@ -191,4 +193,114 @@ fn view(
             })
             .collect(),
     })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct BurnQuery {
+    /// `YYYY-MM`; default: the month holding `as_of`.
+    pub month: Option<String>,
+    /// RFC 3339; default: now. Spend and forecast are computed as of this instant.
+    pub as_of: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ThresholdView {
+    pub percent: i32,
+    pub kind: AlertKind,
+    /// When its alert fired; null while not reached (as of `as_of`).
+    pub crossed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BurnView {
+    pub project: String,
+    #[schema(value_type = String, example = "2026-11")]
+    pub month: Month,
+    pub currency: String,
+    /// The month's own budget, else the project's default; null when neither is set.
+    #[schema(value_type = Option<String>)]
+    pub budget: Option<Decimal>,
+    /// The project's total for the month up to `as_of`.
+    #[schema(value_type = String)]
+    pub spend: Decimal,
+    #[schema(value_type = Option<String>)]
+    pub burn_pct: Option<Decimal>,
+    /// spend × hours in the month / hours elapsed; null before 72 hours have passed.
+    #[schema(value_type = Option<String>)]
+    pub forecast: Option<Decimal>,
+    #[schema(value_type = Option<String>)]
+    pub forecast_pct: Option<Decimal>,
+    /// The project's thresholds (`actual`) and the forecast alert at 100 %.
+    pub thresholds: Vec<ThresholdView>,
+    pub as_of: DateTime<Utc>,
+}
+
+/// How fast a project burns its monthly budget, and which alerts fired.
+#[utoipa::path(get, path = "/v1/projects/{id}/burn", tag = "alerts",
+    params(("id" = String, Path, description = "Project id"), BurnQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Budget, spend, burn and forecast", body = BurnView),
+        (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid month or as_of", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_burn(
+    State(state): State<AppState>,
+    principal: Principal,
+    crate::http::extract::ApiPath(id): crate::http::extract::ApiPath<String>,
+    ApiQuery(query): ApiQuery<BurnQuery>,
+) -> ApiResult<axum::Json<BurnView>> {
+    let project = readable_project(&state, &principal, &id).await?;
+    let tz = state.settings.timezone;
+    let mut violations = Violations::default();
+    let as_of = match &query.as_of {
+        Some(raw) => violations.check(
+            "query:as_of",
+            DateTime::parse_from_rfc3339(raw)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|_| format!("`{raw}` is not an RFC 3339 time with an offset")),
+        ),
+        None => Some(state.settings.clock.now()),
+    };
+    let month = match &query.month {
+        Some(raw) => violations.check("query:month", Month::parse(raw)),
+        None => as_of.map(|at| crate::alerting::month_holding(at, tz)),
+    };
+    violations.into_result()?;
+    let (Some(as_of), Some(month)) = (as_of, month) else {
+        unreachable!("both parsed or were reported")
+    };
+    let burn = crate::alerting::burn_of(&state.pool, &project, month, as_of, tz).await?;
+    let fired = store::alerts::fired_in_month(&state.pool, &id, month.first_day()).await?;
+    let crossed = |percent: i32, kind: AlertKind| {
+        fired
+            .iter()
+            .find(|a| a.threshold == percent && a.kind == kind.as_str() && a.fired_at <= as_of)
+            .map(|a| a.fired_at)
+    };
+    let thresholds = project
+        .alert_thresholds
+        .iter()
+        .map(|&percent| (percent, AlertKind::Actual))
+        .chain([(crate::domain::burn::FORECAST_THRESHOLD, AlertKind::Forecast)])
+        .map(|(percent, kind)| ThresholdView {
+            percent,
+            kind,
+            crossed_at: crossed(percent, kind),
+        })
+        .collect();
+    Ok(axum::Json(BurnView {
+        project: project.id,
+        month,
+        currency: project.currency,
+        budget: burn.budget.map(|b| b.normalize()),
+        spend: burn.spend.normalize(),
+        burn_pct: burn.burn_pct.map(|p| p.normalize()),
+        forecast: burn.forecast.map(|f| f.normalize()),
+        forecast_pct: burn.forecast_pct.map(|p| p.normalize()),
+        thresholds,
+        as_of,
+    }))
 }

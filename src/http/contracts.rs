@@ -310,6 +310,7 @@ pub async fn create_contract(
     )
     .await?;
     tx.commit().await?;
+    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
     Ok((StatusCode::CREATED, axum::Json(row.into())))
 }
 
@@ -452,6 +453,7 @@ pub async fn update_contract(
     };
     rerate(&mut tx, &state, &new, union_span(&old, &new)).await?;
     tx.commit().await?;
+    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
     Ok(axum::Json(row.into()))
 }
 
@@ -479,5 +481,6 @@ pub async fn delete_contract(
     store::contracts::delete(&mut tx, uuid).await?;
     rerate(&mut tx, &state, &old, (old.valid_from, old.valid_until)).await?;
     tx.commit().await?;
+    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -309,7 +309,7 @@ struct Request {
     as_of: DateTime<Utc>,
 }
 
-fn parse_params(params: &CostParams, tz: Tz) -> ApiResult<Request> {
+fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<Request> {
     let mut violations = Violations::default();
     let period = match (&params.month, &params.from, &params.to) {
         (Some(month), None, None) => violations
@@ -345,7 +345,7 @@ fn parse_params(params: &CostParams, tz: Tz) -> ApiResult<Request> {
     };
     let as_of = match &params.as_of {
         Some(raw) => violations.check("query:as_of", parse_instant(raw)),
-        None => Some(Utc::now()),
+        None => Some(now),
     };
     violations.into_result()?;
     let (Some(period), Some(grouping), Some(as_of)) = (period, grouping, as_of) else {
@@ -464,7 +464,7 @@ pub async fn get_cost(
 ) -> ApiResult<axum::Json<CostView>> {
     let project = readable_project(&state, &principal, &id).await?;
     let tz = state.settings.timezone;
-    let request = parse_params(&params, tz)?;
+    let request = parse_params(&params, tz, state.settings.clock.now())?;
     let mut conn = state.pool.acquire().await?;
     let view = project_cost(&mut conn, &project.id, &project.currency, &request, tz).await?;
     Ok(axum::Json(view))
@@ -514,4 +514,34 @@ async fn project_cost(
         figures: whole.figures(),
         groups,
     })
+}
+
+/// A project's spend in a month up to `as_of` (COST_MODEL §5): the cost of the month's ledger
+/// hours up to the one holding `as_of`, and unused commitment accrued until `as_of`.
+pub async fn month_spend(
+    conn: &mut sqlx::PgConnection,
+    project: &str,
+    currency: &str,
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> ApiResult<Decimal> {
+    let (start, end) = month_bounds(month, tz);
+    let until = if as_of >= end {
+        end
+    } else {
+        LedgerHour::holding(as_of, tz).end
+    };
+    if as_of <= start {
+        return Ok(Decimal::ZERO);
+    }
+    let request = Request {
+        period: (start, until),
+        grouping: Grouping::Whole,
+        as_of,
+    };
+    Ok(project_cost(conn, project, currency, &request, tz)
+        .await?
+        .figures
+        .total)
 }

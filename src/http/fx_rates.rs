@@ -125,6 +125,7 @@ pub async fn put_fx_rate(
         store::fx_rates::put(&mut tx, month.first_day(), from.code(), to.code(), rate).await?;
     rerate(&mut tx, &state, key).await?;
     tx.commit().await?;
+    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
     Ok(axum::Json(row.into()))
 }
 
@@ -160,6 +161,7 @@ pub async fn delete_fx_rate(
     }
     rerate(&mut tx, &state, key).await?;
     tx.commit().await?;
+    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

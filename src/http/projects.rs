@@ -269,6 +269,8 @@ pub async fn update_project(
     let row = store::projects::update(&state.pool, &id, &changes)
         .await?
         .ok_or_else(|| project_not_found(&id))?;
+    let month = crate::alerting::month_holding(state.settings.clock.now(), state.settings.timezone);
+    crate::alerting::evaluate_all(&state.pool, [(id.clone(), month)], &state.settings).await;
     Ok(axum::Json(row.into()))
 }
 
@@ -326,6 +328,7 @@ pub async fn put_budget(
         unreachable!("both parsed or were reported")
     };
     let row = store::projects::put_budget(&state.pool, &id, month.first_day(), amount).await?;
+    crate::alerting::evaluate_all(&state.pool, [(id.clone(), month)], &state.settings).await;
     Ok(axum::Json(budget_view(row, &project.currency)))
 }
 

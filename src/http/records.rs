@@ -18,6 +18,7 @@ use crate::app::AppState;
 use crate::domain::access::Principal;
 use crate::domain::rating::Outcome;
 use crate::domain::record::{JobRecord, RecordKey};
+use crate::domain::values::Month;
 use crate::error::{ApiError, ApiResult, FieldError, Problem, Violations};
 use crate::http::auth::project_not_found;
 use crate::http::extract::{ApiPath, ApiQuery, body_rejection, classify_json_error};
@@ -300,7 +301,7 @@ pub async fn post_job_records(
             "posting job records needs an ingest or admin token".to_owned(),
         ));
     }
-    let now = Utc::now();
+    let now = state.settings.clock.now();
     let mut violations = Violations::default();
     let mut batch = Vec::with_capacity(values.len());
     for (position, value) in values.iter().enumerate() {
@@ -311,7 +312,7 @@ pub async fn post_job_records(
     }
     violations.into_result()?;
     check_projects(&state, &principal, &batch).await?;
-    match ingest::store_batch(&state.pool, batch, state.settings.timezone).await {
+    match ingest::store_batch(&state.pool, batch, &state.settings).await {
         Ok(stored) => Ok(axum::Json(IngestResult {
             accepted: stored.accepted,
             duplicates: stored.duplicates,
@@ -555,19 +556,38 @@ pub async fn put_job_record(
         }
     }
     violations.into_result()?;
-    let record =
-        JobRecord::parse(&body, "", Utc::now()).map_err(|v| ApiError::Validation(v.into_vec()))?;
+    let record = JobRecord::parse(&body, "", state.settings.clock.now())
+        .map_err(|v| ApiError::Validation(v.into_vec()))?;
     let key = record.key.clone();
     let mut tx = state.pool.begin().await?;
     let previous = store::records::lock(&mut tx, &key)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
-    if previous.to_record().content_hash() != record.content_hash() {
+    let tz = state.settings.timezone;
+    let changed = previous.to_record().content_hash() != record.content_hash();
+    if changed {
         store::records::replace(&mut tx, &previous, &record, principal.token_id).await?;
         let key = (key.project.clone(), key.task_id.clone(), key.attempt);
-        store::rating::rate_records(&mut tx, &[key], state.settings.timezone).await?;
+        store::rating::rate_records(&mut tx, &[key], tz).await?;
     }
     tx.commit().await?;
+    if changed {
+        let months: BTreeSet<Month> =
+            crate::alerting::months_between(previous.started_at, previous.ended_at, tz)
+                .into_iter()
+                .chain(crate::alerting::months_between(
+                    record.started_at,
+                    record.ended_at,
+                    tz,
+                ))
+                .collect();
+        crate::alerting::evaluate_all(
+            &state.pool,
+            months.into_iter().map(|month| (key.project.clone(), month)),
+            &state.settings,
+        )
+        .await;
+    }
     let row = store::records::get(&state.pool, &key)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;

@@ -16,6 +16,7 @@ pub struct NewAlert {
     pub budget: Decimal,
     pub burn_pct: Decimal,
     pub forecast: Option<Decimal>,
+    pub fired_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -41,8 +42,8 @@ const ALERT_COLUMNS: &str =
 pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Option<AlertRow>> {
     sqlx::query_as::<_, AlertRow>(&format!(
         "INSERT INTO alert_events (project_id, id, month, threshold, kind, currency, spend, \
-                                   budget, burn_pct, forecast) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                                   budget, burn_pct, forecast, fired_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT ON CONSTRAINT alert_events_once DO NOTHING \
          RETURNING {ALERT_COLUMNS}"
     ))
@@ -56,6 +57,7 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
     .bind(alert.budget)
     .bind(alert.burn_pct)
     .bind(alert.forecast)
+    .bind(alert.fired_at)
     .fetch_optional(conn)
     .await
 }

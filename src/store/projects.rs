@@ -158,3 +158,31 @@ pub async fn list_budgets(pool: &PgPool, project: &str) -> sqlx::Result<Vec<Budg
     .fetch_all(pool)
     .await
 }
+
+/// The budget of a month: its own, else the project's default.
+pub async fn budget_for(
+    pool: &PgPool,
+    project: &ProjectRow,
+    month: NaiveDate,
+) -> sqlx::Result<Option<Decimal>> {
+    let own: Option<Decimal> =
+        sqlx::query_scalar("SELECT amount FROM budgets WHERE project_id = $1 AND month = $2")
+            .bind(&project.id)
+            .bind(month)
+            .fetch_optional(pool)
+            .await?;
+    Ok(own.or(project.default_monthly_budget))
+}
+
+/// Projects with a budget for `month` (their own or a default): those the periodic burn check
+/// evaluates.
+pub async fn budgeted_in(pool: &PgPool, month: NaiveDate) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT id FROM projects p WHERE default_monthly_budget IS NOT NULL \
+            OR EXISTS (SELECT 1 FROM budgets b WHERE b.project_id = p.id AND b.month = $1) \
+         ORDER BY id",
+    )
+    .bind(month)
+    .fetch_all(pool)
+    .await
+}
