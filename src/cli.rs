@@ -81,6 +81,14 @@ pub enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Print the monthly report (the same as GET /v1/reports/monthly/{month}).
+    Report {
+        /// `YYYY-MM` of the ledger time zone.
+        #[arg(long, value_parser = crate::domain::values::Month::parse)]
+        month: crate::domain::values::Month,
+        #[arg(long, value_enum, default_value_t = ReportFormat::Json)]
+        format: ReportFormat,
+    },
     /// Print the secret that signs alert webhooks, for receivers to verify them.
     WebhookSecret,
     /// Print the OpenAPI document (the committed api/openapi.json).
@@ -100,6 +108,12 @@ pub enum TokenCommand {
         #[arg(long, default_value = "cli")]
         name: String,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    Json,
+    Csv,
 }
 
 fn parse_role(raw: &str) -> Result<Role, String> {
@@ -146,6 +160,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(config).await,
+        Command::Report { month, format } => {
+            let database = open(&config).await?;
+            crate::db::migrate(&database.pool).await?;
+            let report = crate::reports::report(
+                &database.pool,
+                month,
+                crate::store::cost::Grouping::Whole,
+                &settings(&config),
+            )
+            .await
+            .and_then(|report| report.to_json())
+            .and_then(|json| match format {
+                ReportFormat::Json => Ok(json),
+                ReportFormat::Csv => crate::reports::to_csv(&json),
+            });
+            database.close().await?;
+            let report = report.map_err(|error| anyhow::anyhow!("{error}"))?;
+            print!("{report}");
+            if format == ReportFormat::Json {
+                println!();
+            }
+            Ok(())
+        }
         Command::WebhookSecret => {
             let database = open(&config).await?;
             crate::db::migrate(&database.pool).await?;

@@ -15,5 +15,6 @@ pub mod error;
 pub mod http;
 pub mod import;
 pub mod ingest;
+pub mod reports;
 pub mod store;
 pub mod workers;

@@ -285,7 +285,8 @@ fn period_bound(raw: &str, tz: Tz) -> Result<DateTime<Utc>, String> {
     Ok(at)
 }
 
-fn grouping(raw: &str) -> Result<Grouping, String> {
+/// Parses `group_by`: `day`, `month`, `gpu_model`, `billing_mode`, `outcome` or `label:<key>`.
+pub fn grouping(raw: &str) -> Result<Grouping, String> {
     Ok(match raw {
         "day" => Grouping::Day,
         "month" => Grouping::Month,
@@ -514,6 +515,24 @@ async fn project_cost(
         figures: whole.figures(),
         groups,
     })
+}
+
+/// A project's cost over a whole ledger month, with unused commitment accrued up to `as_of`.
+pub async fn month_cost(
+    conn: &mut sqlx::PgConnection,
+    project: &str,
+    currency: &str,
+    month: NaiveDate,
+    grouping: Grouping,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> ApiResult<CostView> {
+    let request = Request {
+        period: month_bounds(month, tz),
+        grouping,
+        as_of,
+    };
+    project_cost(conn, project, currency, &request, tz).await
 }
 
 /// A project's spend in a month up to `as_of` (COST_MODEL §5): the cost of the month's ledger

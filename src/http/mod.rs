@@ -12,6 +12,7 @@ pub mod health;
 pub mod pagination;
 pub mod projects;
 pub mod records;
+pub mod reports;
 pub mod tokens;
 
 use std::time::Duration;
@@ -47,6 +48,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),
+        (name = "reports", description = "Monthly reports and month close, for finance"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
@@ -75,6 +77,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())
+        .merge(reports::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

@@ -229,3 +229,22 @@ pub async fn project_commitments(
     .fetch_all(conn)
     .await
 }
+
+/// Reserved contracts with a commitment and no project scope, valid in `[from, to)`: their
+/// unused commitment belongs to no project (the report's `shared` row).
+pub async fn shared_commitments(
+    conn: &mut PgConnection,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> sqlx::Result<Vec<ContractRow>> {
+    sqlx::query_as::<_, ContractRow>(&format!(
+        "SELECT {COLUMNS} FROM contracts \
+         WHERE project_id IS NULL AND billing_mode = 'reserved' AND committed_gpus IS NOT NULL \
+           AND valid_from < $2 AND (valid_until IS NULL OR valid_until > $1) \
+         ORDER BY id"
+    ))
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await
+}

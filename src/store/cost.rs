@@ -204,3 +204,27 @@ pub async fn contract_usage(
     }
     Ok(usage)
 }
+
+/// GPU-seconds each of `contracts` rated for any project, per ledger hour of `[from, to)`.
+pub async fn contract_usage_all_projects(
+    conn: &mut PgConnection,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    contracts: &[Uuid],
+) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
+    let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
+        "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
+         FROM cost_hourly \
+         WHERE hour >= $1 AND hour < $2 AND contract_id = ANY($3) \
+         GROUP BY 1, 2"
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(contracts)
+    .fetch_all(conn)
+    .await?;
+    let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
+    for (contract, hour, seconds) in rows {
+        usage.entry(contract).or_default().insert(hour, seconds);
+    }
+    Ok(usage)
+}

@@ -2,6 +2,7 @@
 //! speaks SQL.
 
 pub mod alerts;
+pub mod closes;
 pub mod contracts;
 pub mod cost;
 pub mod fx_rates;

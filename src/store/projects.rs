@@ -186,3 +186,10 @@ pub async fn budgeted_in(pool: &PgPool, month: NaiveDate) -> sqlx::Result<Vec<St
     .fetch_all(pool)
     .await
 }
+
+/// Every project, in id order (reports cover them all).
+pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<ProjectRow>> {
+    sqlx::query_as::<_, ProjectRow>(&format!("SELECT {COLUMNS} FROM projects ORDER BY id"))
+        .fetch_all(pool)
+        .await
+}

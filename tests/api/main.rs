@@ -8,3 +8,4 @@ mod cost;
 mod foundation;
 mod import;
 mod ingest;
+mod reports;

@@ -1,0 +1,43 @@
+//! Closed months and their frozen reports.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CloseRow {
+    pub month: NaiveDate,
+    pub closed_at: DateTime<Utc>,
+    pub closed_by: Option<Uuid>,
+    pub report_json: String,
+}
+
+/// Every closed month, oldest first.
+pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<CloseRow>> {
+    sqlx::query_as::<_, CloseRow>(
+        "SELECT month, closed_at, closed_by, report_json FROM month_closes ORDER BY month",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Freezes a month with its report; false when it was already closed.
+pub async fn close(
+    pool: &PgPool,
+    month: NaiveDate,
+    closed_at: DateTime<Utc>,
+    closed_by: Uuid,
+    report_json: &str,
+) -> sqlx::Result<bool> {
+    let result = sqlx::query(
+        "INSERT INTO month_closes (month, closed_at, closed_by, report_json) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (month) DO NOTHING",
+    )
+    .bind(month)
+    .bind(closed_at)
+    .bind(closed_by)
+    .bind(report_json)
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}

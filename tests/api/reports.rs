@@ -1,0 +1,361 @@
+//! The monthly report for finance: the worked example as JSON and CSV, safe CSV cells, month
+//! close and prior-period adjustments.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use serde_json::{Value, json};
+
+use taskledger::app::{Clock, Settings};
+
+use crate::common::{TestApp, TestResponse};
+use crate::cost::{assert_money, worked_example};
+
+/// December 2nd: October and November have ended.
+async fn app_in_december() -> TestApp {
+    TestApp::spawn_with(Settings {
+        clock: Clock::Fixed("2026-12-02T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    })
+    .await
+}
+
+async fn report(app: &TestApp, path: &str) -> TestResponse {
+    let response = app.get(path, &app.admin).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    response
+}
+
+fn csv_rows(response: &TestResponse) -> Vec<Vec<String>> {
+    let mut reader = csv::Reader::from_reader(response.body.as_slice());
+    reader
+        .records()
+        .map(|row| row.unwrap().iter().map(str::to_owned).collect())
+        .collect()
+}
+
+fn row<'a>(rows: &'a [Vec<String>], kind: &str, project: &str) -> &'a Vec<String> {
+    rows.iter()
+        .find(|r| r[0] == kind && r[3] == project)
+        .unwrap_or_else(|| panic!("no {kind} row for {project:?} in {rows:?}"))
+}
+
+#[tokio::test]
+async fn the_worked_example_as_json_and_csv() {
+    let app = app_in_december().await;
+    worked_example(&app).await;
+    let json = report(&app, "/v1/reports/monthly/2026-11").await.json();
+    assert_eq!(json["month"], "2026-11");
+    assert_eq!(json["closed"], false);
+    let vision = &json["projects"][0];
+    assert_eq!(vision["project"], "vision");
+    assert_money(&vision["total"], "84.60");
+    assert_money(&vision["breakdown"]["failed"], "14.40");
+    assert_eq!(vision["tasks_completed"], 4);
+    assert_money(&vision["cost_per_completed_task"], "21.15");
+    assert_eq!(json["shared"][0]["currency"], "USD");
+    assert_money(&json["shared"][0]["unused_commitment"], "1430");
+    assert_eq!(
+        json["totals"],
+        json!([{"currency": "USD", "projects": vision["total"], "shared": json["shared"][0]["unused_commitment"], "adjustments": "0", "total": json["totals"][0]["total"]}])
+    );
+    assert_money(&json["totals"][0]["total"], "1514.60");
+
+    let csv = report(&app, "/v1/reports/monthly/2026-11?format=csv").await;
+    assert_eq!(csv.content_type(), "text/csv; charset=utf-8");
+    let rows = csv_rows(&csv);
+    let vision = row(&rows, "project", "vision");
+    assert_eq!(
+        &vision[7..15],
+        [
+            "USD", "84.60", "37.00", "9.00", "24.20", "14.40", "0.00", "23.40"
+        ]
+    );
+    assert_eq!(vision[18], "4");
+    assert_eq!(vision[20], "21.15");
+    let shared = row(&rows, "shared", "");
+    assert_eq!(shared[8], "1430.00");
+    let total = row(&rows, "total", "");
+    assert_eq!((total[7].as_str(), total[8].as_str()), ("USD", "1514.60"));
+
+    let by_accept = app
+        .send(
+            Request::builder()
+                .uri("/v1/reports/monthly/2026-11")
+                .header(header::AUTHORIZATION, format!("Bearer {}", app.admin))
+                .header(header::ACCEPT, "text/csv")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(
+        by_accept.body, csv.body,
+        "Accept: text/csv is the same as ?format=csv"
+    );
+}
+
+#[tokio::test]
+async fn totals_are_rounded_from_unrounded_sums() {
+    let app = app_in_december().await;
+    for id in ["a", "b", "c"] {
+        app.create_project(id, "USD").await;
+    }
+    app.post(
+        "/v1/contracts",
+        &app.admin,
+        json!({"name": "odd", "gpu_model": "H100", "billing_mode": "on_demand",
+               "price_per_gpu_hour": "0.015", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    // Each project: one GPU-hour at 0.015 → 0.015, shown 0.02 (half-even); 3 × 0.015 = 0.045 → 0.04.
+    for id in ["a", "b", "c"] {
+        let response = app
+            .post(
+                "/v1/job-records",
+                &app.admin,
+                json!([{"project": id, "task_id": "t", "gpu_model": "H100", "gpu_count": 1,
+                        "started_at": "2026-11-03T00:00:00Z", "ended_at": "2026-11-03T01:00:00Z",
+                        "outcome": "completed"}]),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    }
+    let rows = csv_rows(&report(&app, "/v1/reports/monthly/2026-11?format=csv").await);
+    assert_eq!(row(&rows, "project", "a")[8], "0.02");
+    assert_eq!(
+        row(&rows, "total", "")[8],
+        "0.04",
+        "not 0.06, the sum of rounded rows"
+    );
+}
+
+#[tokio::test]
+async fn formula_like_names_and_labels_arrive_as_text() {
+    let app = app_in_december().await;
+    let created = app
+        .post(
+            "/v1/projects",
+            &app.admin,
+            json!({"id": "evil", "name": "=cmd|' /C calc'!A0", "team": "@team", "currency": "USD"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    app.post(
+        "/v1/contracts",
+        &app.admin,
+        json!({"name": "list", "gpu_model": "H100", "billing_mode": "on_demand",
+               "price_per_gpu_hour": "2", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    let posted = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([{"project": "evil", "task_id": "t", "gpu_model": "H100", "gpu_count": 1,
+                    "started_at": "2026-11-03T00:00:00Z", "ended_at": "2026-11-03T01:00:00Z",
+                    "outcome": "completed", "labels": {"pipeline": "=HYPERLINK(\"x\")"}}]),
+        )
+        .await;
+    assert_eq!(posted.status, StatusCode::OK, "{}", posted.text());
+    let csv = report(
+        &app,
+        "/v1/reports/monthly/2026-11?format=csv&group_by=label:pipeline",
+    )
+    .await;
+    let rows = csv_rows(&csv);
+    let project = row(&rows, "project", "evil");
+    assert_eq!(project[4], "'=cmd|' /C calc'!A0");
+    assert_eq!(project[5], "'@team");
+    let group = row(&rows, "group", "evil");
+    assert_eq!(group[6], "'=HYPERLINK(\"x\")");
+    assert_eq!(group[8], "2.00");
+    for line in csv.text().lines() {
+        for cell in csv::ReaderBuilder::new()
+            .has_headers(false)
+            .from_reader(line.as_bytes())
+            .records()
+            .flatten()
+            .next()
+            .unwrap()
+            .iter()
+        {
+            assert!(
+                !cell.starts_with(['=', '+', '@']),
+                "{cell} would run as a formula"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn closing_october_freezes_it_and_a_late_record_becomes_a_november_adjustment() {
+    let app = app_in_december().await;
+    worked_example(&app).await;
+    let finance = app.token("finance", &[]).await;
+
+    let closed = app
+        .call(
+            Method::POST,
+            "/v1/reports/monthly/2026-10/close",
+            Some(&finance),
+            None,
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+    assert_eq!(closed.json()["closed"], true);
+    app.call(
+        Method::POST,
+        "/v1/reports/monthly/2026-10/close",
+        Some(&finance),
+        None,
+    )
+    .await
+    .problem(StatusCode::CONFLICT);
+    app.call(
+        Method::POST,
+        "/v1/reports/monthly/2026-12/close",
+        Some(&finance),
+        None,
+    )
+    .await
+    .problem(StatusCode::CONFLICT);
+
+    let october_json = report(&app, "/v1/reports/monthly/2026-10").await.body;
+    let october_csv = report(&app, "/v1/reports/monthly/2026-10?format=csv")
+        .await
+        .body;
+    assert_money(
+        &serde_json::from_slice::<Value>(&october_json).unwrap()["projects"][0]["total"],
+        "5.00",
+    );
+
+    // A late October record: 2 H100 GPU-hours on demand at 2.50.
+    let late = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([{"project": "vision", "task_id": "late", "gpu_model": "H100", "gpu_count": 2,
+                    "started_at": "2026-10-20T10:00:00Z", "ended_at": "2026-10-20T11:00:00Z",
+                    "outcome": "completed"}]),
+        )
+        .await;
+    assert_eq!(
+        late.json()["accepted"],
+        1,
+        "records of a closed month are still accepted"
+    );
+
+    assert_eq!(
+        report(&app, "/v1/reports/monthly/2026-10").await.body,
+        october_json,
+        "October's JSON is frozen"
+    );
+    assert_eq!(
+        report(&app, "/v1/reports/monthly/2026-10?format=csv")
+            .await
+            .body,
+        october_csv,
+        "October's CSV is byte-identical"
+    );
+
+    let november = report(&app, "/v1/reports/monthly/2026-11").await.json();
+    let adjustments = november["adjustments"].as_array().unwrap();
+    assert_eq!(adjustments.len(), 1, "{adjustments:?}");
+    assert_eq!(adjustments[0]["project"], "vision");
+    assert_eq!(adjustments[0]["belongs_to"], "2026-10");
+    assert_money(&adjustments[0]["total"], "5.00");
+    assert_money(&adjustments[0]["unmeasured"], "5.00");
+    assert_money(&november["projects"][0]["total"], "84.60");
+    assert_money(&november["totals"][0]["adjustments"], "5.00");
+    assert_money(&november["totals"][0]["total"], "1519.60");
+    let rows = csv_rows(&report(&app, "/v1/reports/monthly/2026-11?format=csv").await);
+    let adjustment = row(&rows, "adjustment", "vision");
+    assert_eq!(
+        (adjustment[2].as_str(), adjustment[8].as_str()),
+        ("2026-10", "5.00")
+    );
+
+    // Once November is closed with the adjustment, it is not booked again in December.
+    let closed = app
+        .call(
+            Method::POST,
+            "/v1/reports/monthly/2026-11/close",
+            Some(&finance),
+            None,
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+    let december = report(&app, "/v1/reports/monthly/2026-12").await.json();
+    assert_eq!(december["adjustments"], json!([]));
+}
+
+#[tokio::test]
+async fn reports_are_for_finance_and_check_their_parameters() {
+    let app = app_in_december().await;
+    app.create_project("vision", "USD").await;
+    let reader = app.token("reader", &["vision"]).await;
+    app.get("/v1/reports/monthly/2026-11", &reader)
+        .await
+        .problem(StatusCode::FORBIDDEN);
+    app.call(
+        Method::POST,
+        "/v1/reports/monthly/2026-10/close",
+        Some(&reader),
+        None,
+    )
+    .await
+    .problem(StatusCode::FORBIDDEN);
+    let bad = app
+        .get("/v1/reports/monthly/2026-13?format=xls", &app.admin)
+        .await;
+    bad.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    let finance = app.token("finance", &[]).await;
+    assert_eq!(
+        app.get("/v1/reports/monthly/2026-11", &finance)
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn the_report_command_prints_the_same_report() {
+    let app = app_in_december().await;
+    worked_example(&app).await;
+    let closed = app
+        .call(
+            Method::POST,
+            "/v1/reports/monthly/2026-10/close",
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::OK);
+    for format in ["csv", "json"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
+            .args([
+                "--database-url",
+                &app.database_url,
+                "report",
+                "--month",
+                "2026-10",
+                "--format",
+                format,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let http = report(
+            &app,
+            &format!("/v1/reports/monthly/2026-10?format={format}"),
+        )
+        .await;
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim_end(),
+            http.text().trim_end()
+        );
+    }
+}
