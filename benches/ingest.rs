@@ -688,6 +688,9 @@ impl HttpClient {
 struct PhaseResult {
     records: usize,
     elapsed: Duration,
+    /// CPU time of this process (server and clients) during the phase: unlike the rates, it
+    /// hardly depends on what else runs on the machine.
+    cpu: Duration,
     latencies: Vec<Duration>,
 }
 
@@ -703,13 +706,18 @@ impl PhaseResult {
         sorted[index]
     }
 
+    fn cpu_micros_per_record(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.records as f64
+    }
+
     fn print(&self, name: &str) {
         println!(
-            "{name}: {} records in {:.2}s = {:.0} records/s; per batch p50 {:.1} ms, p99 {:.1} \
-             ms, max {:.1} ms; peak RSS so far {} MiB",
+            "{name}: {} records in {:.2}s = {:.0} records/s; process CPU {:.1} µs/record; per \
+             batch p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; peak RSS so far {} MiB",
             self.records,
             self.elapsed.as_secs_f64(),
             self.rate(),
+            self.cpu_micros_per_record(),
             self.latency(0.5).as_secs_f64() * 1e3,
             self.latency(0.99).as_secs_f64() * 1e3,
             self.latency(1.0).as_secs_f64() * 1e3,
@@ -728,6 +736,7 @@ where
     let batches = total.div_ceil(BATCH_SIZE);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
+    let cpu_before = process_cpu();
     let workers: Vec<_> = (0..CLIENTS)
         .map(|worker| {
             let next = next.clone();
@@ -753,6 +762,7 @@ where
     let mut result = PhaseResult {
         records: 0,
         elapsed: Duration::ZERO,
+        cpu: Duration::ZERO,
         latencies: Vec::with_capacity(batches),
     };
     for worker in workers {
@@ -761,6 +771,7 @@ where
         result.records += records;
     }
     result.elapsed = started.elapsed();
+    result.cpu = process_cpu() - cpu_before;
     assert_eq!(result.records, total, "not every batch was sent");
     result
 }
@@ -864,6 +875,30 @@ async fn compare_tables(setup: &Setup, total: usize) -> TableSizes {
     }
 }
 
+/// `/proc/<pid>/stat` counts CPU time in USER_HZ ticks, 100 a second on Linux.
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// User and system CPU time of this process, all threads.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
+    // Fields after "<pid> (<comm>)": state is the first, utime the 12th and stime the 13th.
+    let after_comm = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .expect("/proc/self/stat names the command in parentheses");
+    let ticks: u64 = after_comm
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|field| {
+            field
+                .parse::<u64>()
+                .expect("utime and stime are tick counts")
+        })
+        .sum();
+    Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND)
+}
+
 /// The process's peak resident set (VmHWM), in KiB.
 fn peak_rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
@@ -888,7 +923,7 @@ fn print_summary(summary: &Summary) {
     let ratio = summary.ingest.rate() / summary.copy.rate();
     let mut table = String::new();
     let mut row = |name: &str, value: String| {
-        writeln!(table, "| {name:<34} | {value:>30} |").expect("writing to a String");
+        writeln!(table, "| {name:<34} | {value:>36} |").expect("writing to a String");
     };
     row("records / batch size / clients", {
         format!("{} / {BATCH_SIZE} / {CLIENTS}", summary.total)
@@ -901,9 +936,10 @@ fn print_summary(summary: &Summary) {
         row(
             name,
             format!(
-                "{:.0} records/s ({:.2}s)",
+                "{:.0} records/s ({:.2}s, {:.1} µs CPU)",
                 phase.rate(),
-                phase.elapsed.as_secs_f64()
+                phase.elapsed.as_secs_f64(),
+                phase.cpu_micros_per_record()
             ),
         );
     }
