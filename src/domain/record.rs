@@ -7,7 +7,8 @@ use std::str::FromStr;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use rust_decimal::Decimal;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::rating::{BillingMode, Outcome};
@@ -323,36 +324,72 @@ impl JobRecord {
     /// The record as JSON with every default applied, keys sorted, decimals normalised and
     /// times in UTC: equal records have equal canonical forms.
     pub fn canonical_json(&self) -> Value {
-        json!({
-            "project": self.key.project,
-            "task_id": self.key.task_id,
-            "attempt": self.key.attempt,
-            "gpu_model": self.gpu_model,
-            "gpu_count": self.gpu_count.normalize().to_string(),
-            "billing_mode": self.billing_mode.as_str(),
-            "provider": self.provider,
-            "region": self.region,
-            "queued_at": self.queued_at.map(format_time),
-            "started_at": format_time(self.started_at),
-            "ended_at": format_time(self.ended_at),
-            "gpu_seconds_held": self.gpu_seconds_held.normalize().to_string(),
-            "gpu_seconds_busy": self.gpu_seconds_busy.map(|b| b.normalize().to_string()),
-            "outcome": self.outcome.as_str(),
-            "retries": self.retries,
-            "failures": self.failures,
-            "output": self.output.as_ref().map(|o| json!({
-                "quantity": o.quantity.normalize().to_string(),
-                "unit": o.unit,
-            })),
-            "labels": self.labels,
-        })
+        serde_json::to_value(self.canonical()).expect("the canonical form is JSON")
     }
 
-    /// SHA-256 of the canonical JSON.
+    /// SHA-256 of the canonical JSON, serialised straight into the hasher.
     pub fn content_hash(&self) -> Vec<u8> {
-        let canonical = serde_json::to_vec(&self.canonical_json()).expect("JSON values serialise");
-        Sha256::digest(canonical).to_vec()
+        let mut hasher = Sha256::new();
+        serde_json::to_writer(&mut hasher, &self.canonical()).expect("hashing cannot fail");
+        hasher.finalize().to_vec()
     }
+
+    fn canonical(&self) -> Canonical<'_> {
+        Canonical {
+            attempt: self.key.attempt,
+            billing_mode: self.billing_mode.as_str(),
+            ended_at: format_time(self.ended_at),
+            failures: self.failures,
+            gpu_count: self.gpu_count.normalize().to_string(),
+            gpu_model: &self.gpu_model,
+            gpu_seconds_busy: self.gpu_seconds_busy.map(|b| b.normalize().to_string()),
+            gpu_seconds_held: self.gpu_seconds_held.normalize().to_string(),
+            labels: &self.labels,
+            outcome: self.outcome.as_str(),
+            output: self.output.as_ref().map(|o| CanonicalOutput {
+                quantity: o.quantity.normalize().to_string(),
+                unit: &o.unit,
+            }),
+            project: &self.key.project,
+            provider: self.provider.as_deref(),
+            queued_at: self.queued_at.map(format_time),
+            region: self.region.as_deref(),
+            retries: self.retries,
+            started_at: format_time(self.started_at),
+            task_id: &self.key.task_id,
+        }
+    }
+}
+
+/// The canonical form of a record. Its fields are declared in key order, so serialising it
+/// writes the same bytes as the key-sorted JSON object that [`JobRecord::content_hash`] has
+/// always hashed: stored hashes stay valid.
+#[derive(Serialize)]
+struct Canonical<'a> {
+    attempt: i32,
+    billing_mode: &'static str,
+    ended_at: String,
+    failures: i32,
+    gpu_count: String,
+    gpu_model: &'a str,
+    gpu_seconds_busy: Option<String>,
+    gpu_seconds_held: String,
+    labels: &'a BTreeMap<String, String>,
+    outcome: &'static str,
+    output: Option<CanonicalOutput<'a>>,
+    project: &'a str,
+    provider: Option<&'a str>,
+    queued_at: Option<String>,
+    region: Option<&'a str>,
+    retries: i32,
+    started_at: String,
+    task_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct CanonicalOutput<'a> {
+    quantity: String,
+    unit: &'a str,
 }
 
 pub fn format_time(time: DateTime<Utc>) -> String {
@@ -690,6 +727,7 @@ fn truncate(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn now() -> DateTime<Utc> {
         "2026-11-30T00:00:00Z".parse().unwrap()
@@ -847,5 +885,36 @@ mod tests {
         changed["outcome"] = json!("failed");
         let c = JobRecord::parse(&changed, "/0", now()).unwrap();
         assert_ne!(a.content_hash(), c.content_hash());
+    }
+
+    #[test]
+    fn content_hashes_are_those_already_stored() {
+        // Hashes computed before the canonical form was streamed into the hasher; a change
+        // here would turn every re-post of a stored record into a conflict.
+        let full = json!({
+            "project": "vision", "task_id": "train \"résumé\" \\ nightly/7", "attempt": 3,
+            "gpu_model": "A100", "gpu_count": "0.142857", "billing_mode": "spot",
+            "provider": "aws", "region": "us-east-1", "queued_at": "2026-11-20T09:52:00.5+01:00",
+            "started_at": "2026-11-20T10:00:00.123456Z", "ended_at": "2026-11-20T11:30:00Z",
+            "gpu_seconds_busy": "300.10", "outcome": "preempted", "retries": 2, "failures": 1,
+            "output": {"quantity": "1e6", "unit": "tokens"},
+            "labels": {"team": "perception", "ci.run/id": 4711, "zz": true,
+                       "key_ok": "ü\"x\u{e9}</script>"}
+        });
+        for (value, hash) in [
+            (
+                minimal(),
+                "4d8be0ad5362db2298e6a3d3db5cde95b676e49df7dabca16f37b1d59259c199",
+            ),
+            (
+                full,
+                "01534c9911682ea1393f2d797de4b94b54fc0b7ed6d63cb7556b865910d14fa1",
+            ),
+        ] {
+            let record = JobRecord::parse(&value, "/0", now()).unwrap();
+            assert_eq!(hex::encode(record.content_hash()), hash, "{value}");
+            let canonical = serde_json::to_vec(&record.canonical_json()).unwrap();
+            assert_eq!(hex::encode(Sha256::digest(canonical)), hash, "{value}");
+        }
     }
 }

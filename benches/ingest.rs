@@ -1,0 +1,970 @@
+//! Ingestion benchmark: job records posted over HTTP, against a raw `COPY` of the same rows.
+//!
+//! One run starts an embedded PostgreSQL with the service's default (durable) settings, serves
+//! the real application on a loopback port in this process, and measures:
+//!
+//! 1. HTTP ingest: every record posted once, as JSON arrays, by concurrent clients;
+//! 2. COPY: the same rows (content hash and labels included) fed by `COPY … FROM STDIN` into
+//!    a second migrated database of the same cluster, in chunks of the same size over as many
+//!    connections, one transaction per chunk like one per request;
+//! 3. replay: every record posted again, each answer counting only duplicates.
+//!
+//! Records are generated on the fly from their index (record `i` depends only on `i`), so
+//! each phase pays for producing its own input and the process holds no copy of the data set.
+//!
+//! `cargo bench --bench ingest`; `TASKLEDGER_BENCH_RECORDS=20000` scales the run down.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+
+use taskledger::app::{AppState, Application, Settings};
+use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
+use taskledger::domain::access::{generate_secret, hash_secret};
+use taskledger::domain::rating::{BillingMode, Outcome};
+use taskledger::domain::record::{JobRecord, Output, RecordKey, duration_seconds, format_time};
+use taskledger::store;
+
+const DEFAULT_RECORDS: usize = 1_000_000;
+const RECORDS_ENV: &str = "TASKLEDGER_BENCH_RECORDS";
+const BATCH_SIZE: usize = 1_000;
+const CLIENTS: usize = 4;
+/// The service's default `--db-pool-size`.
+const SERVER_POOL_SIZE: u32 = 16;
+const PROJECT: &str = "bench";
+const HTTP_DATABASE: &str = "bench_http";
+const COPY_DATABASE: &str = "bench_copy";
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+const PHASE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Records generated untimed to measure what producing each phase's input costs.
+const GENERATOR_SAMPLE: usize = 20_000;
+
+/// The columns both paths write; the rest take their defaults.
+const COPY_STATEMENT: &str = "COPY job_records (project_id, task_id, attempt, gpu_model, \
+    gpu_count, billing_mode, provider, region, queued_at, started_at, ended_at, \
+    gpu_seconds_held, gpu_seconds_busy, outcome, retries, failures, output_quantity, \
+    output_unit, labels, content_hash) FROM STDIN";
+
+/// Every stored column but the bookkeeping ones, hashed row by row in key order: equal
+/// fingerprints mean both databases hold the same rows.
+const FINGERPRINT_QUERY: &str = "SELECT count(*), md5(string_agg(md5((project_id, task_id, \
+    attempt, gpu_model, gpu_count, billing_mode, provider, region, queued_at, started_at, \
+    ended_at, gpu_seconds_held, gpu_seconds_busy, outcome, retries, failures, output_quantity, \
+    output_unit, labels, content_hash)::text), '' ORDER BY project_id, task_id, attempt)) \
+    FROM job_records";
+
+fn main() {
+    let total = record_count();
+    let batches = total.div_ceil(BATCH_SIZE);
+    println!(
+        "taskledger ingest benchmark: {total} records, batches of {BATCH_SIZE} ({batches} \
+         batches), {CLIENTS} concurrent clients, durable embedded PostgreSQL"
+    );
+    // The server gets a runtime of its own, built like the service's; the clients run on
+    // another, as they would in other processes.
+    let server_runtime = runtime();
+    let client_runtime = runtime();
+    let generator = Arc::new(Generator::new(Utc::now()));
+
+    let data_dir = tempfile::Builder::new()
+        .prefix("taskledger-bench-")
+        .tempdir()
+        .expect("creating the benchmark's temp dir");
+    // PostgreSQL runs as an unprivileged user when we are root; it must enter the dir.
+    std::fs::set_permissions(data_dir.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("opening the temp dir to the cluster's user");
+    let setup = bounded(
+        &server_runtime,
+        SETUP_TIMEOUT,
+        "setting up the cluster",
+        Setup::start(data_dir.path()),
+    );
+    println!(
+        "cluster and databases ready in {}",
+        data_dir.path().display()
+    );
+
+    let costs = GeneratorCosts::measure(&generator);
+    println!(
+        "client-side input per record (untimed sample of {GENERATOR_SAMPLE}): JSON {:.1} µs, \
+         COPY text with content hash {:.1} µs",
+        costs.json_micros, costs.copy_micros
+    );
+
+    let server = setup.serve(&server_runtime);
+    let client = Arc::new(HttpClient::new(server.address, &setup.token));
+
+    checkpoint(&client_runtime, &setup.http_url);
+    let ingest = bounded(
+        &client_runtime,
+        PHASE_TIMEOUT,
+        "HTTP ingest",
+        post_all(&client, &generator, total, Expect::AllAccepted),
+    );
+    ingest.print("HTTP ingest");
+
+    checkpoint(&client_runtime, &setup.copy_url);
+    let copy = bounded(
+        &client_runtime,
+        PHASE_TIMEOUT,
+        "COPY",
+        copy_all(&setup.copy_url, &generator, total),
+    );
+    copy.print("COPY");
+    println!(
+        "  COPY fed as text format, one COPY statement (and transaction) per chunk of \
+         {BATCH_SIZE} rows, {CLIENTS} connections in parallel"
+    );
+
+    checkpoint(&client_runtime, &setup.http_url);
+    let replay = bounded(
+        &client_runtime,
+        PHASE_TIMEOUT,
+        "HTTP replay",
+        post_all(&client, &generator, total, Expect::AllDuplicates),
+    );
+    replay.print("HTTP replay");
+
+    let tables = bounded(
+        &client_runtime,
+        PHASE_TIMEOUT,
+        "comparing the tables",
+        compare_tables(&setup, total),
+    );
+    let peak_rss = peak_rss_kib();
+
+    bounded(
+        &server_runtime,
+        SETUP_TIMEOUT,
+        "stopping the server",
+        server.stop(),
+    );
+    bounded(
+        &server_runtime,
+        SETUP_TIMEOUT,
+        "stopping the cluster",
+        setup.stop(),
+    );
+
+    print_summary(&Summary {
+        total,
+        ingest,
+        copy,
+        replay,
+        tables,
+        peak_rss_kib: peak_rss,
+    });
+}
+
+fn record_count() -> usize {
+    match std::env::var(RECORDS_ENV) {
+        Ok(raw) => raw
+            .trim()
+            .replace('_', "")
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("{RECORDS_ENV}={raw:?} is not a positive whole number")),
+        Err(_) => DEFAULT_RECORDS,
+    }
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("building a tokio runtime")
+}
+
+/// Runs `work` to completion on `runtime`, panicking with `what` if it takes over `limit`.
+fn bounded<T>(runtime: &Runtime, limit: Duration, what: &str, work: impl Future<Output = T>) -> T {
+    runtime
+        .block_on(async { tokio::time::timeout(limit, work).await })
+        .unwrap_or_else(|_| panic!("{what} did not finish within {}s", limit.as_secs()))
+}
+
+/// The cluster, the two databases and the ingest token.
+struct Setup {
+    cluster: EmbeddedPostgres,
+    http_url: String,
+    copy_url: String,
+    http_pool: PgPool,
+    token: String,
+}
+
+impl Setup {
+    async fn start(data_dir: &std::path::Path) -> Self {
+        let cluster = EmbeddedPostgres::start(
+            data_dir,
+            EmbeddedOptions {
+                durable: true,
+                max_connections: 100,
+            },
+        )
+        .await
+        .expect("starting the embedded PostgreSQL");
+        let http_url = cluster.url(HTTP_DATABASE);
+        let copy_url = cluster.url(COPY_DATABASE);
+        let http_pool = migrated_database(&cluster, HTTP_DATABASE, SERVER_POOL_SIZE).await;
+        let copy_pool = migrated_database(&cluster, COPY_DATABASE, 1).await;
+        copy_pool.close().await;
+        let token = generate_secret();
+        store::tokens::insert(
+            &http_pool,
+            "bench ingest",
+            "ingest",
+            &[PROJECT.to_owned()],
+            &hash_secret(&token),
+        )
+        .await
+        .expect("creating the ingest token");
+        Self {
+            cluster,
+            http_url,
+            copy_url,
+            http_pool,
+            token,
+        }
+    }
+
+    /// Serves the application on a loopback port of `runtime`.
+    fn serve(&self, runtime: &Runtime) -> Server {
+        let state = AppState::new(self.http_pool.clone(), Settings::default());
+        let application = runtime
+            .block_on(Application::bind(
+                state,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+            ))
+            .expect("binding the HTTP server");
+        let address = application.local_addr();
+        let (shutdown, stop) = oneshot::channel::<()>();
+        let task = runtime.spawn(application.serve_until(async {
+            let _ = stop.await;
+        }));
+        Server {
+            address,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        self.http_pool.close().await;
+        self.cluster
+            .stop()
+            .await
+            .expect("stopping the embedded PostgreSQL");
+    }
+}
+
+/// The application serving in this process.
+struct Server {
+    address: SocketAddr,
+    shutdown: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    /// Stops accepting, lets in-flight requests finish, and checks the server ended cleanly.
+    async fn stop(self) {
+        self.shutdown
+            .send(())
+            .expect("the server stopped before it was asked to");
+        self.task
+            .await
+            .expect("the server task panicked")
+            .expect("the server failed");
+    }
+}
+
+async fn migrated_database(cluster: &EmbeddedPostgres, name: &str, pool_size: u32) -> PgPool {
+    taskledger::db::create_database_if_missing(&cluster.url("postgres"), name)
+        .await
+        .unwrap_or_else(|error| panic!("creating database {name}: {error:#}"));
+    let pool = taskledger::db::connect(&cluster.url(name), pool_size)
+        .await
+        .unwrap_or_else(|error| panic!("connecting to database {name}: {error:#}"));
+    taskledger::db::migrate(&pool)
+        .await
+        .unwrap_or_else(|error| panic!("migrating database {name}: {error:#}"));
+    store::projects::insert(
+        &pool,
+        &store::projects::NewProject {
+            id: PROJECT.to_owned(),
+            name: "Ingest benchmark".to_owned(),
+            team: None,
+            currency: "USD".to_owned(),
+            default_monthly_budget: None,
+            alert_thresholds: Vec::new(),
+            webhook_url: None,
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("creating the project in {name}: {error}"))
+    .unwrap_or_else(|| panic!("project {PROJECT} already exists in {name}"));
+    pool
+}
+
+/// Flushes what earlier phases wrote, so that no phase pays for another's checkpoint.
+fn checkpoint(runtime: &Runtime, url: &str) {
+    bounded(runtime, SETUP_TIMEOUT, "CHECKPOINT", async {
+        let mut connection = PgConnection::connect(url)
+            .await
+            .expect("connecting for CHECKPOINT");
+        sqlx::query("CHECKPOINT")
+            .execute(&mut connection)
+            .await
+            .expect("CHECKPOINT");
+        connection.close().await.expect("closing a connection");
+    });
+}
+
+/// Deterministic, realistic job records: record `i` depends only on `i` and the window start.
+struct Generator {
+    /// Records start within the 30 days after this, all ended well before now.
+    window_start: DateTime<Utc>,
+}
+
+const WINDOW_SECONDS: u64 = 30 * 24 * 3600;
+const PIPELINES: [&str; 6] = [
+    "train-resnet",
+    "train-llama",
+    "finetune-bert",
+    "eval-llm",
+    "sweep-vit",
+    "render-sim",
+];
+const TEAMS: [&str; 4] = ["perception", "language", "research", "platform"];
+const GPU_MODELS: [&str; 2] = ["H100", "A100"];
+/// GPU counts as (mantissa, scale): whole cards, half a card, a 1/7 MIG slice.
+const GPU_COUNTS: [(i64, u32); 7] = [(1, 0), (2, 0), (4, 0), (8, 0), (8, 0), (5, 1), (142857, 6)];
+const PLACES: [(&str, &str); 4] = [
+    ("aws", "us-east-1"),
+    ("aws", "eu-west-1"),
+    ("gcp", "us-central1"),
+    ("azure", "westeurope"),
+];
+
+impl Generator {
+    fn new(now: DateTime<Utc>) -> Self {
+        let window_start = now - chrono::Duration::days(32);
+        let window_start = DateTime::from_timestamp(window_start.timestamp(), 0)
+            .expect("a whole-second time is representable");
+        Self { window_start }
+    }
+
+    fn record(&self, index: usize) -> JobRecord {
+        let mut dice = Dice::for_record(index);
+        let pipeline = dice.pick(&PIPELINES);
+        let team = dice.pick(&TEAMS);
+        let started_at = self.window_start
+            + chrono::Duration::seconds(dice.below(WINDOW_SECONDS) as i64)
+            + chrono::Duration::milliseconds(dice.below(1000) as i64);
+        // One minute to twelve hours.
+        let ended_at = started_at + chrono::Duration::seconds(60 + dice.below(43_140) as i64);
+        let queued_at = (dice.below(100) < 85)
+            .then(|| started_at - chrono::Duration::seconds(dice.below(900) as i64));
+        let (mantissa, scale) = dice.pick(&GPU_COUNTS);
+        let gpu_count = Decimal::new(mantissa, scale);
+        let held = (gpu_count * duration_seconds(started_at, ended_at)).normalize();
+        let busy = (dice.below(100) < 80)
+            .then(|| (held * Decimal::new(35 + dice.below(65) as i64, 2)).normalize());
+        let attempt = match dice.below(100) {
+            0..90 => 1,
+            90..98 => 2,
+            _ => 3,
+        };
+        let outcome = match dice.below(100) {
+            0..80 => Outcome::Completed,
+            80..90 => Outcome::Failed,
+            90..96 => Outcome::Preempted,
+            _ => Outcome::Cancelled,
+        };
+        let billing_mode = match dice.below(10) {
+            0..5 => BillingMode::OnDemand,
+            5..8 => BillingMode::Spot,
+            _ => BillingMode::Reserved,
+        };
+        let place = (dice.below(10) < 9).then(|| dice.pick(&PLACES));
+        let output = (outcome == Outcome::Completed).then(|| Output {
+            quantity: Decimal::from(1 + dice.below(2_000_000_000)),
+            unit: if pipeline.starts_with("render") {
+                "images"
+            } else {
+                "tokens"
+            }
+            .to_owned(),
+        });
+        let mut labels = BTreeMap::from([
+            ("team".to_owned(), team.to_owned()),
+            ("pipeline".to_owned(), pipeline.to_owned()),
+        ]);
+        if dice.below(2) == 0 {
+            labels.insert(
+                "ci_run".to_owned(),
+                (10_000 + dice.below(90_000)).to_string(),
+            );
+        }
+        JobRecord {
+            key: RecordKey {
+                project: PROJECT.to_owned(),
+                task_id: format!("{pipeline}-{}-{index:07}", started_at.format("%Y%m%d")),
+                attempt,
+            },
+            gpu_model: dice.pick(&GPU_MODELS).to_owned(),
+            gpu_count: gpu_count.normalize(),
+            billing_mode,
+            provider: place.map(|(provider, _)| provider.to_owned()),
+            region: place.map(|(_, region)| region.to_owned()),
+            queued_at,
+            started_at,
+            ended_at,
+            gpu_seconds_held: held,
+            gpu_seconds_busy: busy,
+            outcome,
+            retries: attempt - 1,
+            failures: i32::from(outcome == Outcome::Failed) + attempt - 1,
+            output,
+            labels,
+        }
+    }
+
+    /// Records `[first, first + count)` as the JSON array a client posts.
+    fn json_body(&self, first: usize, count: usize) -> Vec<u8> {
+        let records: Vec<JobRecord> = (first..first + count).map(|i| self.record(i)).collect();
+        let wire: Vec<WireRecord> = records.iter().map(WireRecord::from).collect();
+        serde_json::to_vec(&wire).expect("records serialise")
+    }
+
+    /// Records `[first, first + count)` as `COPY` text-format lines.
+    fn copy_text(&self, first: usize, count: usize) -> String {
+        let mut text = String::with_capacity(count * 512);
+        for index in first..first + count {
+            write_copy_line(&mut text, &self.record(index));
+        }
+        text
+    }
+}
+
+/// splitmix64: cheap, well-mixed, and a pure function of its input.
+fn mix(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The random choices of one record.
+struct Dice(u64);
+
+impl Dice {
+    fn for_record(index: usize) -> Self {
+        Dice(mix(index as u64))
+    }
+
+    /// A number in `0..bound`.
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 = mix(self.0);
+        self.0 % bound
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// A record as CI posts it: optional fields left out when absent, decimals as strings.
+#[derive(Serialize)]
+struct WireRecord<'a> {
+    project: &'a str,
+    task_id: &'a str,
+    attempt: i32,
+    gpu_model: &'a str,
+    #[serde(with = "rust_decimal::serde::str")]
+    gpu_count: Decimal,
+    billing_mode: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queued_at: Option<DateTime<Utc>>,
+    started_at: DateTime<Utc>,
+    ended_at: DateTime<Utc>,
+    #[serde(with = "rust_decimal::serde::str")]
+    gpu_seconds_held: Decimal,
+    #[serde(
+        with = "rust_decimal::serde::str_option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    gpu_seconds_busy: Option<Decimal>,
+    outcome: &'static str,
+    retries: i32,
+    failures: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<WireOutput<'a>>,
+    labels: &'a BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct WireOutput<'a> {
+    #[serde(with = "rust_decimal::serde::str")]
+    quantity: Decimal,
+    unit: &'a str,
+}
+
+impl<'a> From<&'a JobRecord> for WireRecord<'a> {
+    fn from(record: &'a JobRecord) -> Self {
+        Self {
+            project: &record.key.project,
+            task_id: &record.key.task_id,
+            attempt: record.key.attempt,
+            gpu_model: &record.gpu_model,
+            gpu_count: record.gpu_count,
+            billing_mode: record.billing_mode.as_str(),
+            provider: record.provider.as_deref(),
+            region: record.region.as_deref(),
+            queued_at: record.queued_at,
+            started_at: record.started_at,
+            ended_at: record.ended_at,
+            gpu_seconds_held: record.gpu_seconds_held,
+            gpu_seconds_busy: record.gpu_seconds_busy,
+            outcome: record.outcome.as_str(),
+            retries: record.retries,
+            failures: record.failures,
+            output: record.output.as_ref().map(|output| WireOutput {
+                quantity: output.quantity,
+                unit: &output.unit,
+            }),
+            labels: &record.labels,
+        }
+    }
+}
+
+/// One row of [`COPY_STATEMENT`] in text format, with the content hash the service stores.
+fn write_copy_line(text: &mut String, record: &JobRecord) {
+    let labels = serde_json::to_string(&record.labels).expect("labels serialise");
+    let hash = format!("\\x{}", hex::encode(record.content_hash()));
+    let fields: [Option<String>; 20] = [
+        Some(record.key.project.clone()),
+        Some(record.key.task_id.clone()),
+        Some(record.key.attempt.to_string()),
+        Some(record.gpu_model.clone()),
+        Some(record.gpu_count.to_string()),
+        Some(record.billing_mode.as_str().to_owned()),
+        record.provider.clone(),
+        record.region.clone(),
+        record.queued_at.map(format_time),
+        Some(format_time(record.started_at)),
+        Some(format_time(record.ended_at)),
+        Some(record.gpu_seconds_held.to_string()),
+        record.gpu_seconds_busy.map(|busy| busy.to_string()),
+        Some(record.outcome.as_str().to_owned()),
+        Some(record.retries.to_string()),
+        Some(record.failures.to_string()),
+        record.output.as_ref().map(|o| o.quantity.to_string()),
+        record.output.as_ref().map(|o| o.unit.clone()),
+        Some(labels),
+        Some(hash),
+    ];
+    for (position, field) in fields.iter().enumerate() {
+        if position > 0 {
+            text.push('\t');
+        }
+        match field {
+            None => text.push_str("\\N"),
+            Some(value) => push_copy_escaped(text, value),
+        }
+    }
+    text.push('\n');
+}
+
+/// Text-format escaping: backslash, and the delimiter and line breaks.
+fn push_copy_escaped(text: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => text.push_str("\\\\"),
+            '\t' => text.push_str("\\t"),
+            '\n' => text.push_str("\\n"),
+            '\r' => text.push_str("\\r"),
+            c => text.push(c),
+        }
+    }
+}
+
+/// What producing each phase's input costs the client, per record.
+struct GeneratorCosts {
+    json_micros: f64,
+    copy_micros: f64,
+}
+
+impl GeneratorCosts {
+    fn measure(generator: &Generator) -> Self {
+        let per_record = |work: &dyn Fn(usize, usize) -> usize| {
+            let started = Instant::now();
+            let mut bytes = 0;
+            for first in (0..GENERATOR_SAMPLE).step_by(BATCH_SIZE) {
+                bytes += work(first, BATCH_SIZE);
+            }
+            assert!(bytes > 0, "the generator produced nothing");
+            started.elapsed().as_secs_f64() * 1e6 / GENERATOR_SAMPLE as f64
+        };
+        Self {
+            json_micros: per_record(&|first, count| generator.json_body(first, count).len()),
+            copy_micros: per_record(&|first, count| generator.copy_text(first, count).len()),
+        }
+    }
+}
+
+/// What every answer of a posting phase must say.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    AllAccepted,
+    AllDuplicates,
+}
+
+#[derive(Deserialize)]
+struct IngestAnswer {
+    accepted: usize,
+    duplicates: usize,
+}
+
+struct HttpClient {
+    client: reqwest::Client,
+    url: String,
+    authorization: String,
+}
+
+impl HttpClient {
+    fn new(address: SocketAddr, token: &str) -> Self {
+        Self {
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(REQUEST_TIMEOUT)
+                .pool_max_idle_per_host(CLIENTS)
+                .build()
+                .expect("building the HTTP client"),
+            url: format!("http://{address}/v1/job-records"),
+            authorization: format!("Bearer {token}"),
+        }
+    }
+
+    async fn post(&self, body: Vec<u8>) -> IngestAnswer {
+        let response = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::AUTHORIZATION, &self.authorization)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("POST {} failed: {error}", self.url));
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .unwrap_or_else(|error| panic!("reading the answer to POST {}: {error}", self.url));
+        assert_eq!(status, StatusCode::OK, "POST {} answered {text}", self.url);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|error| panic!("unexpected answer {text}: {error}"))
+    }
+}
+
+/// How long a phase took and how long its requests (or COPY chunks) took.
+struct PhaseResult {
+    records: usize,
+    elapsed: Duration,
+    /// CPU time of this process (server and clients) during the phase: unlike the rates, it
+    /// hardly depends on what else runs on the machine.
+    cpu: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl PhaseResult {
+    fn rate(&self) -> f64 {
+        self.records as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn latency(&self, quantile: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let index = ((sorted.len() - 1) as f64 * quantile).round() as usize;
+        sorted[index]
+    }
+
+    fn cpu_micros_per_record(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.records as f64
+    }
+
+    fn print(&self, name: &str) {
+        println!(
+            "{name}: {} records in {:.2}s = {:.0} records/s; process CPU {:.1} µs/record; per \
+             batch p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; peak RSS so far {} MiB",
+            self.records,
+            self.elapsed.as_secs_f64(),
+            self.rate(),
+            self.cpu_micros_per_record(),
+            self.latency(0.5).as_secs_f64() * 1e3,
+            self.latency(0.99).as_secs_f64() * 1e3,
+            self.latency(1.0).as_secs_f64() * 1e3,
+            peak_rss_kib() / 1024,
+        );
+    }
+}
+
+/// Runs `CLIENTS` workers that take batch numbers from a shared counter until all are done.
+/// `work(worker, first, count)` sends records `[first, first + count)`.
+async fn run_batches<F, Fut>(total: usize, work: F) -> PhaseResult
+where
+    F: Fn(usize, usize, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let batches = total.div_ceil(BATCH_SIZE);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let cpu_before = process_cpu();
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|worker| {
+            let next = next.clone();
+            let work = work.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut records = 0;
+                loop {
+                    let batch = next.fetch_add(1, Ordering::Relaxed);
+                    if batch >= batches {
+                        return (latencies, records);
+                    }
+                    let first = batch * BATCH_SIZE;
+                    let count = BATCH_SIZE.min(total - first);
+                    let batch_started = Instant::now();
+                    work(worker, first, count).await;
+                    latencies.push(batch_started.elapsed());
+                    records += count;
+                }
+            })
+        })
+        .collect();
+    let mut result = PhaseResult {
+        records: 0,
+        elapsed: Duration::ZERO,
+        cpu: Duration::ZERO,
+        latencies: Vec::with_capacity(batches),
+    };
+    for worker in workers {
+        let (latencies, records) = worker.await.expect("a benchmark client panicked");
+        result.latencies.extend(latencies);
+        result.records += records;
+    }
+    result.elapsed = started.elapsed();
+    result.cpu = process_cpu() - cpu_before;
+    assert_eq!(result.records, total, "not every batch was sent");
+    result
+}
+
+async fn post_all(
+    client: &Arc<HttpClient>,
+    generator: &Arc<Generator>,
+    total: usize,
+    expect: Expect,
+) -> PhaseResult {
+    let (client, generator) = (client.clone(), generator.clone());
+    run_batches(total, move |_, first, count| {
+        let (client, generator) = (client.clone(), generator.clone());
+        async move {
+            let answer = client.post(generator.json_body(first, count)).await;
+            let (accepted, duplicates) = match expect {
+                Expect::AllAccepted => (count, 0),
+                Expect::AllDuplicates => (0, count),
+            };
+            assert!(
+                answer.accepted == accepted && answer.duplicates == duplicates,
+                "batch at record {first}: {} accepted and {} duplicates, expected {accepted} \
+                 and {duplicates}",
+                answer.accepted,
+                answer.duplicates
+            );
+        }
+    })
+    .await
+}
+
+async fn copy_all(url: &str, generator: &Arc<Generator>, total: usize) -> PhaseResult {
+    let mut connections = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        let connection = PgConnection::connect(url)
+            .await
+            .expect("connecting for COPY");
+        connections.push(tokio::sync::Mutex::new(connection));
+    }
+    // One connection per worker: the locks are never contended.
+    let connections = Arc::new(connections);
+    let generator = generator.clone();
+    run_batches(total, move |worker, first, count| {
+        let (connections, generator) = (connections.clone(), generator.clone());
+        async move {
+            let text = generator.copy_text(first, count);
+            let mut connection = connections[worker].lock().await;
+            let mut copy = connection
+                .copy_in_raw(COPY_STATEMENT)
+                .await
+                .expect("starting COPY");
+            copy.send(text.into_bytes())
+                .await
+                .expect("sending COPY data");
+            let rows = copy.finish().await.expect("finishing COPY");
+            assert_eq!(rows, count as u64, "COPY of the chunk at record {first}");
+        }
+    })
+    .await
+}
+
+/// The sizes of both tables, after checking that they hold the same rows.
+struct TableSizes {
+    http_bytes: i64,
+    http_indexes_bytes: i64,
+    copy_bytes: i64,
+    copy_indexes_bytes: i64,
+}
+
+async fn compare_tables(setup: &Setup, total: usize) -> TableSizes {
+    let mut sizes = Vec::new();
+    let mut fingerprints = Vec::new();
+    for url in [&setup.http_url, &setup.copy_url] {
+        let mut connection = PgConnection::connect(url)
+            .await
+            .expect("connecting to compare the tables");
+        let (rows, fingerprint): (i64, String) = sqlx::query_as(FINGERPRINT_QUERY)
+            .fetch_one(&mut connection)
+            .await
+            .expect("fingerprinting job_records");
+        assert_eq!(rows as usize, total, "rows of job_records in {url}");
+        fingerprints.push(fingerprint);
+        let size: (i64, i64) = sqlx::query_as(
+            "SELECT pg_total_relation_size('job_records'), pg_indexes_size('job_records')",
+        )
+        .fetch_one(&mut connection)
+        .await
+        .expect("reading the size of job_records");
+        sizes.push(size);
+        connection.close().await.expect("closing a connection");
+    }
+    assert_eq!(
+        fingerprints[0], fingerprints[1],
+        "the HTTP and COPY databases hold different rows"
+    );
+    TableSizes {
+        http_bytes: sizes[0].0,
+        http_indexes_bytes: sizes[0].1,
+        copy_bytes: sizes[1].0,
+        copy_indexes_bytes: sizes[1].1,
+    }
+}
+
+/// `/proc/<pid>/stat` counts CPU time in USER_HZ ticks, 100 a second on Linux.
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// User and system CPU time of this process, all threads.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("reading /proc/self/stat");
+    // Fields after "<pid> (<comm>)": state is the first, utime the 12th and stime the 13th.
+    let after_comm = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .expect("/proc/self/stat names the command in parentheses");
+    let ticks: u64 = after_comm
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|field| {
+            field
+                .parse::<u64>()
+                .expect("utime and stime are tick counts")
+        })
+        .sum();
+    Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND)
+}
+
+/// The process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("/proc/self/status has a VmHWM line in kB")
+}
+
+struct Summary {
+    total: usize,
+    ingest: PhaseResult,
+    copy: PhaseResult,
+    replay: PhaseResult,
+    tables: TableSizes,
+    peak_rss_kib: u64,
+}
+
+fn print_summary(summary: &Summary) {
+    let mib = |bytes: i64| bytes as f64 / (1024.0 * 1024.0);
+    let ratio = summary.ingest.rate() / summary.copy.rate();
+    let mut table = String::new();
+    let mut row = |name: &str, value: String| {
+        writeln!(table, "| {name:<34} | {value:>36} |").expect("writing to a String");
+    };
+    row("records / batch size / clients", {
+        format!("{} / {BATCH_SIZE} / {CLIENTS}", summary.total)
+    });
+    for (name, phase) in [
+        ("HTTP ingest", &summary.ingest),
+        ("COPY, same rows", &summary.copy),
+        ("HTTP replay, all duplicates", &summary.replay),
+    ] {
+        row(
+            name,
+            format!(
+                "{:.0} records/s ({:.2}s, {:.1} µs CPU)",
+                phase.rate(),
+                phase.elapsed.as_secs_f64(),
+                phase.cpu_micros_per_record()
+            ),
+        );
+    }
+    let verdict = if ratio >= 0.5 { "meets" } else { "misses" };
+    row("ratio HTTP / COPY", format!("{ratio:.2} ({verdict} ≥ 0.5)"));
+    row(
+        "peak RSS of the process (VmHWM)",
+        format!("{:.0} MiB", summary.peak_rss_kib as f64 / 1024.0),
+    );
+    let tables = &summary.tables;
+    row(
+        "job_records via HTTP (indexes)",
+        format!(
+            "{:.1} MiB ({:.1} MiB)",
+            mib(tables.http_bytes),
+            mib(tables.http_indexes_bytes)
+        ),
+    );
+    row(
+        "job_records via COPY (indexes)",
+        format!(
+            "{:.1} MiB ({:.1} MiB)",
+            mib(tables.copy_bytes),
+            mib(tables.copy_indexes_bytes)
+        ),
+    );
+    println!("\nsummary\n{table}");
+}
