@@ -454,17 +454,8 @@ async fn committed_openapi_document_equals_the_served_one() {
 #[tokio::test]
 async fn a_real_listening_server_answers() {
     let app = TestApp::spawn().await;
-    let server = taskledger::app::Application::bind(
-        app.state(Default::default()),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap();
-    let address = server.local_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.serve_until(async {
-        let _ = stopped.await;
-    }));
+    let served = app.serve().await;
+    let address = served.address;
     let client = reqwest::Client::new();
     let ready = client
         .get(format!("http://{address}/readyz"))
@@ -480,6 +471,5 @@ async fn a_real_listening_server_answers() {
         .await
         .unwrap();
     assert_eq!(created.status(), 201);
-    stop.send(()).unwrap();
-    serving.await.unwrap().unwrap();
+    served.stop().await;
 }

@@ -503,17 +503,8 @@ async fn records_are_listed_with_filters_and_pages() {
 #[tokio::test]
 async fn the_example_script_posts_a_record_over_http() {
     let (app, ingest) = setup().await;
-    let server = taskledger::app::Application::bind(
-        app.state(Default::default()),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await
-    .unwrap();
-    let url = format!("http://{}", server.local_addr());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.serve_until(async {
-        let _ = stopped.await;
-    }));
+    let served = app.serve().await;
+    let url = served.url();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/api/examples/post-job-record.sh"
@@ -551,6 +542,5 @@ async fn the_example_script_posts_a_record_over_http() {
         String::from_utf8_lossy(&again.stdout).trim(),
         r#"{"accepted":0,"duplicates":1}"#
     );
-    stop.send(()).unwrap();
-    serving.await.unwrap().unwrap();
+    served.stop().await;
 }

@@ -5,6 +5,7 @@ mod burn;
 mod common;
 mod contracts;
 mod cost;
+mod dashboard;
 mod foundation;
 mod import;
 mod ingest;

@@ -440,3 +440,43 @@ impl TestApp {
         assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     }
 }
+
+/// The test's application served on a real port of 127.0.0.1.
+pub struct Served {
+    pub address: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Served {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// Shuts the server down gracefully and checks that it stopped cleanly.
+    pub async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.serving.await.unwrap().unwrap();
+    }
+}
+
+impl TestApp {
+    pub async fn serve(&self) -> Served {
+        let server = taskledger::app::Application::bind(
+            self.state(Default::default()),
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let address = server.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.serve_until(async {
+            let _ = stopped.await;
+        }));
+        Served {
+            address,
+            stop,
+            serving,
+        }
+    }
+}
