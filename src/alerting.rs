@@ -94,6 +94,13 @@ pub async fn evaluate(
     let Some(project) = store::projects::get(pool, project_id).await? else {
         return Ok(Vec::new());
     };
+    // Without a budget there is no burn, so nothing can fire: skip computing the spend.
+    if store::projects::budget_for(pool, &project, month.first_day())
+        .await?
+        .is_none()
+    {
+        return Ok(Vec::new());
+    }
     let now = settings.clock.now();
     let burn = burn_of(pool, &project, month, now, settings.timezone).await?;
     let reached = burn::alerts_reached(&burn, &project.alert_thresholds);
