@@ -5,6 +5,7 @@ pub mod alerts;
 pub mod auth;
 pub mod contracts;
 pub mod cost;
+pub mod csv_safe;
 pub mod dashboard;
 pub mod extract;
 pub mod fx_rates;
