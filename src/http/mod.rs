@@ -7,6 +7,7 @@ pub mod contracts;
 pub mod cost;
 pub mod csv_safe;
 pub mod dashboard;
+pub mod exports;
 pub mod extract;
 pub mod fx_rates;
 pub mod health;
@@ -48,6 +49,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),
+        (name = "reports", description = "What finance reads: monthly figures and exports"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
@@ -76,6 +78,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())
+        .merge(exports::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

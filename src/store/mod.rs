@@ -4,6 +4,7 @@
 pub mod alerts;
 pub mod contracts;
 pub mod cost;
+pub mod exports;
 pub mod fx_rates;
 pub mod projects;
 pub mod rating;

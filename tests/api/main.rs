@@ -5,6 +5,7 @@ mod burn;
 mod common;
 mod contracts;
 mod cost;
+mod focus;
 mod foundation;
 mod import;
 mod ingest;
