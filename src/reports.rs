@@ -19,6 +19,7 @@ use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::{Currency, Month};
 use crate::error::{ApiError, ApiResult};
 use crate::http::cost::{Figures, GroupView, month_cost};
+use crate::http::csv_safe::text_cell;
 use crate::store;
 use crate::store::cost::Grouping;
 
@@ -573,16 +574,6 @@ fn totals(
         .collect()
 }
 
-/// Makes a text cell safe to open in a spreadsheet: a cell that would start a formula
-/// (`=`, `+`, `-`, `@`, tab or carriage return) is prefixed with `'` and so read as text.
-pub fn neutralize(text: &str) -> String {
-    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-        format!("'{text}")
-    } else {
-        text.to_owned()
-    }
-}
-
 /// Money rounded half-even to the currency's minor unit (2 for USD, 0 for JPY), with every
 /// minor digit shown (`84.60`).
 pub fn round_money(amount: Decimal, currency: &str) -> Decimal {
@@ -784,7 +775,7 @@ fn rounded(value: &Value, digits: u32) -> String {
 fn text(value: &Value) -> String {
     match value {
         Value::Null => String::new(),
-        Value::String(text) => neutralize(text),
+        Value::String(text) => text_cell(text).into_owned(),
         other => other.to_string(),
     }
 }
@@ -792,15 +783,6 @@ fn text(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formula_cells_are_neutralised() {
-        for formula in ["=HYPERLINK(\"x\")", "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"] {
-            assert!(neutralize(formula).starts_with('\''), "{formula:?}");
-        }
-        assert_eq!(neutralize("perception"), "perception");
-        assert_eq!(neutralize("a=b"), "a=b");
-    }
 
     #[test]
     fn money_rounds_half_even_to_the_minor_unit() {

@@ -5,7 +5,9 @@ pub mod alerts;
 pub mod auth;
 pub mod contracts;
 pub mod cost;
+pub mod csv_safe;
 pub mod dashboard;
+pub mod exports;
 pub mod extract;
 pub mod fx_rates;
 pub mod health;
@@ -78,6 +80,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(records::router())
         .merge(alerts::router())
         .merge(reports::router())
+        .merge(exports::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

@@ -248,3 +248,13 @@ pub async fn shared_commitments(
     .fetch_all(conn)
     .await
 }
+
+/// The contracts of `ids` that exist.
+pub async fn by_ids(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<Vec<ContractRow>> {
+    sqlx::query_as::<_, ContractRow>(&format!(
+        "SELECT {COLUMNS} FROM contracts WHERE id = ANY($1) ORDER BY id"
+    ))
+    .bind(ids)
+    .fetch_all(conn)
+    .await
+}

@@ -5,6 +5,7 @@ pub mod alerts;
 pub mod closes;
 pub mod contracts;
 pub mod cost;
+pub mod exports;
 pub mod fx_rates;
 pub mod projects;
 pub mod rating;

@@ -6,6 +6,7 @@ mod common;
 mod contracts;
 mod cost;
 mod dashboard;
+mod focus;
 mod foundation;
 mod import;
 mod ingest;

@@ -1,0 +1,140 @@
+//! What the month's exports read: every project's GPU time by contract, and the reserved
+//! contracts whose commitment accrues in the month.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::store::contracts::ContractRow;
+use crate::store::cost::SUM_SCALE;
+
+/// A read-only transaction on one snapshot, so that the parts of an export agree with each
+/// other even while records are being rated.
+pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// GPU time of one project under one contract in a period: rated (no `unrated_reason`), or
+/// unrated for want of a contract or of an FX rate.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ContractUsage {
+    pub project_id: String,
+    pub project_name: String,
+    pub project_currency: String,
+    pub gpu_model: String,
+    pub billing_mode: String,
+    pub contract_id: Option<Uuid>,
+    pub unrated_reason: Option<String>,
+    pub gpu_seconds_held: Decimal,
+    /// Busy time of the segments that measured it.
+    pub gpu_seconds_busy: Decimal,
+    /// In the project's currency; zero when unrated.
+    pub cost: Decimal,
+    /// Distinct tasks with GPU time in this group and period.
+    pub tasks: i64,
+}
+
+/// Every project's GPU time in `[from, to)` (ledger hour boundaries), by project, contract,
+/// model, mode and unrated reason: sums from the hourly rollups, task counts from the
+/// segments.
+pub async fn usage_by_contract(
+    conn: &mut PgConnection,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> sqlx::Result<Vec<ContractUsage>> {
+    // `ARRAY(SELECT id FROM projects)` is evaluated once, so both tables are read through
+    // their (project_id, hour) keys rather than scanned whole.
+    sqlx::query_as::<_, ContractUsage>(&format!(
+        "WITH usage AS ( \
+             SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
+                    round(sum(gpu_seconds_held), {SUM_SCALE}) AS gpu_seconds_held, \
+                    round(sum(gpu_seconds_busy), {SUM_SCALE}) AS gpu_seconds_busy, \
+                    round(sum(cost), {SUM_SCALE}) AS cost \
+             FROM cost_hourly \
+             WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) AND hour >= $1 AND hour < $2 \
+             GROUP BY 1, 2, 3, 4, 5 \
+         ), tasks AS ( \
+             SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
+                    count(DISTINCT task_id) AS tasks \
+             FROM rated_segments \
+             WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) AND hour >= $1 AND hour < $2 \
+             GROUP BY 1, 2, 3, 4, 5 \
+         ) \
+         SELECT u.project_id, p.name AS project_name, p.currency::text AS project_currency, \
+                u.gpu_model, u.billing_mode, u.contract_id, u.unrated_reason, \
+                u.gpu_seconds_held, u.gpu_seconds_busy, u.cost, coalesce(t.tasks, 0) AS tasks \
+         FROM usage u \
+         JOIN projects p ON p.id = u.project_id \
+         LEFT JOIN tasks t ON t.project_id = u.project_id AND t.gpu_model = u.gpu_model \
+              AND t.billing_mode = u.billing_mode \
+              AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
+              AND t.unrated_reason IS NOT DISTINCT FROM u.unrated_reason \
+         ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode"
+    ))
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await
+}
+
+/// A reserved contract that commits GPUs, with the project it is scoped to, if any.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Commitment {
+    #[sqlx(flatten)]
+    pub contract: ContractRow,
+    pub project_name: Option<String>,
+    pub project_currency: Option<String>,
+}
+
+/// Reserved contracts, scoped or not, that commit GPUs over some of `[from, to)`.
+pub async fn commitments(
+    conn: &mut PgConnection,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> sqlx::Result<Vec<Commitment>> {
+    sqlx::query_as::<_, Commitment>(
+        "SELECT c.id, c.name, c.gpu_model, c.billing_mode, c.price_per_gpu_hour, \
+                c.currency::text AS currency, c.valid_from, c.valid_until, c.project_id, \
+                c.provider, c.region, c.committed_gpus, c.created_at, c.updated_at, \
+                p.name AS project_name, p.currency::text AS project_currency \
+         FROM contracts c LEFT JOIN projects p ON p.id = c.project_id \
+         WHERE c.billing_mode = 'reserved' AND c.committed_gpus IS NOT NULL \
+           AND c.valid_from < $2 AND (c.valid_until IS NULL OR c.valid_until > $1) \
+         ORDER BY c.project_id NULLS LAST, c.name, c.id",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await
+}
+
+/// GPU-seconds each of `contracts` rated, all projects together, per ledger hour of
+/// `[from, to)`.
+pub async fn commitment_usage(
+    conn: &mut PgConnection,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    contracts: &[Uuid],
+) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
+    let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
+        "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
+         FROM cost_hourly \
+         WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) AND hour >= $1 AND hour < $2 \
+           AND contract_id = ANY($3) \
+         GROUP BY 1, 2"
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(contracts)
+    .fetch_all(conn)
+    .await?;
+    let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
+    for (contract, hour, seconds) in rows {
+        usage.entry(contract).or_default().insert(hour, seconds);
+    }
+    Ok(usage)
+}
