@@ -369,7 +369,7 @@ pub async fn rate_records(
                unmeasured = c.unmeasured + EXCLUDED.unmeasured, \
                failed = c.failed + EXCLUDED.failed, \
                output_quantity = c.output_quantity + EXCLUDED.output_quantity \
-             RETURNING c.project_id, c.hour, c.segments"
+             RETURNING c.project_id, c.hour"
         )))
         .bind(&key_projects)
         .bind(&key_tasks)
@@ -414,7 +414,7 @@ pub async fn rate_records(
                failures = h.failures + EXCLUDED.failures, \
                tasks_completed = h.tasks_completed + EXCLUDED.tasks_completed, \
                tasks_failed = h.tasks_failed + EXCLUDED.tasks_failed \
-             RETURNING h.project_id, h.hour, h.records"
+             RETURNING h.project_id, h.hour"
         )))
         .bind(&task_projects)
         .bind(&task_ids)
@@ -482,7 +482,7 @@ async fn rate_all(
     Ok(segments)
 }
 
-/// Deletes rollup rows whose count fell to zero, among those a statement just returned.
+/// Deletes the rollup rows whose count fell to zero, among those an upsert just touched.
 async fn remove_empty_rollup_rows(
     conn: &mut PgConnection,
     table: &str,

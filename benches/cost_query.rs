@@ -1,0 +1,232 @@
+//! How long the month cost query takes at 1 million and 10 million job records a month.
+//!
+//! Each size gets its own database on an embedded cluster. The month is generated set-based
+//! in SQL into the tables `rate_records` fills (segments, per-record figures, and the hourly
+//! rollups aggregated from them), across 200 projects, four GPU models, three billing modes
+//! and every hour of November 2026; each project also has a reserved contract with a
+//! commitment, so unused commitment is computed too. The query then runs through the real
+//! router, as a reader would call it, for rotating projects.
+//!
+//! Run with `cargo bench --bench cost_query`.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use sqlx::{Connection, PgConnection};
+use tower::ServiceExt;
+
+use taskledger::app::{AppState, Settings};
+use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
+use taskledger::domain::access::{generate_secret, hash_secret};
+
+const PROJECTS: i64 = 200;
+const RUNS: usize = 40;
+
+/// Projects, one unscoped contract per model and mode, one committed reservation per project.
+const SETUP: &str = r#"
+INSERT INTO projects (id, name, currency)
+SELECT 'p' || lpad(p::text, 3, '0'), 'project ' || p, 'USD' FROM generate_series(0, $1 - 1) p;
+
+INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, valid_from)
+SELECT md5(m || '/' || b)::uuid, m || ' ' || b, m, b,
+       (ARRAY[2.50, 1.10, 0.90, 4.20])[mi] * (ARRAY[1, 0.4, 0.7])[bi], 'USD', '2026-01-01T00:00:00Z'
+FROM unnest(ARRAY['H100', 'A100', 'L40S', 'B200']) WITH ORDINALITY AS models(m, mi),
+     unnest(ARRAY['on_demand', 'spot', 'reserved']) WITH ORDINALITY AS modes(b, bi);
+
+INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, valid_from,
+                       project_id, committed_gpus)
+SELECT md5('own/' || id)::uuid, 'own ' || id, 'A100', 'reserved', 0.95, 'USD',
+       '2026-11-01T00:00:00Z', id, 4
+FROM projects;
+"#;
+
+/// `$1` records, each of 1 to 3 whole hours in November 2026, cut into one segment per hour.
+const SEGMENTS: &str = r#"
+INSERT INTO rated_segments
+SELECT r.project_id, r.task_id, 1, h.seq, r.started + h.seq * interval '1 hour',
+       r.gpu_model, r.billing_mode, r.outcome, coalesce(own.id, c.id), NULL, r.output_unit,
+       r.gpus * 3600, CASE WHEN r.measured THEN r.gpus * 3600 * r.busy_share END,
+       cost.value,
+       CASE WHEN r.outcome = 'completed' AND r.measured THEN cost.value * r.busy_share ELSE 0 END,
+       CASE WHEN r.outcome = 'completed' AND r.measured THEN cost.value * (1 - r.busy_share) ELSE 0 END,
+       CASE WHEN r.outcome = 'completed' AND NOT r.measured THEN cost.value ELSE 0 END,
+       CASE WHEN r.outcome <> 'completed' THEN cost.value ELSE 0 END,
+       CASE WHEN h.seq = r.hours - 1 AND r.output_unit IS NOT NULL THEN r.gpus * 1000000 END
+FROM (
+  SELECT 'p' || lpad((i % $2)::text, 3, '0') AS project_id,
+         't' || i AS task_id,
+         (ARRAY['H100', 'A100', 'L40S', 'B200'])[1 + (i / 7) % 4] AS gpu_model,
+         (ARRAY['on_demand', 'spot', 'reserved'])[1 + (i / 3) % 3] AS billing_mode,
+         (ARRAY['completed', 'completed', 'completed', 'completed', 'completed', 'completed',
+                'failed', 'preempted', 'cancelled', 'completed'])[1 + (i / 11) % 10] AS outcome,
+         (ARRAY['tokens', 'samples', NULL])[1 + (i / 13) % 3] AS output_unit,
+         timestamptz '2026-11-01T00:00:00Z' + ((i * 7919) % 717) * interval '1 hour' AS started,
+         1 + (i / 17) % 3 AS hours,
+         (ARRAY[1, 2, 4, 8])[1 + (i / 19) % 4] AS gpus,
+         (i % 5) <> 0 AS measured,
+         ((i % 90) + 10) / 100.0 AS busy_share
+  FROM generate_series(1, $1) AS i
+) r
+CROSS JOIN LATERAL generate_series(0, r.hours - 1) AS h(seq)
+JOIN contracts c ON c.gpu_model = r.gpu_model AND c.billing_mode = r.billing_mode
+                AND c.project_id IS NULL
+LEFT JOIN contracts own ON own.project_id = r.project_id AND own.gpu_model = r.gpu_model
+                       AND own.billing_mode = r.billing_mode
+CROSS JOIN LATERAL (
+  SELECT r.gpus * 3600 * coalesce(own.price_per_gpu_hour, c.price_per_gpu_hour) / 3600 AS value
+) cost;
+"#;
+
+const ROLLUPS: &str = r#"
+INSERT INTO cost_hourly
+SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit,
+       count(*), sum(gpu_seconds_held), coalesce(sum(gpu_seconds_busy), 0), coalesce(sum(cost), 0),
+       sum(productive), sum(idle), sum(unmeasured), sum(failed), coalesce(sum(output_quantity), 0)
+FROM rated_segments
+GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit;
+
+INSERT INTO rated_records
+SELECT project_id, task_id, attempt, max(hour), min(gpu_model), min(billing_mode), min(outcome),
+       0, (min(outcome) <> 'completed')::int, min(outcome) = 'completed', min(outcome) <> 'completed'
+FROM rated_segments GROUP BY project_id, task_id, attempt;
+
+INSERT INTO records_hourly
+SELECT project_id, end_hour, gpu_model, billing_mode, outcome, count(*), sum(retries),
+       sum(failures), count(*) FILTER (WHERE completes_task), count(*) FILTER (WHERE fails_task)
+FROM rated_records GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome;
+"#;
+
+/// Secondary indexes are built once after the bulk load, as one would for an import.
+const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_segments_by_kind, \
+                            rated_records_by_end";
+const CREATE_INDEXES: &str = r#"
+CREATE INDEX rated_segments_by_hour ON rated_segments (project_id, hour);
+CREATE INDEX rated_segments_by_kind ON rated_segments (project_id, gpu_model, billing_mode, hour);
+CREATE INDEX rated_records_by_end ON rated_records (project_id, end_hour);
+"#;
+
+async fn execute_script(conn: &mut PgConnection, script: &str) {
+    sqlx::raw_sql(script).execute(conn).await.expect(script);
+}
+
+async fn load(conn: &mut PgConnection, records: i64) {
+    execute_script(conn, DROP_INDEXES).await;
+    sqlx::query(SETUP.split(";\n").next().unwrap())
+        .bind(PROJECTS)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    for statement in SETUP.split(";\n").skip(1).filter(|s| !s.trim().is_empty()) {
+        execute_script(conn, statement).await;
+    }
+    sqlx::query(SEGMENTS)
+        .bind(records)
+        .bind(PROJECTS)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    execute_script(conn, ROLLUPS).await;
+    execute_script(conn, CREATE_INDEXES).await;
+    execute_script(conn, "VACUUM ANALYZE").await;
+}
+
+fn percentile(sorted: &[Duration], pct: usize) -> Duration {
+    sorted[(sorted.len() * pct / 100).min(sorted.len() - 1)]
+}
+
+async fn measure(cluster: &EmbeddedPostgres, records: i64) {
+    let database = format!("bench_{records}");
+    let mut admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE DATABASE {database}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let pool = taskledger::db::connect(&cluster.url(&database), 4)
+        .await
+        .unwrap();
+    taskledger::db::migrate(&pool).await.unwrap();
+
+    let started = Instant::now();
+    load(&mut pool.acquire().await.unwrap(), records).await;
+    let load_time = started.elapsed();
+    let (segments, rollup_rows): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM rated_segments), (SELECT count(*) FROM cost_hourly)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    let secret = generate_secret();
+    taskledger::store::tokens::insert(&pool, "bench", "admin", &[], &hash_secret(&secret))
+        .await
+        .unwrap();
+    let router = taskledger::http::app(AppState::new(pool.clone(), Settings::default()));
+    for group_by in ["", "&group_by=day"] {
+        let mut timings = Vec::with_capacity(RUNS);
+        for run in 0..RUNS + 3 {
+            let project = format!("p{:03}", (run * 37) % PROJECTS as usize);
+            let uri = format!(
+                "/v1/projects/{project}/cost?month=2026-11&as_of=2026-11-20T00:00:00Z{group_by}"
+            );
+            let request = Request::get(uri)
+                .header(header::AUTHORIZATION, format!("Bearer {secret}"))
+                .body(Body::empty())
+                .unwrap();
+            let started = Instant::now();
+            let response = router.clone().oneshot(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let elapsed = started.elapsed();
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+            // The first runs warm the connection pool and the cache.
+            if run >= 3 {
+                timings.push(elapsed);
+            }
+        }
+        timings.sort();
+        println!(
+            "{records:>9} records ({segments} segments, {rollup_rows} hourly rollup rows, load {:.1} s): \
+             month cost{group_by:<15} median {:>7.2} ms, p95 {:>7.2} ms over {RUNS} runs",
+            load_time.as_secs_f64(),
+            percentile(&timings, 50).as_secs_f64() * 1000.0,
+            percentile(&timings, 95).as_secs_f64() * 1000.0,
+        );
+    }
+    pool.close().await;
+    sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+}
+
+fn main() {
+    use std::os::unix::fs::PermissionsExt;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::Builder::new()
+            .prefix("taskledger-bench-")
+            .permissions(std::fs::Permissions::from_mode(0o711))
+            .tempdir()
+            .unwrap();
+        let options = EmbeddedOptions {
+            durable: false,
+            max_connections: 20,
+        };
+        let cluster = EmbeddedPostgres::start(dir.path(), options).await.unwrap();
+        for records in [1_000_000, 10_000_000] {
+            measure(&cluster, records).await;
+        }
+        cluster.stop().await.unwrap();
+    });
+}
