@@ -206,6 +206,7 @@ pub async fn contract_usage(
 }
 
 /// GPU-seconds each of `contracts` rated for any project, per ledger hour of `[from, to)`.
+/// Naming every project lets PostgreSQL use the project-leading rollup key.
 pub async fn contract_usage_all_projects(
     conn: &mut PgConnection,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
@@ -214,7 +215,8 @@ pub async fn contract_usage_all_projects(
     let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
         "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
          FROM cost_hourly \
-         WHERE hour >= $1 AND hour < $2 AND contract_id = ANY($3) \
+         WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) \
+           AND hour >= $1 AND hour < $2 AND contract_id = ANY($3) \
          GROUP BY 1, 2"
     ))
     .bind(from)

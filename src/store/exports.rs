@@ -1,8 +1,6 @@
 //! What the month's exports read: every project's GPU time by contract, and the reserved
 //! contracts whose commitment accrues in the month.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
@@ -111,30 +109,4 @@ pub async fn commitments(
     .bind(to)
     .fetch_all(conn)
     .await
-}
-
-/// GPU-seconds each of `contracts` rated, all projects together, per ledger hour of
-/// `[from, to)`.
-pub async fn commitment_usage(
-    conn: &mut PgConnection,
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
-    contracts: &[Uuid],
-) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
-    let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
-        "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
-         FROM cost_hourly \
-         WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) AND hour >= $1 AND hour < $2 \
-           AND contract_id = ANY($3) \
-         GROUP BY 1, 2"
-    ))
-    .bind(from)
-    .bind(to)
-    .bind(contracts)
-    .fetch_all(conn)
-    .await?;
-    let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
-    for (contract, hour, seconds) in rows {
-        usage.entry(contract).or_default().insert(hour, seconds);
-    }
-    Ok(usage)
 }
