@@ -61,14 +61,15 @@ pub async fn fire_reached(
 }
 
 /// A project's burn of a month as of an instant.
+/// `budget` is the month's (see `store::projects::budget_for`).
 pub async fn burn_of(
     pool: &PgPool,
     project: &ProjectRow,
     month: Month,
+    budget: Option<rust_decimal::Decimal>,
     as_of: DateTime<Utc>,
     tz: Tz,
 ) -> anyhow::Result<Burn> {
-    let budget = store::projects::budget_for(pool, project, month.first_day()).await?;
     let mut conn = pool.acquire().await?;
     let spend = crate::http::cost::month_spend(
         &mut conn,
@@ -95,14 +96,11 @@ pub async fn evaluate(
         return Ok(Vec::new());
     };
     // Without a budget there is no burn, so nothing can fire: skip computing the spend.
-    if store::projects::budget_for(pool, &project, month.first_day())
-        .await?
-        .is_none()
-    {
+    let Some(budget) = store::projects::budget_for(pool, &project, month.first_day()).await? else {
         return Ok(Vec::new());
-    }
+    };
     let now = settings.clock.now();
-    let burn = burn_of(pool, &project, month, now, settings.timezone).await?;
+    let burn = burn_of(pool, &project, month, Some(budget), now, settings.timezone).await?;
     let reached = burn::alerts_reached(&burn, &project.alert_thresholds);
     fire_reached(pool, &project, month, &burn, &reached, now).await
 }

@@ -78,10 +78,10 @@ pub async fn store_batch(
     settings: &Settings,
 ) -> Result<Stored, IngestError> {
     let tz = settings.timezone;
-    let (unique, repeats) = collapse(batch)?;
+    let (unique, hashes, repeats) = collapse(batch)?;
     let records: Vec<JobRecord> = unique.iter().map(|s| s.record.clone()).collect();
     let mut tx = pool.begin().await?;
-    let outcome = store::records::insert_batch(&mut tx, &records).await?;
+    let outcome = store::records::insert_batch(&mut tx, &records, &hashes).await?;
     if !outcome.conflicts.is_empty() {
         tx.rollback().await?;
         return Err(IngestError::Conflicts(
@@ -126,9 +126,12 @@ pub async fn store_batch(
     })
 }
 
-/// One record per key, sorted by key (so concurrent batches lock keys in the same order),
-/// and how many identical repeats were dropped.
-fn collapse(batch: Vec<Submitted>) -> Result<(Vec<Submitted>, usize), IngestError> {
+/// A batch with one record per key: the records, their content hashes, and how many
+/// identical repeats were dropped.
+type Collapsed = (Vec<Submitted>, Vec<Vec<u8>>, usize);
+
+/// One record per key, sorted by key (so concurrent batches lock keys in the same order).
+fn collapse(batch: Vec<Submitted>) -> Result<Collapsed, IngestError> {
     let mut by_key: BTreeMap<RecordKey, (Submitted, Vec<u8>)> = BTreeMap::new();
     let mut repeats = 0;
     let mut conflicts = Vec::new();
@@ -159,7 +162,8 @@ fn collapse(batch: Vec<Submitted>) -> Result<(Vec<Submitted>, usize), IngestErro
         }
     }
     if conflicts.is_empty() {
-        Ok((by_key.into_values().map(|(s, _)| s).collect(), repeats))
+        let (unique, hashes) = by_key.into_values().unzip();
+        Ok((unique, hashes, repeats))
     } else {
         conflicts.sort_by_key(|c| c.position);
         Err(IngestError::Conflicts(conflicts))

@@ -710,14 +710,7 @@ pub fn parse_time(value: &Value) -> Result<DateTime<Utc>, String> {
     let text = value
         .as_str()
         .ok_or_else(|| "must be an RFC 3339 time string".to_owned())?;
-    DateTime::parse_from_rfc3339(text.trim())
-        .map(|time| time.with_timezone(&Utc))
-        .map_err(|_| {
-            format!(
-                "`{}` is not an RFC 3339 time with an offset (e.g. 2026-11-20T10:00:00Z)",
-                truncate(text)
-            )
-        })
+    super::values::parse_instant(text)
 }
 
 fn truncate(text: &str) -> String {

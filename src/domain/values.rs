@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use chrono::{Datelike, NaiveDate};
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -140,6 +140,32 @@ impl<'de> Deserialize<'de> for Month {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let raw = String::deserialize(deserializer)?;
         Self::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// An instant given as RFC 3339 with an explicit offset; a time without one is ambiguous.
+pub fn parse_instant(raw: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(raw.trim())
+        .map(|at| at.with_timezone(&Utc))
+        .map_err(|_| {
+            format!(
+                "`{}` is not an RFC 3339 time with an offset (e.g. 2026-11-20T10:00:00Z)",
+                truncate_for_message(raw)
+            )
+        })
+}
+
+/// An RFC 3339 instant, or a `YYYY-MM-DD` date standing for the first instant of that day in
+/// the ledger time zone.
+pub fn parse_day_or_instant(raw: &str, tz: chrono_tz::Tz) -> Result<DateTime<Utc>, String> {
+    match NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
+        Ok(day) => Ok(crate::domain::ledger_time::first_instant_of_day(day, tz)),
+        Err(_) => parse_instant(raw).map_err(|_| {
+            format!(
+                "`{}` is neither a YYYY-MM-DD date nor an RFC 3339 time with an offset",
+                truncate_for_message(raw)
+            )
+        }),
     }
 }
 

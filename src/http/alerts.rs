@@ -256,12 +256,7 @@ pub async fn get_burn(
     let tz = state.settings.timezone;
     let mut violations = Violations::default();
     let as_of = match &query.as_of {
-        Some(raw) => violations.check(
-            "query:as_of",
-            DateTime::parse_from_rfc3339(raw)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|_| format!("`{raw}` is not an RFC 3339 time with an offset")),
-        ),
+        Some(raw) => violations.check("query:as_of", crate::domain::values::parse_instant(raw)),
         None => Some(state.settings.clock.now()),
     };
     let month = match &query.month {
@@ -272,7 +267,8 @@ pub async fn get_burn(
     let (Some(as_of), Some(month)) = (as_of, month) else {
         unreachable!("both parsed or were reported")
     };
-    let burn = crate::alerting::burn_of(&state.pool, &project, month, as_of, tz).await?;
+    let budget = store::projects::budget_for(&state.pool, &project, month.first_day()).await?;
+    let burn = crate::alerting::burn_of(&state.pool, &project, month, budget, as_of, tz).await?;
     let fired = store::alerts::fired_in_month(&state.pool, &id, month.first_day()).await?;
     let crossed = |percent: i32, kind: AlertKind| {
         fired

@@ -119,14 +119,6 @@ pub struct UpdateContract {
     pub committed_gpus: Option<Option<Decimal>>,
 }
 
-fn instant(raw: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(raw)
-        .map(|at| at.with_timezone(&Utc))
-        .map_err(|_| {
-            "must be an RFC 3339 time with an offset, e.g. 2026-11-01T00:00:00Z".to_owned()
-        })
-}
-
 fn scope_text(violations: &mut Violations, pointer: &str, raw: Option<&str>) -> Option<String> {
     raw.and_then(|text| violations.check(pointer, values::bounded_text(text, SCOPE_CHARS)))
 }
@@ -237,11 +229,11 @@ pub async fn create_contract(
         values::positive(body.price_per_gpu_hour),
     );
     let currency = violations.check("/currency", Currency::parse(&body.currency));
-    let valid_from = violations.check("/valid_from", instant(&body.valid_from));
+    let valid_from = violations.check("/valid_from", values::parse_instant(&body.valid_from));
     let valid_until = body
         .valid_until
         .as_deref()
-        .map(|raw| violations.check("/valid_until", instant(raw)));
+        .map(|raw| violations.check("/valid_until", values::parse_instant(raw)));
     let project = body
         .project
         .as_deref()
@@ -412,13 +404,13 @@ pub async fn update_contract(
         new.currency = currency.code().to_owned();
     }
     if let Some(from) = &body.valid_from
-        && let Some(from) = violations.check("/valid_from", instant(from))
+        && let Some(from) = violations.check("/valid_from", values::parse_instant(from))
     {
         new.valid_from = from;
     }
     match &body.valid_until {
         Some(Some(until)) => {
-            if let Some(until) = violations.check("/valid_until", instant(until)) {
+            if let Some(until) = violations.check("/valid_until", values::parse_instant(until)) {
                 new.valid_until = Some(until);
             }
         }

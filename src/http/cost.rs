@@ -15,12 +15,10 @@ use utoipa_axum::routes;
 use crate::app::AppState;
 use crate::domain::access::Principal;
 use crate::domain::commitment::unused_commitment;
-use crate::domain::ledger_time::{
-    LedgerHour, SECONDS_PER_HOUR, first_instant_of_day, month_bounds,
-};
+use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::{FxRates, Outcome};
 use crate::domain::summary::{cost_per_completed_task, unit_costs};
-use crate::domain::values::Month;
+use crate::domain::values::{Month, parse_day_or_instant, parse_instant};
 use crate::error::{ApiResult, Problem, Violations};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::projects::readable_project;
@@ -258,20 +256,9 @@ impl Accumulator {
     }
 }
 
-fn parse_instant(raw: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(raw)
-        .map(|at| at.with_timezone(&Utc))
-        .map_err(|_| "must be an RFC 3339 time with an offset".to_owned())
-}
-
 /// A period bound: a date, or a time on a ledger hour boundary.
 fn period_bound(raw: &str, tz: Tz) -> Result<DateTime<Utc>, String> {
-    if let Ok(day) = NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
-        return Ok(first_instant_of_day(day, tz));
-    }
-    let at = DateTime::parse_from_rfc3339(raw)
-        .map(|at| at.with_timezone(&Utc))
-        .map_err(|_| "must be a date YYYY-MM-DD or an RFC 3339 time with an offset".to_owned())?;
+    let at = parse_day_or_instant(raw, tz)?;
     let hour = LedgerHour::holding(at, tz);
     if hour.start != at {
         return Err(format!(

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::header;
-use chrono::{DateTime, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -18,7 +18,7 @@ use crate::app::AppState;
 use crate::domain::access::Principal;
 use crate::domain::rating::Outcome;
 use crate::domain::record::{JobRecord, RecordKey};
-use crate::domain::values::Month;
+use crate::domain::values::{Month, parse_day_or_instant};
 use crate::error::{ApiError, ApiResult, FieldError, Problem, Violations};
 use crate::http::auth::project_not_found;
 use crate::http::extract::{ApiPath, ApiQuery, body_rejection, classify_json_error};
@@ -400,21 +400,6 @@ pub struct RecordQuery {
     pub cursor: Option<String>,
 }
 
-/// A time given as RFC 3339 or as a date (midnight of that day in the ledger time zone).
-pub fn parse_instant(raw: &str, tz: chrono_tz::Tz) -> Result<DateTime<Utc>, String> {
-    if let Ok(time) = DateTime::parse_from_rfc3339(raw) {
-        return Ok(time.with_timezone(&Utc));
-    }
-    NaiveDate::parse_from_str(raw, "%Y-%m-%d")
-        .ok()
-        .and_then(|date| {
-            tz.from_local_datetime(&date.and_hms_opt(0, 0, 0)?)
-                .earliest()
-        })
-        .map(|time| time.with_timezone(&Utc))
-        .ok_or_else(|| format!("`{raw}` is neither an RFC 3339 time nor a YYYY-MM-DD date"))
-}
-
 /// List a project's job records by start time.
 #[utoipa::path(get, path = "/v1/projects/{id}/job-records", tag = "job-records",
     params(("id" = String, Path, description = "Project id"), RecordQuery),
@@ -442,11 +427,11 @@ pub async fn list_job_records(
     let from = query
         .from
         .as_deref()
-        .and_then(|raw| violations.check("query:from", parse_instant(raw, tz)));
+        .and_then(|raw| violations.check("query:from", parse_day_or_instant(raw, tz)));
     let to = query
         .to
         .as_deref()
-        .and_then(|raw| violations.check("query:to", parse_instant(raw, tz)));
+        .and_then(|raw| violations.check("query:to", parse_day_or_instant(raw, tz)));
     let outcome = query.outcome.as_deref().and_then(|raw| {
         violations.check(
             "query:outcome",

@@ -26,12 +26,12 @@ pub struct InsertOutcome {
 /// by comparing content hashes with what is stored — including rows another transaction
 /// committed while this one waited. The caller owns the transaction: it commits, or rolls
 /// back when there are conflicts. `records` must have distinct keys, sorted, so that
-/// concurrent batches lock keys in the same order.
+/// concurrent batches lock keys in the same order; `hashes` are their content hashes.
 pub async fn insert_batch(
     conn: &mut PgConnection,
     records: &[JobRecord],
+    hashes: &[Vec<u8>],
 ) -> sqlx::Result<InsertOutcome> {
-    let hashes: Vec<Vec<u8>> = records.iter().map(JobRecord::content_hash).collect();
     let columns = Columns::of(records);
     let inserted: Vec<(String, String, i32)> = sqlx::query_as(
         "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
@@ -66,7 +66,7 @@ pub async fn insert_batch(
     .bind(&columns.output_quantity)
     .bind(&columns.output_unit)
     .bind(&columns.labels)
-    .bind(&hashes)
+    .bind(hashes)
     .fetch_all(&mut *conn)
     .await?;
 
