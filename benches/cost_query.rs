@@ -2,7 +2,7 @@
 //!
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
 //! in SQL into the tables `rate_records` fills (segments, per-record figures, and the hourly
-//! rollups aggregated from them), across 200 projects, four GPU models, three billing modes
+//! and daily rollups aggregated from them, compacted), across 200 projects, four GPU models, three billing modes
 //! and every hour of November 2026; each project also has a reserved contract with a
 //! commitment, so unused commitment is computed too. The query then runs through the real
 //! router, as a reader would call it, for rotating projects.
@@ -96,6 +96,22 @@ INSERT INTO records_hourly
 SELECT project_id, end_hour, gpu_model, billing_mode, outcome, count(*), sum(retries),
        sum(failures), count(*) FILTER (WHERE completes_task), count(*) FILTER (WHERE fails_task)
 FROM rated_records GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome;
+
+INSERT INTO cost_daily
+SELECT project_id, (hour AT TIME ZONE 'UTC')::date, gpu_model, billing_mode, outcome, contract_id,
+       unrated_reason, output_unit, sum(segments), sum(gpu_seconds_held), sum(gpu_seconds_busy),
+       sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed), sum(output_quantity)
+FROM cost_hourly GROUP BY 1, 2, 3, 4, 5, 6, 7, 8;
+
+INSERT INTO records_daily
+SELECT project_id, (hour AT TIME ZONE 'UTC')::date, gpu_model, billing_mode, outcome,
+       sum(records), sum(retries), sum(failures), sum(tasks_completed), sum(tasks_failed)
+FROM records_hourly GROUP BY 1, 2, 3, 4, 5;
+
+INSERT INTO contract_usage_hourly
+SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held)
+FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
+GROUP BY contract_id, hour, project_id;
 "#;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.
@@ -158,7 +174,8 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     load(&mut pool.acquire().await.unwrap(), records).await;
     let load_time = started.elapsed();
     let (segments, rollup_rows): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM rated_segments), (SELECT count(*) FROM cost_hourly)",
+        "SELECT (SELECT count(*) FROM rated_segments), \
+                (SELECT count(*) FROM cost_hourly) + (SELECT count(*) FROM cost_daily)",
     )
     .fetch_one(&pool)
     .await
@@ -193,7 +210,7 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
         }
         timings.sort();
         println!(
-            "{records:>9} records ({segments} segments, {rollup_rows} hourly rollup rows, load {:.1} s): \
+            "{records:>9} records ({segments} segments, {rollup_rows} cost rollup rows, load {:.1} s): \
              month cost{group_by:<15} median {:>7.2} ms, p95 {:>7.2} ms over {RUNS} runs",
             load_time.as_secs_f64(),
             percentile(&timings, 50).as_secs_f64() * 1000.0,

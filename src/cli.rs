@@ -162,7 +162,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve => serve(config).await,
         Command::Report { month, format } => {
             let database = open(&config).await?;
-            crate::db::migrate(&database.pool).await?;
+            prepare(&database.pool, &config).await?;
             let report = crate::reports::report(
                 &database.pool,
                 month,
@@ -185,7 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::WebhookSecret => {
             let database = open(&config).await?;
-            crate::db::migrate(&database.pool).await?;
+            prepare(&database.pool, &config).await?;
             let secret = webhook_secret(&database.pool).await;
             database.close().await?;
             println!("{}", secret?);
@@ -193,7 +193,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Import { files } => {
             let database = open(&config).await?;
-            crate::db::migrate(&database.pool).await?;
+            prepare(&database.pool, &config).await?;
             let outcome =
                 crate::import::import_files(&database.pool, &files, &settings(&config)).await;
             database.close().await?;
@@ -208,7 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Migrate => {
             let database = open(&config).await?;
-            crate::db::migrate(&database.pool).await?;
+            prepare(&database.pool, &config).await?;
             tracing::info!(
                 version = crate::db::latest_migration_version(),
                 "database migrated"
@@ -224,7 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
         } => {
             let database = open(&config).await?;
-            crate::db::migrate(&database.pool).await?;
+            prepare(&database.pool, &config).await?;
             let outcome = create_token(&database, role, &projects, &name).await;
             database.close().await?;
             let created = outcome?;
@@ -296,7 +296,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 }
 
 async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
-    crate::db::migrate(&database.pool).await?;
+    prepare(&database.pool, config).await?;
     bootstrap_admin(&database.pool).await?;
     let state = AppState::new(database.pool.clone(), settings(config));
     let webhooks = crate::workers::webhooks::Webhooks::new(
@@ -314,6 +314,11 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
         }
     };
     let delivery = tokio::spawn(webhooks.run(stopping()));
+    let compaction = tokio::spawn(crate::workers::compaction::run(
+        database.pool.clone(),
+        crate::workers::compaction::DEFAULT_INTERVAL,
+        stopping(),
+    ));
     let ticker = tokio::spawn(crate::workers::burn_tick::run(
         database.pool.clone(),
         settings(config),
@@ -328,7 +333,20 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
         .await;
     delivery.await?;
     ticker.await?;
+    compaction.await?;
     served
+}
+
+/// Migrates the database and makes the daily rollups days of the configured time zone.
+async fn prepare(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
+    crate::db::migrate(pool).await?;
+    if crate::store::rollups::align_days(pool, config.timezone).await? {
+        tracing::info!(
+            timezone = config.timezone.name(),
+            "daily rollups built for the ledger time zone"
+        );
+    }
+    Ok(())
 }
 
 /// `TASKLEDGER_WEBHOOK_SECRET`, or else a secret generated once and kept in the database so

@@ -533,8 +533,9 @@ async fn month_data(
     period: (DateTime<Utc>, DateTime<Utc>),
     accrual: Option<(DateTime<Utc>, DateTime<Utc>)>,
     month: NaiveDate,
+    tz: Tz,
 ) -> ApiResult<MonthData> {
-    let usage = store::exports::usage_by_contract(conn, period).await?;
+    let usage = store::exports::usage_by_contract(conn, period, tz).await?;
     let mut contract_ids: Vec<Uuid> = usage.iter().filter_map(|u| u.contract_id).collect();
     contract_ids.sort_unstable();
     contract_ids.dedup();
@@ -654,7 +655,7 @@ pub async fn get_focus_export(
     let accrues_until = period.1.min(state.settings.clock.now());
     let accrual = (accrues_until > period.0).then_some((period.0, accrues_until));
     let mut snapshot = store::exports::snapshot(&state.pool).await?;
-    let data = month_data(&mut snapshot, period, accrual, month.first_day()).await?;
+    let data = month_data(&mut snapshot, period, accrual, month.first_day(), tz).await?;
     snapshot.commit().await?;
     let charges = charges(&data, period, accrues_until, month.first_day(), tz)?;
     let body = render(&charges, month, period)?;

@@ -1,4 +1,5 @@
-//! Reading a project's cost for a period from the hourly rollups (never from raw records).
+//! Reading a project's cost for a period from the rollups (never from raw records): whole
+//! ledger days from the daily ones, the hours around them from the hourly ones.
 //!
 //! Sums come out of PostgreSQL exactly and are rounded to [`SUM_SCALE`] decimal places on the
 //! way out: `Decimal` holds 28 significant digits, and a sum of 28-digit segment figures can
@@ -12,6 +13,8 @@ use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
+
+use crate::store::rollups::PeriodSplit;
 
 /// Decimal places of every sum read here: 10^-20 of a currency unit or GPU-second.
 pub const SUM_SCALE: u32 = 20;
@@ -79,12 +82,14 @@ fn cost_columns(prefix: &str) -> String {
 }
 
 /// The SQL expression of a group's key over a table with `hour`, `gpu_model`,
-/// `billing_mode` and `outcome`; `$4` is the ledger time zone or the label key.
+/// `billing_mode` and `outcome`. The ledger time zone or the label key is the query's last
+/// parameter, `$4` for label groupings (which read `$1` to `$3`) and `$8` for the others
+/// (which read `$1` and the six of [`PeriodSplit::bind`]).
 fn key_expression(grouping: &Grouping, hour: &str, prefix: &str) -> String {
     match grouping {
         Grouping::Whole => "NULL::text".to_owned(),
-        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE $4, 'YYYY-MM-DD')"),
-        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $4, 'YYYY-MM')"),
+        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE $8, 'YYYY-MM-DD')"),
+        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $8, 'YYYY-MM')"),
         Grouping::GpuModel => format!("{prefix}gpu_model"),
         Grouping::BillingMode => format!("{prefix}billing_mode"),
         Grouping::Outcome => format!("{prefix}outcome"),
@@ -92,7 +97,16 @@ fn key_expression(grouping: &Grouping, hour: &str, prefix: &str) -> String {
     }
 }
 
-fn fourth_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
+/// The key expression over a daily rollup, whose `day` is already a ledger date.
+fn day_key(grouping: &Grouping) -> String {
+    match grouping {
+        Grouping::Day => "to_char(day, 'YYYY-MM-DD')".to_owned(),
+        Grouping::Month => "to_char(day, 'YYYY-MM')".to_owned(),
+        _ => key_expression(grouping, "day", ""),
+    }
+}
+
+fn extra_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
     match grouping {
         Grouping::Day | Grouping::Month => Some(tz.name().to_owned()),
         Grouping::Label(key) => Some(key.clone()),
@@ -105,10 +119,11 @@ fn fourth_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
 pub async fn cost_sums(
     conn: &mut PgConnection,
     project: &str,
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    period: (DateTime<Utc>, DateTime<Utc>),
     grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<CostSums>> {
+    let split = PeriodSplit::new(period, tz);
     let sql = match grouping {
         // Labels live on the records, so grouping by one reads the period's segments.
         Grouping::Label(_) => format!(
@@ -121,18 +136,27 @@ pub async fn cost_sums(
             sums = cost_columns("s."),
         ),
         _ => format!(
-            "SELECT {key} AS key, outcome, gpu_model, unrated_reason, output_unit, {sums} \
-             FROM cost_hourly WHERE project_id = $1 AND hour >= $2 AND hour < $3 \
-             GROUP BY 1, 2, 3, 4, 5",
-            key = key_expression(grouping, "hour", ""),
+            "SELECT key, outcome, gpu_model, unrated_reason, output_unit, {sums} \
+             FROM ({rows}) AS rows \
+             GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
             sums = cost_columns(""),
+            rows = PeriodSplit::rows_sql(
+                "cost",
+                "{key} AS key, outcome, gpu_model, unrated_reason, output_unit, segments, \
+                 gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, unmeasured, failed, \
+                 output_quantity",
+                (&day_key(grouping), &key_expression(grouping, "hour", "")),
+                "= $1",
+                2,
+            ),
         ),
     };
-    let mut query = sqlx::query_as::<_, CostSums>(&sql)
-        .bind(project)
-        .bind(from)
-        .bind(to);
-    if let Some(fourth) = fourth_parameter(grouping, tz) {
+    let query = sqlx::query_as::<_, CostSums>(&sql).bind(project);
+    let mut query = match grouping {
+        Grouping::Label(_) => query.bind(split.from).bind(split.to),
+        _ => split.bind(query),
+    };
+    if let Some(fourth) = extra_parameter(grouping, tz) {
         query = query.bind(fourth);
     }
     query.fetch_all(conn).await
@@ -142,14 +166,11 @@ pub async fn cost_sums(
 pub async fn record_sums(
     conn: &mut PgConnection,
     project: &str,
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    period: (DateTime<Utc>, DateTime<Utc>),
     grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<RecordSums>> {
-    let counts = "sum(records)::bigint AS records, sum(retries)::bigint AS retries, \
-                  sum(failures)::bigint AS failures, \
-                  sum(tasks_completed)::bigint AS tasks_completed, \
-                  sum(tasks_failed)::bigint AS tasks_failed";
+    let split = PeriodSplit::new(period, tz);
     let sql = match grouping {
         Grouping::Label(_) => format!(
             "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
@@ -163,17 +184,27 @@ pub async fn record_sums(
             key = key_expression(grouping, "end_hour", "d."),
         ),
         _ => format!(
-            "SELECT {key} AS key, {counts} \
-             FROM records_hourly WHERE project_id = $1 AND hour >= $2 AND hour < $3 \
-             GROUP BY 1",
-            key = key_expression(grouping, "hour", ""),
+            "SELECT key, sum(records)::bigint AS records, sum(retries)::bigint AS retries, \
+                    sum(failures)::bigint AS failures, \
+                    sum(tasks_completed)::bigint AS tasks_completed, \
+                    sum(tasks_failed)::bigint AS tasks_failed \
+             FROM ({rows}) AS rows \
+             GROUP BY 1 HAVING sum(records) > 0",
+            rows = PeriodSplit::rows_sql(
+                "records",
+                "{key} AS key, records, retries, failures, tasks_completed, tasks_failed",
+                (&day_key(grouping), &key_expression(grouping, "hour", "")),
+                "= $1",
+                2,
+            ),
         ),
     };
-    let mut query = sqlx::query_as::<_, RecordSums>(&sql)
-        .bind(project)
-        .bind(from)
-        .bind(to);
-    if let Some(fourth) = fourth_parameter(grouping, tz) {
+    let query = sqlx::query_as::<_, RecordSums>(&sql).bind(project);
+    let mut query = match grouping {
+        Grouping::Label(_) => query.bind(split.from).bind(split.to),
+        _ => split.bind(query),
+    };
+    if let Some(fourth) = extra_parameter(grouping, tz) {
         query = query.bind(fourth);
     }
     query.fetch_all(conn).await
@@ -188,9 +219,9 @@ pub async fn contract_usage(
 ) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
     let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
         "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
-         FROM cost_hourly \
-         WHERE project_id = $1 AND hour >= $2 AND hour < $3 AND contract_id = ANY($4) \
-         GROUP BY 1, 2"
+         FROM contract_usage_hourly \
+         WHERE contract_id = ANY($4) AND hour >= $2 AND hour < $3 AND project_id = $1 \
+         GROUP BY 1, 2 HAVING sum(segments) > 0"
     ))
     .bind(project)
     .bind(from)
@@ -198,15 +229,10 @@ pub async fn contract_usage(
     .bind(contracts)
     .fetch_all(conn)
     .await?;
-    let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
-    for (contract, hour, seconds) in rows {
-        usage.entry(contract).or_default().insert(hour, seconds);
-    }
-    Ok(usage)
+    Ok(by_contract_and_hour(rows))
 }
 
 /// GPU-seconds each of `contracts` rated for any project, per ledger hour of `[from, to)`.
-/// Naming every project lets PostgreSQL use the project-leading rollup key.
 pub async fn contract_usage_all_projects(
     conn: &mut PgConnection,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
@@ -214,19 +240,24 @@ pub async fn contract_usage_all_projects(
 ) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
     let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
         "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
-         FROM cost_hourly \
-         WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) \
-           AND hour >= $1 AND hour < $2 AND contract_id = ANY($3) \
-         GROUP BY 1, 2"
+         FROM contract_usage_hourly \
+         WHERE contract_id = ANY($3) AND hour >= $1 AND hour < $2 \
+         GROUP BY 1, 2 HAVING sum(segments) > 0"
     ))
     .bind(from)
     .bind(to)
     .bind(contracts)
     .fetch_all(conn)
     .await?;
+    Ok(by_contract_and_hour(rows))
+}
+
+fn by_contract_and_hour(
+    rows: Vec<(Uuid, DateTime<Utc>, Decimal)>,
+) -> BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> {
     let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
     for (contract, hour, seconds) in rows {
         usage.entry(contract).or_default().insert(hour, seconds);
     }
-    Ok(usage)
+    usage
 }

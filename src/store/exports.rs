@@ -2,12 +2,14 @@
 //! contracts whose commitment accrues in the month.
 
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::store::contracts::ContractRow;
 use crate::store::cost::SUM_SCALE;
+use crate::store::rollups::PeriodSplit;
 
 /// A read-only transaction on one snapshot, so that the parts of an export agree with each
 /// other even while records are being rated.
@@ -40,28 +42,29 @@ pub struct ContractUsage {
 }
 
 /// Every project's GPU time in `[from, to)` (ledger hour boundaries), by project, contract,
-/// model, mode and unrated reason: sums from the hourly rollups, task counts from the
-/// segments.
+/// model, mode and unrated reason: sums from the rollups, task counts from the segments.
 pub async fn usage_by_contract(
     conn: &mut PgConnection,
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    period: (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
 ) -> sqlx::Result<Vec<ContractUsage>> {
-    // `ARRAY(SELECT id FROM projects)` is evaluated once, so both tables are read through
-    // their (project_id, hour) keys rather than scanned whole.
-    sqlx::query_as::<_, ContractUsage>(&format!(
+    // `ARRAY(SELECT id FROM projects)` is evaluated once, so the tables are read through
+    // their project-leading keys rather than scanned whole.
+    let every_project = "= ANY(ARRAY(SELECT id FROM projects))";
+    let split = PeriodSplit::new(period, tz);
+    let sql = format!(
         "WITH usage AS ( \
              SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
                     round(sum(gpu_seconds_held), {SUM_SCALE}) AS gpu_seconds_held, \
                     round(sum(gpu_seconds_busy), {SUM_SCALE}) AS gpu_seconds_busy, \
                     round(sum(cost), {SUM_SCALE}) AS cost \
-             FROM cost_hourly \
-             WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) AND hour >= $1 AND hour < $2 \
-             GROUP BY 1, 2, 3, 4, 5 \
+             FROM ({rows}) AS rows \
+             GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0 \
          ), tasks AS ( \
              SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
                     count(DISTINCT task_id) AS tasks \
              FROM rated_segments \
-             WHERE project_id = ANY(ARRAY(SELECT id FROM projects)) AND hour >= $1 AND hour < $2 \
+             WHERE project_id {every_project} AND hour >= $1 AND hour < $2 \
              GROUP BY 1, 2, 3, 4, 5 \
          ) \
          SELECT u.project_id, p.name AS project_name, p.currency::text AS project_currency, \
@@ -73,12 +76,20 @@ pub async fn usage_by_contract(
               AND t.billing_mode = u.billing_mode \
               AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
               AND t.unrated_reason IS NOT DISTINCT FROM u.unrated_reason \
-         ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode"
-    ))
-    .bind(from)
-    .bind(to)
-    .fetch_all(conn)
-    .await
+         ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode",
+        rows = PeriodSplit::rows_sql(
+            "cost",
+            "project_id, gpu_model, billing_mode, contract_id, unrated_reason, segments, \
+             gpu_seconds_held, gpu_seconds_busy, cost",
+            ("", ""),
+            every_project,
+            1,
+        ),
+    );
+    split
+        .bind(sqlx::query_as::<_, ContractUsage>(&sql))
+        .fetch_all(conn)
+        .await
 }
 
 /// A reserved contract that commits GPUs, with the project it is scoped to, if any.

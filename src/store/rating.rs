@@ -22,12 +22,6 @@ pub type RecordKey = (String, String, i32);
 /// How many records one re-rating call takes at a time.
 pub const RERATE_CHUNK: usize = 10_000;
 
-/// Tasks are serialised through this many advisory locks, so that two transactions rating
-/// attempts of the same task see each other's records, while a batch of any size takes a
-/// bounded number of locks.
-const TASK_LOCK_BUCKETS: i32 = 1024;
-const TASK_LOCK_CLASS: i32 = 0x7461_736b;
-
 #[derive(Debug, sqlx::FromRow)]
 struct RecordRow {
     project_id: String,
@@ -174,6 +168,25 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unrated_reason, output_unit, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
           unmeasured, failed, output_quantity)";
 
+const COST_KEY_HOURLY: &str =
+    "project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit";
+const COST_KEY_DAILY: &str =
+    "project_id, day, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit";
+const COST_SUMS: &str = "segments, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
+     unmeasured, failed, output_quantity";
+/// Whether a group of cost changes changes anything.
+const COST_CHANGED: &str = "(sum(segments), sum(gpu_seconds_held), sum(gpu_seconds_busy), \
+     sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed), sum(output_quantity)) \
+     <> (0, 0, 0, 0, 0, 0, 0, 0, 0)";
+/// Whether one row of cost changes changes anything.
+const COST_ROW_CHANGED: &str = "(segments, gpu_seconds_held, gpu_seconds_busy, cost, productive, \
+     idle, unmeasured, failed, output_quantity) <> (0, 0, 0, 0, 0, 0, 0, 0, 0)";
+const RECORD_SUMS: &str = "records, retries, failures, tasks_completed, tasks_failed";
+const RECORDS_CHANGED: &str = "(sum(records), sum(retries), sum(failures), \
+     sum(tasks_completed), sum(tasks_failed)) <> (0, 0, 0, 0, 0)";
+const RECORDS_ROW_CHANGED: &str =
+    "(records, retries, failures, tasks_completed, tasks_failed) <> (0, 0, 0, 0, 0)";
+
 /// New `rated_records` rows, column by column.
 #[derive(Default)]
 struct RecordColumns {
@@ -282,13 +295,12 @@ pub async fn rate_records(
     let task_projects: Vec<&str> = tasks.iter().map(|t| t.0).collect();
     let task_ids: Vec<&str> = tasks.iter().map(|t| t.1).collect();
 
+    // In key order, so that concurrent calls lock shared tasks in the same order.
     sqlx::query(
-        "SELECT pg_advisory_xact_lock($1, bucket) FROM ( \
-           SELECT DISTINCT hashtext(p || '/' || t) & ($2 - 1) AS bucket \
-           FROM UNNEST($3::text[], $4::text[]) AS u(p, t) ORDER BY bucket) AS buckets",
+        "INSERT INTO tasks AS t (project_id, task_id) \
+         SELECT * FROM UNNEST($1::text[], $2::text[]) ORDER BY 1, 2 \
+         ON CONFLICT (project_id, task_id) DO UPDATE SET task_id = t.task_id",
     )
-    .bind(TASK_LOCK_CLASS)
-    .bind(TASK_LOCK_BUCKETS)
     .bind(&task_projects)
     .bind(&task_ids)
     .execute(&mut *conn)
@@ -329,9 +341,9 @@ pub async fn rate_records(
     let key_tasks: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
     let key_attempts: Vec<i32> = keys.iter().map(|k| k.2).collect();
 
-    // Old segments out, new ones in, in one rollup statement.
-    let emptied = segments
-        .bind(sqlx::query_as::<_, (String, DateTime<Utc>)>(&format!(
+    // Old segments out, new ones in: their difference is appended to the rollups.
+    segments
+        .bind(sqlx::query_as::<_, (i64,)>(&format!(
             "WITH old AS ( \
                DELETE FROM rated_segments \
                WHERE (project_id, task_id, attempt) IN \
@@ -340,7 +352,7 @@ pub async fn rate_records(
              changes AS ( \
                SELECT -1 AS sign, * FROM old \
                UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
-             delta AS ( \
+             diff AS ( \
                SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
                       unrated_reason, output_unit, \
                       sum(sign) AS segments, \
@@ -352,32 +364,36 @@ pub async fn rate_records(
                       sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
                FROM changes \
                GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                        unrated_reason, output_unit) \
-             INSERT INTO cost_hourly AS c \
-             SELECT * FROM delta \
-             WHERE (segments, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
-                    unmeasured, failed, output_quantity) <> (0, 0, 0, 0, 0, 0, 0, 0, 0) \
-             ORDER BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                      unrated_reason, output_unit \
-             ON CONFLICT ON CONSTRAINT cost_hourly_key DO UPDATE SET \
-               segments = c.segments + EXCLUDED.segments, \
-               gpu_seconds_held = c.gpu_seconds_held + EXCLUDED.gpu_seconds_held, \
-               gpu_seconds_busy = c.gpu_seconds_busy + EXCLUDED.gpu_seconds_busy, \
-               cost = c.cost + EXCLUDED.cost, \
-               productive = c.productive + EXCLUDED.productive, \
-               idle = c.idle + EXCLUDED.idle, \
-               unmeasured = c.unmeasured + EXCLUDED.unmeasured, \
-               failed = c.failed + EXCLUDED.failed, \
-               output_quantity = c.output_quantity + EXCLUDED.output_quantity \
-             RETURNING c.project_id, c.hour"
+                        unrated_reason, output_unit), \
+             tag AS (SELECT nextval('rollup_deltas') AS delta), \
+             hourly AS ( \
+               INSERT INTO cost_hourly ({COST_KEY_HOURLY}, {COST_SUMS}, delta) \
+               SELECT diff.*, tag.delta FROM diff, tag WHERE {COST_ROW_CHANGED}), \
+             daily AS ( \
+               INSERT INTO cost_daily ({COST_KEY_DAILY}, {COST_SUMS}, delta) \
+               SELECT project_id, (hour AT TIME ZONE $23)::date, gpu_model, billing_mode, \
+                      outcome, contract_id, unrated_reason, output_unit, \
+                      sum(segments), sum(gpu_seconds_held), sum(gpu_seconds_busy), sum(cost), \
+                      sum(productive), sum(idle), sum(unmeasured), sum(failed), \
+                      sum(output_quantity), min(tag.delta) \
+               FROM diff, tag GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 HAVING {COST_CHANGED}), \
+             usage AS ( \
+             INSERT INTO contract_usage_hourly \
+               (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
+             SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held), \
+                    min(tag.delta) \
+             FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
+             GROUP BY contract_id, hour, project_id \
+             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0) RETURNING 1) \
+             SELECT count(*) FROM usage"
         )))
         .bind(&key_projects)
         .bind(&key_tasks)
         .bind(&key_attempts)
-        .fetch_all(&mut *conn)
+        .bind(tz.name())
+        .fetch_one(&mut *conn)
         .await
-        .context("updating the hourly cost rollup")?;
-    remove_empty_rollup_rows(conn, "cost_hourly", "segments", emptied).await?;
+        .context("updating the cost rollups")?;
 
     segments
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
@@ -388,8 +404,8 @@ pub async fn rate_records(
         .await
         .context("storing segments")?;
 
-    let emptied = records
-        .bind(sqlx::query_as::<_, (String, DateTime<Utc>)>(&format!(
+    records
+        .bind(sqlx::query_as::<_, (i64,)>(&format!(
             "WITH old AS ( \
                DELETE FROM rated_records \
                WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($12::text[], $13::text[])) \
@@ -397,31 +413,33 @@ pub async fn rate_records(
              changes AS ( \
                SELECT -1 AS sign, * FROM old \
                UNION ALL SELECT 1, * FROM {NEW_RECORDS}), \
-             delta AS ( \
+             diff AS ( \
                SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
                       sum(sign) AS records, sum(sign * retries) AS retries, \
                       sum(sign * failures) AS failures, \
                       sum(sign * completes_task::int) AS tasks_completed, \
                       sum(sign * fails_task::int) AS tasks_failed \
-               FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome) \
-             INSERT INTO records_hourly AS h \
-             SELECT * FROM delta \
-             WHERE (records, retries, failures, tasks_completed, tasks_failed) <> (0, 0, 0, 0, 0) \
-             ORDER BY project_id, hour, gpu_model, billing_mode, outcome \
-             ON CONFLICT (project_id, hour, gpu_model, billing_mode, outcome) DO UPDATE SET \
-               records = h.records + EXCLUDED.records, \
-               retries = h.retries + EXCLUDED.retries, \
-               failures = h.failures + EXCLUDED.failures, \
-               tasks_completed = h.tasks_completed + EXCLUDED.tasks_completed, \
-               tasks_failed = h.tasks_failed + EXCLUDED.tasks_failed \
-             RETURNING h.project_id, h.hour"
+               FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
+             tag AS (SELECT nextval('rollup_deltas') AS delta), \
+             hourly AS ( \
+               INSERT INTO records_hourly (project_id, hour, gpu_model, billing_mode, outcome, \
+                                           {RECORD_SUMS}, delta) \
+               SELECT diff.*, tag.delta FROM diff, tag WHERE {RECORDS_ROW_CHANGED}), \
+             daily AS ( \
+             INSERT INTO records_daily (project_id, day, gpu_model, billing_mode, outcome, \
+                                        {RECORD_SUMS}, delta) \
+             SELECT project_id, (hour AT TIME ZONE $14)::date, gpu_model, billing_mode, outcome, \
+                    sum(records), sum(retries), sum(failures), sum(tasks_completed), \
+                    sum(tasks_failed), min(tag.delta) \
+             FROM diff, tag GROUP BY 1, 2, 3, 4, 5 HAVING {RECORDS_CHANGED} RETURNING 1) \
+             SELECT count(*) FROM daily"
         )))
         .bind(&task_projects)
         .bind(&task_ids)
-        .fetch_all(&mut *conn)
+        .bind(tz.name())
+        .fetch_one(&mut *conn)
         .await
-        .context("updating the hourly record rollup")?;
-    remove_empty_rollup_rows(conn, "records_hourly", "records", emptied).await?;
+        .context("updating the record rollups")?;
 
     records
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
@@ -480,29 +498,6 @@ async fn rate_all(
         segments.push_record(record, &contracts, &fx, tz)?;
     }
     Ok(segments)
-}
-
-/// Deletes the rollup rows whose count fell to zero, among those an upsert just touched.
-async fn remove_empty_rollup_rows(
-    conn: &mut PgConnection,
-    table: &str,
-    count: &str,
-    returned: Vec<(String, DateTime<Utc>)>,
-) -> anyhow::Result<()> {
-    if returned.is_empty() {
-        return Ok(());
-    }
-    let (projects, hours): (Vec<String>, Vec<DateTime<Utc>>) = returned.into_iter().unzip();
-    sqlx::query(&format!(
-        "DELETE FROM {table} AS t USING UNNEST($1::text[], $2::timestamptz[]) AS e(project_id, hour) \
-         WHERE t.project_id = e.project_id AND t.hour = e.hour AND t.{count} = 0"
-    ))
-    .bind(&projects)
-    .bind(&hours)
-    .execute(conn)
-    .await
-    .with_context(|| format!("removing emptied {table} rows"))?;
-    Ok(())
 }
 
 /// Re-rates every record with segments of `gpu_model` and `billing_mode` in `[from, until)`

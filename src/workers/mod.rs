@@ -1,4 +1,6 @@
-//! Background work: alert delivery and the periodic re-evaluation of budget burn.
+//! Background work: alert delivery, the periodic re-evaluation of budget burn and rollup
+//! compaction.
 
 pub mod burn_tick;
+pub mod compaction;
 pub mod webhooks;

@@ -11,3 +11,4 @@ mod foundation;
 mod import;
 mod ingest;
 mod reports;
+mod rollups;

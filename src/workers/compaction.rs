@@ -1,0 +1,30 @@
+//! Folds the rollups' delta rows into their compacted rows, so that reads stay small while
+//! writers keep appending.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+
+pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        match crate::store::rollups::compact(&pool).await {
+            Ok(Some(done)) if done.delta_rows > 0 => {
+                tracing::debug!(
+                    delta_rows = done.delta_rows,
+                    emptied_rows = done.emptied_rows,
+                    "rollups compacted"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(error = format!("{error:#}"), "rollup compaction failed"),
+        }
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}

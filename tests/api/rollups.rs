@@ -1,0 +1,290 @@
+//! The rollups cost is read from: whole ledger days from the daily tables and the hours
+//! around them from the hourly ones, delta rows folded in by compaction, daily rollups
+//! rebuilt for another ledger time zone, and attempts of one task rated concurrently.
+
+use std::str::FromStr;
+
+use axum::http::StatusCode;
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+
+use taskledger::app::Settings;
+use taskledger::store::rollups;
+
+use crate::common::TestApp;
+use crate::cost::{NOVEMBER, contract, cost, dec, worked_example};
+
+const NEW_YORK: chrono_tz::Tz = chrono_tz::America::New_York;
+
+/// The figures of `[from, to)` summed straight from the stored segments and per-record
+/// figures, bypassing every rollup.
+async fn from_segments(app: &TestApp, from: &str, to: &str) -> Value {
+    let (held, productive, idle, unmeasured, failed): (
+        Decimal,
+        Decimal,
+        Decimal,
+        Decimal,
+        Decimal,
+    ) = sqlx::query_as(
+        "SELECT coalesce(sum(gpu_seconds_held), 0), coalesce(sum(productive), 0), \
+                coalesce(sum(idle), 0), coalesce(sum(unmeasured), 0), coalesce(sum(failed), 0) \
+         FROM rated_segments WHERE project_id = 'vision' \
+           AND hour >= $1::timestamptz AND hour < $2::timestamptz",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let (completed, retries): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE completes_task), coalesce(sum(retries), 0)::bigint \
+         FROM rated_records WHERE project_id = 'vision' \
+           AND end_hour >= $1::timestamptz AND end_hour < $2::timestamptz",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    json!({
+        "gpu_seconds_held": held.normalize().to_string(),
+        "productive": productive.normalize().to_string(),
+        "idle": idle.normalize().to_string(),
+        "unmeasured": unmeasured.normalize().to_string(),
+        "failed": failed.normalize().to_string(),
+        "tasks_completed": completed,
+        "retries": retries,
+    })
+}
+
+fn figures(view: &Value) -> Value {
+    let number = |path: &str| dec(view.pointer(path).unwrap()).normalize().to_string();
+    json!({
+        "gpu_seconds_held": number("/gpu_seconds_held"),
+        "productive": number("/breakdown/productive"),
+        "idle": number("/breakdown/idle"),
+        "unmeasured": number("/breakdown/unmeasured"),
+        "failed": number("/breakdown/failed"),
+        "tasks_completed": view["tasks_completed"],
+        "retries": view["retries"],
+    })
+}
+
+/// Periods with whole days, with hours around whole days, inside one day, and across the
+/// day New York leaves daylight saving time (1 November 2026, a 25-hour day).
+const PERIODS: [(&str, &str); 6] = [
+    ("2026-11-01T04:00:00Z", "2026-12-01T05:00:00Z"),
+    ("2026-10-31T04:00:00Z", "2026-11-02T05:00:00Z"),
+    ("2026-11-14T23:00:00Z", "2026-11-20T13:00:00Z"),
+    ("2026-11-10T02:00:00Z", "2026-11-10T09:00:00Z"),
+    ("2026-11-01T05:00:00Z", "2026-11-21T04:00:00Z"),
+    ("2026-11-15T01:00:00Z", "2026-11-16T05:00:00Z"),
+];
+
+async fn assert_periods_match_segments(app: &TestApp) {
+    for (from, to) in PERIODS {
+        let view = cost(
+            app,
+            &format!("/v1/projects/vision/cost?from={from}&to={to}&as_of=2027-01-01T00:00:00Z"),
+        )
+        .await;
+        assert_eq!(
+            figures(&view),
+            from_segments(app, from, to).await,
+            "[{from}, {to})"
+        );
+    }
+}
+
+async fn pending(app: &TestApp) -> i64 {
+    rollups::pending_deltas(&mut app.pool.acquire().await.unwrap())
+        .await
+        .unwrap()
+}
+
+async fn compact(app: &TestApp) -> rollups::Compaction {
+    rollups::compact(&app.pool).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn any_period_reads_the_same_figures_as_its_segments() {
+    let app = TestApp::spawn_with(Settings {
+        timezone: NEW_YORK,
+        ..Settings::default()
+    })
+    .await;
+    worked_example(&app).await;
+    assert_periods_match_segments(&app).await;
+
+    // Days are New York days: R1 runs 17:00–21:00 on the 14th there.
+    let by_day = cost(
+        &app,
+        "/v1/projects/vision/cost?month=2026-11&as_of=2027-01-01T00:00:00Z&group_by=day",
+    )
+    .await;
+    let keys: Vec<&str> = by_day["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        ["2026-11-09", "2026-11-10", "2026-11-14", "2026-11-20"],
+        "{by_day}"
+    );
+
+    compact(&app).await;
+    assert_periods_match_segments(&app).await;
+}
+
+#[tokio::test]
+async fn compaction_folds_deltas_in_and_changes_no_figure() {
+    let app = TestApp::spawn().await;
+    let [_, _, c3, _] = worked_example(&app).await;
+    let groupings = [
+        "",
+        "&group_by=day",
+        "&group_by=gpu_model",
+        "&group_by=outcome",
+    ];
+    let mut before = Vec::new();
+    for group_by in groupings {
+        before.push(cost(&app, &format!("{NOVEMBER}{group_by}")).await);
+    }
+    assert!(pending(&app).await > 0);
+
+    let done = compact(&app).await;
+    assert!(done.delta_rows > 0);
+    assert_eq!(pending(&app).await, 0);
+    for (group_by, expected) in groupings.iter().zip(&before) {
+        assert_eq!(
+            &cost(&app, &format!("{NOVEMBER}{group_by}")).await,
+            expected
+        );
+    }
+    // Compacted rows are one per key.
+    let compacted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM cost_hourly WHERE delta = 0 \
+         GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                  unrated_reason, output_unit ORDER BY 1 DESC LIMIT 1",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(compacted, 1);
+
+    // Deleting C3 unrates R2 and R3: their rows under C3 net to nothing and are removed
+    // when compacted, and the figures stay those of the segments throughout.
+    let deleted = app.delete(&format!("/v1/contracts/{c3}"), &app.admin).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.text());
+    let after_delete = cost(&app, &format!("{NOVEMBER}&group_by=gpu_model")).await;
+    assert!(pending(&app).await > 0);
+    let done = compact(&app).await;
+    assert!(done.emptied_rows > 0, "{done:?}");
+    assert_eq!(
+        cost(&app, &format!("{NOVEMBER}&group_by=gpu_model")).await,
+        after_delete
+    );
+    for table in ["cost_hourly", "cost_daily", "contract_usage_hourly"] {
+        let under_c3: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE contract_id = $1::uuid"
+        ))
+        .bind(&c3)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(under_c3, 0, "{table}");
+    }
+    let empty: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM cost_hourly WHERE segments = 0) \
+              + (SELECT count(*) FROM cost_daily WHERE segments = 0) \
+              + (SELECT count(*) FROM records_hourly WHERE records = 0) \
+              + (SELECT count(*) FROM records_daily WHERE records = 0)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(empty, 0);
+    assert_periods_match_segments(&app).await;
+}
+
+#[tokio::test]
+async fn daily_rollups_are_rebuilt_for_another_ledger_time_zone() {
+    // Rated in UTC, then read in New York: the hours are the same, the days are not.
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    assert!(
+        rollups::align_days(&app.pool, chrono_tz::UTC)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !rollups::align_days(&app.pool, chrono_tz::UTC)
+            .await
+            .unwrap()
+    );
+    assert!(rollups::align_days(&app.pool, NEW_YORK).await.unwrap());
+    assert!(!rollups::align_days(&app.pool, NEW_YORK).await.unwrap());
+    let days: Vec<chrono::NaiveDate> =
+        sqlx::query_scalar("SELECT DISTINCT day FROM cost_daily ORDER BY 1")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    // R5 starts at 23:00 UTC on 31 October, 19:00 in New York.
+    assert_eq!(days.first().unwrap().to_string(), "2026-10-31");
+    let new_york = TestApp {
+        router: taskledger::http::app(app.state(Settings {
+            timezone: NEW_YORK,
+            ..Settings::default()
+        })),
+        pool: app.pool.clone(),
+        admin: app.admin.clone(),
+        database: app.database.clone(),
+        database_url: app.database_url.clone(),
+    };
+    assert_periods_match_segments(&new_york).await;
+}
+
+#[tokio::test]
+async fn attempts_of_one_task_rated_concurrently_count_the_task_once() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract(
+        &app,
+        json!({"name": "C1", "gpu_model": "H100", "billing_mode": "on_demand",
+        "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    // Eight batches, each holding one completed attempt of every one of 50 tasks.
+    let batches: Vec<Value> = (1..=8)
+        .map(|attempt| {
+            Value::Array(
+                (0..50)
+                    .map(|task| {
+                        json!({"project": "vision", "task_id": format!("t{task}"),
+                               "attempt": attempt, "gpu_model": "H100", "gpu_count": 1,
+                               "started_at": format!("2026-11-03T{:02}:00:00Z", attempt),
+                               "ended_at": format!("2026-11-03T{:02}:30:00Z", attempt),
+                               "outcome": "completed"})
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let posts = batches.into_iter().map(|batch| {
+        let app = &app;
+        async move {
+            let response = app.post("/v1/job-records", &app.admin, batch).await;
+            assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+        }
+    });
+    futures::future::join_all(posts).await;
+    let view = cost(&app, NOVEMBER).await;
+    assert_eq!(view["tasks_completed"], 50, "{view}");
+    assert_eq!(
+        dec(&view["total"]),
+        Decimal::from_str("500").unwrap(),
+        "400 half-hours at 2.50 an hour"
+    );
+}
