@@ -2,10 +2,11 @@
 //!
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
 //! in SQL into the tables `rate_records` fills (segments, per-record figures, and the hourly
-//! and daily rollups aggregated from them, compacted), across 200 projects, four GPU models, three billing modes
-//! and every hour of November 2026; each project also has a reserved contract with a
-//! commitment, so unused commitment is computed too. The query then runs through the real
-//! router, as a reader would call it, for rotating projects.
+//! and daily rollups aggregated from them, as compaction leaves them), across 200 projects,
+//! four GPU models, three billing modes and every hour of November 2026; each project also
+//! has a reserved contract with a commitment, so unused commitment is computed too. The
+//! query then runs through the real router, as a reader would call it, for rotating
+//! projects.
 //!
 //! Run with `cargo bench --bench cost_query`.
 
