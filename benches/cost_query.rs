@@ -1,12 +1,12 @@
 //! How long the month cost query takes at 1 million and 10 million job records a month.
 //!
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
-//! in SQL into the tables `rate_records` fills (segments, per-record figures, and the hourly
-//! and daily rollups aggregated from them, as compaction leaves them), across 200 projects,
-//! four GPU models, three billing modes and every hour of November 2026; each project also
-//! has a reserved contract with a commitment, so unused commitment is computed too. The
-//! query then runs through the real router, as a reader would call it, for rotating
-//! projects.
+//! in SQL into the tables `rate_records` fills (segments, per-record figures, and the hourly,
+//! daily and monthly rollups aggregated from them, as compaction leaves them), across 200
+//! projects, four GPU models, three billing modes and every hour of November 2026; each
+//! project also has a reserved contract with a commitment, so unused commitment is computed
+//! too. The query then runs through the real router, as a reader would call it, for
+//! rotating projects.
 //!
 //! Run with `cargo bench --bench cost_query`.
 
@@ -109,6 +109,17 @@ SELECT project_id, (hour AT TIME ZONE 'UTC')::date, gpu_model, billing_mode, out
        sum(records), sum(retries), sum(failures), sum(tasks_completed), sum(tasks_failed)
 FROM records_hourly GROUP BY 1, 2, 3, 4, 5;
 
+INSERT INTO cost_monthly
+SELECT project_id, date_trunc('month', day)::date, gpu_model, billing_mode, outcome, contract_id,
+       unrated_reason, output_unit, sum(segments), sum(gpu_seconds_held), sum(gpu_seconds_busy),
+       sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed), sum(output_quantity)
+FROM cost_daily GROUP BY 1, 2, 3, 4, 5, 6, 7, 8;
+
+INSERT INTO records_monthly
+SELECT project_id, date_trunc('month', day)::date, gpu_model, billing_mode, outcome,
+       sum(records), sum(retries), sum(failures), sum(tasks_completed), sum(tasks_failed)
+FROM records_daily GROUP BY 1, 2, 3, 4, 5;
+
 INSERT INTO contract_usage_hourly
 SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held)
 FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
@@ -176,7 +187,8 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     let load_time = started.elapsed();
     let (segments, rollup_rows): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM rated_segments), \
-                (SELECT count(*) FROM cost_hourly) + (SELECT count(*) FROM cost_daily)",
+                (SELECT count(*) FROM cost_hourly) + (SELECT count(*) FROM cost_daily) \
+                + (SELECT count(*) FROM cost_monthly)",
     )
     .fetch_one(&pool)
     .await

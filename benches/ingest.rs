@@ -241,7 +241,8 @@ impl Setup {
         }
     }
 
-    /// Serves the application on a loopback port of `runtime`.
+    /// Serves the application on a loopback port of `runtime`, with rollup compaction
+    /// running beside it as `taskledger serve` runs it.
     fn serve(&self, runtime: &Runtime) -> Server {
         let state = AppState::new(self.http_pool.clone(), Settings::default());
         let application = runtime
@@ -255,10 +256,20 @@ impl Setup {
         let task = runtime.spawn(application.serve_until(async {
             let _ = stop.await;
         }));
+        let (stop_compaction, compaction_stopped) = oneshot::channel::<()>();
+        let compaction = runtime.spawn(taskledger::workers::compaction::run(
+            self.http_pool.clone(),
+            taskledger::workers::compaction::DEFAULT_INTERVAL,
+            async {
+                let _ = compaction_stopped.await;
+            },
+        ));
         Server {
             address,
             shutdown,
             task,
+            stop_compaction,
+            compaction,
         }
     }
 
@@ -276,6 +287,8 @@ struct Server {
     address: SocketAddr,
     shutdown: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    stop_compaction: oneshot::Sender<()>,
+    compaction: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
@@ -288,6 +301,8 @@ impl Server {
             .await
             .expect("the server task panicked")
             .expect("the server failed");
+        let _ = self.stop_compaction.send(());
+        self.compaction.await.expect("the compaction task panicked");
     }
 }
 

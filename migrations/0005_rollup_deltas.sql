@@ -7,8 +7,10 @@
 -- are exact at any moment.
 --
 -- `cost_daily` and `records_daily` hold the same sums per ledger day (the date in the ledger
--- time zone), so a month is read from at most 31 days of rows whatever the volume; hours of
--- a period that do not fill a whole day are read from the hourly tables.
+-- time zone), and `cost_monthly` and `records_monthly` per ledger month (its first day), so
+-- that a period is read from a bounded number of rows whatever the volume: its whole months
+-- from the monthly tables, its other whole days from the daily ones, and the hours left over
+-- from the hourly ones.
 -- `contract_usage_hourly` holds the GPU-seconds each reserved contract rated per project and
 -- hour, from which unused commitment is computed.
 
@@ -68,6 +70,47 @@ CREATE TABLE records_daily (
 );
 CREATE INDEX records_daily_deltas ON records_daily (delta) WHERE delta <> 0;
 
+CREATE TABLE cost_monthly (
+    project_id       text NOT NULL,
+    month            date NOT NULL CHECK (extract(day FROM month) = 1),
+    gpu_model        text NOT NULL,
+    billing_mode     text NOT NULL,
+    outcome          text NOT NULL,
+    contract_id      uuid,
+    unrated_reason   text,
+    output_unit      text,
+    segments         bigint NOT NULL,
+    gpu_seconds_held numeric NOT NULL,
+    gpu_seconds_busy numeric NOT NULL,
+    cost             numeric NOT NULL,
+    productive       numeric NOT NULL,
+    idle             numeric NOT NULL,
+    unmeasured       numeric NOT NULL,
+    failed           numeric NOT NULL,
+    output_quantity  numeric NOT NULL,
+    delta            bigint NOT NULL DEFAULT 0,
+    CONSTRAINT cost_monthly_key UNIQUE NULLS NOT DISTINCT
+        (project_id, month, gpu_model, billing_mode, outcome, contract_id, unrated_reason,
+         output_unit, delta)
+);
+CREATE INDEX cost_monthly_deltas ON cost_monthly (delta) WHERE delta <> 0;
+
+CREATE TABLE records_monthly (
+    project_id      text NOT NULL,
+    month           date NOT NULL CHECK (extract(day FROM month) = 1),
+    gpu_model       text NOT NULL,
+    billing_mode    text NOT NULL,
+    outcome         text NOT NULL,
+    records         bigint NOT NULL,
+    retries         bigint NOT NULL,
+    failures        bigint NOT NULL,
+    tasks_completed bigint NOT NULL,
+    tasks_failed    bigint NOT NULL,
+    delta           bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (project_id, month, gpu_model, billing_mode, outcome, delta)
+);
+CREATE INDEX records_monthly_deltas ON records_monthly (delta) WHERE delta <> 0;
+
 CREATE TABLE contract_usage_hourly (
     contract_id      uuid NOT NULL,
     hour             timestamptz NOT NULL,
@@ -95,5 +138,5 @@ CREATE TABLE tasks (
 );
 INSERT INTO tasks SELECT DISTINCT project_id, task_id FROM job_records;
 
--- The ledger time zone the daily rollups were built in is kept in `settings`
+-- The ledger time zone the daily and monthly rollups were built in is kept in `settings`
 -- (`rollup_timezone`); the service rebuilds them when it starts in another one.

@@ -83,13 +83,13 @@ fn cost_columns(prefix: &str) -> String {
 
 /// The SQL expression of a group's key over a table with `hour`, `gpu_model`,
 /// `billing_mode` and `outcome`. The ledger time zone or the label key is the query's last
-/// parameter, `$4` for label groupings (which read `$1` to `$3`) and `$8` for the others
-/// (which read `$1` and the six of [`PeriodSplit::bind`]).
+/// parameter, `$4` for label groupings (which read `$1` to `$3`) and `$10` for the others
+/// (which read `$1` and the eight of [`PeriodSplit::bind`]).
 fn key_expression(grouping: &Grouping, hour: &str, prefix: &str) -> String {
     match grouping {
         Grouping::Whole => "NULL::text".to_owned(),
-        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE $8, 'YYYY-MM-DD')"),
-        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $8, 'YYYY-MM')"),
+        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE $10, 'YYYY-MM-DD')"),
+        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $10, 'YYYY-MM')"),
         Grouping::GpuModel => format!("{prefix}gpu_model"),
         Grouping::BillingMode => format!("{prefix}billing_mode"),
         Grouping::Outcome => format!("{prefix}outcome"),
@@ -104,6 +104,21 @@ fn day_key(grouping: &Grouping) -> String {
         Grouping::Month => "to_char(day, 'YYYY-MM')".to_owned(),
         _ => key_expression(grouping, "day", ""),
     }
+}
+
+/// The key expression over a monthly rollup, whose `month` is the first day of a ledger
+/// month. Grouping by day never reads months.
+fn month_key(grouping: &Grouping) -> String {
+    match grouping {
+        Grouping::Day => "NULL::text".to_owned(),
+        Grouping::Month => "to_char(month, 'YYYY-MM')".to_owned(),
+        _ => key_expression(grouping, "month", ""),
+    }
+}
+
+/// The rollup rows of a grouping, whole months included unless it groups by day.
+fn split(period: (DateTime<Utc>, DateTime<Utc>), grouping: &Grouping, tz: Tz) -> PeriodSplit {
+    PeriodSplit::new(period, tz, *grouping != Grouping::Day)
 }
 
 fn extra_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
@@ -123,7 +138,7 @@ pub async fn cost_sums(
     grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<CostSums>> {
-    let split = PeriodSplit::new(period, tz);
+    let split = split(period, grouping, tz);
     let sql = match grouping {
         // Labels live on the records, so grouping by one reads the period's segments.
         Grouping::Label(_) => format!(
@@ -145,7 +160,11 @@ pub async fn cost_sums(
                 "{key} AS key, outcome, gpu_model, unrated_reason, output_unit, segments, \
                  gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, unmeasured, failed, \
                  output_quantity",
-                (&day_key(grouping), &key_expression(grouping, "hour", "")),
+                (
+                    &month_key(grouping),
+                    &day_key(grouping),
+                    &key_expression(grouping, "hour", ""),
+                ),
                 "= $1",
                 2,
             ),
@@ -170,7 +189,7 @@ pub async fn record_sums(
     grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<RecordSums>> {
-    let split = PeriodSplit::new(period, tz);
+    let split = split(period, grouping, tz);
     let sql = match grouping {
         Grouping::Label(_) => format!(
             "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
@@ -193,7 +212,11 @@ pub async fn record_sums(
             rows = PeriodSplit::rows_sql(
                 "records",
                 "{key} AS key, records, retries, failures, tasks_completed, tasks_failed",
-                (&day_key(grouping), &key_expression(grouping, "hour", "")),
+                (
+                    &month_key(grouping),
+                    &day_key(grouping),
+                    &key_expression(grouping, "hour", ""),
+                ),
                 "= $1",
                 2,
             ),

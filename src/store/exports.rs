@@ -51,7 +51,7 @@ pub async fn usage_by_contract(
     // `ARRAY(SELECT id FROM projects)` is evaluated once, so the tables are read through
     // their project-leading keys rather than scanned whole.
     let every_project = "= ANY(ARRAY(SELECT id FROM projects))";
-    let split = PeriodSplit::new(period, tz);
+    let split = PeriodSplit::new(period, tz, true);
     let sql = format!(
         "WITH usage AS ( \
              SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
@@ -81,7 +81,7 @@ pub async fn usage_by_contract(
             "cost",
             "project_id, gpu_model, billing_mode, contract_id, unrated_reason, segments, \
              gpu_seconds_held, gpu_seconds_busy, cost",
-            ("", ""),
+            ("", "", ""),
             every_project,
             1,
         ),

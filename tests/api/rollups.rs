@@ -1,5 +1,5 @@
-//! The rollups cost is read from: whole ledger days from the daily tables and the hours
-//! around them from the hourly ones, delta rows folded in by compaction, daily rollups
+//! The rollups cost is read from: whole ledger months from the monthly tables, other whole
+//! days from the daily ones and the hours around them from the hourly ones, delta rows folded in by compaction, daily rollups
 //! rebuilt for another ledger time zone, and attempts of one task rated concurrently.
 
 use std::str::FromStr;
@@ -70,9 +70,12 @@ fn figures(view: &Value) -> Value {
     })
 }
 
-/// Periods with whole days, with hours around whole days, inside one day, and across the
-/// day New York leaves daylight saving time (1 November 2026, a 25-hour day).
-const PERIODS: [(&str, &str); 6] = [
+/// Periods of a whole month, of whole months with days and hours around them, of whole
+/// days, of hours around whole days, inside one day, and across the day New York leaves
+/// daylight saving time (1 November 2026, a 25-hour day).
+const PERIODS: [(&str, &str); 8] = [
+    ("2026-09-27T09:00:00Z", "2026-11-03T07:00:00Z"),
+    ("2026-10-14T09:00:00Z", "2027-01-03T07:00:00Z"),
     ("2026-11-01T04:00:00Z", "2026-12-01T05:00:00Z"),
     ("2026-10-31T04:00:00Z", "2026-11-02T05:00:00Z"),
     ("2026-11-14T23:00:00Z", "2026-11-20T13:00:00Z"),
@@ -81,6 +84,24 @@ const PERIODS: [(&str, &str); 6] = [
     ("2026-11-15T01:00:00Z", "2026-11-16T05:00:00Z"),
 ];
 
+/// Sums read from the rollups are rounded to 20 decimal places, group by group.
+fn assert_same_figures(read: &Value, expected: &Value, period: &str) {
+    let tolerance = Decimal::new(1, 18);
+    for (name, value) in expected.as_object().unwrap() {
+        match value.as_str() {
+            Some(text) => {
+                let difference = dec(&read[name]) - Decimal::from_str(text).unwrap();
+                assert!(
+                    difference.abs() <= tolerance,
+                    "{period} {name}: read {} for {text}",
+                    read[name]
+                );
+            }
+            None => assert_eq!(&read[name], value, "{period} {name}"),
+        }
+    }
+}
+
 async fn assert_periods_match_segments(app: &TestApp) {
     for (from, to) in PERIODS {
         let view = cost(
@@ -88,10 +109,10 @@ async fn assert_periods_match_segments(app: &TestApp) {
             &format!("/v1/projects/vision/cost?from={from}&to={to}&as_of=2027-01-01T00:00:00Z"),
         )
         .await;
-        assert_eq!(
-            figures(&view),
-            from_segments(app, from, to).await,
-            "[{from}, {to})"
+        assert_same_figures(
+            &figures(&view),
+            &from_segments(app, from, to).await,
+            &format!("[{from}, {to})"),
         );
     }
 }
@@ -114,6 +135,19 @@ async fn any_period_reads_the_same_figures_as_its_segments() {
     })
     .await;
     worked_example(&app).await;
+    // Hours and days before October and days after it, for the period that holds them all.
+    app.ingest(json!([
+        {"project": "vision", "task_id": "t6", "gpu_model": "H100", "gpu_count": 2,
+         "started_at": "2026-09-29T10:00:00Z", "ended_at": "2026-09-30T03:00:00Z",
+         "gpu_seconds_busy": 100000, "outcome": "completed"},
+        {"project": "vision", "task_id": "t7", "gpu_model": "H100", "gpu_count": 1,
+         "started_at": "2026-09-27T10:00:00Z", "ended_at": "2026-09-27T20:00:00Z",
+         "outcome": "failed"},
+        {"project": "vision", "task_id": "t8", "gpu_model": "H100", "gpu_count": 1,
+         "started_at": "2026-11-02T12:00:00Z", "ended_at": "2026-11-02T15:00:00Z",
+         "outcome": "completed"},
+    ]))
+    .await;
     assert_periods_match_segments(&app).await;
 
     // Days are New York days: R1 runs 17:00–21:00 on the 14th there.
@@ -130,7 +164,13 @@ async fn any_period_reads_the_same_figures_as_its_segments() {
         .collect();
     assert_eq!(
         keys,
-        ["2026-11-09", "2026-11-10", "2026-11-14", "2026-11-20"],
+        [
+            "2026-11-02",
+            "2026-11-09",
+            "2026-11-10",
+            "2026-11-14",
+            "2026-11-20"
+        ],
         "{by_day}"
     );
 
@@ -186,7 +226,12 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
         cost(&app, &format!("{NOVEMBER}&group_by=gpu_model")).await,
         after_delete
     );
-    for table in ["cost_hourly", "cost_daily", "contract_usage_hourly"] {
+    for table in [
+        "cost_hourly",
+        "cost_daily",
+        "cost_monthly",
+        "contract_usage_hourly",
+    ] {
         let under_c3: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {table} WHERE contract_id = $1::uuid"
         ))
@@ -199,6 +244,8 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
     let empty: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM cost_hourly WHERE segments = 0) \
               + (SELECT count(*) FROM cost_daily WHERE segments = 0) \
+              + (SELECT count(*) FROM cost_monthly WHERE segments = 0) \
+              + (SELECT count(*) FROM records_monthly WHERE records = 0) \
               + (SELECT count(*) FROM records_hourly WHERE records = 0) \
               + (SELECT count(*) FROM records_daily WHERE records = 0)",
     )
@@ -209,30 +256,50 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
     assert_periods_match_segments(&app).await;
 }
 
-#[tokio::test]
-async fn daily_rollups_are_rebuilt_for_another_ledger_time_zone() {
-    // Rated in UTC, then read in New York: the hours are the same, the days are not.
-    let app = TestApp::spawn().await;
-    worked_example(&app).await;
-    assert!(
-        rollups::align_days(&app.pool, chrono_tz::UTC)
-            .await
-            .unwrap()
-    );
-    assert!(
-        !rollups::align_days(&app.pool, chrono_tz::UTC)
-            .await
-            .unwrap()
-    );
-    assert!(rollups::align_days(&app.pool, NEW_YORK).await.unwrap());
-    assert!(!rollups::align_days(&app.pool, NEW_YORK).await.unwrap());
+/// The distinct days of `cost_daily`, and the segments `cost_monthly` holds for October.
+async fn days_and_october(app: &TestApp) -> (Vec<String>, i64) {
     let days: Vec<chrono::NaiveDate> =
         sqlx::query_scalar("SELECT DISTINCT day FROM cost_daily ORDER BY 1")
             .fetch_all(&app.pool)
             .await
             .unwrap();
-    // R5 starts at 23:00 UTC on 31 October, 19:00 in New York.
-    assert_eq!(days.first().unwrap().to_string(), "2026-10-31");
+    let october: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(segments), 0)::bigint FROM cost_monthly WHERE month = '2026-10-01'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    (days.iter().map(|d| d.to_string()).collect(), october)
+}
+
+#[tokio::test]
+async fn daily_and_monthly_rollups_are_rebuilt_for_another_ledger_time_zone() {
+    // Rated in UTC, then read in New York: the hours are the same, the days are not.
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let utc = rollups::align_to_time_zone(&app.pool, chrono_tz::UTC).await;
+    assert!(utc.unwrap());
+    let again = rollups::align_to_time_zone(&app.pool, chrono_tz::UTC).await;
+    assert!(!again.unwrap());
+    // R1 runs 22:00–02:00 UTC across the 14th and 15th; R5 has one hour in October.
+    let (days, october) = days_and_october(&app).await;
+    assert!(days.contains(&"2026-11-15".to_owned()), "{days:?}");
+    assert_eq!(october, 1);
+
+    assert!(
+        rollups::align_to_time_zone(&app.pool, NEW_YORK)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !rollups::align_to_time_zone(&app.pool, NEW_YORK)
+            .await
+            .unwrap()
+    );
+    // In New York R1 runs 17:00–21:00 on the 14th, and R5 19:00–21:00 on 31 October.
+    let (days, october) = days_and_october(&app).await;
+    assert!(!days.contains(&"2026-11-15".to_owned()), "{days:?}");
+    assert_eq!(october, 2);
     let new_york = TestApp {
         router: taskledger::http::app(app.state(Settings {
             timezone: NEW_YORK,
