@@ -337,13 +337,14 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
     served
 }
 
-/// Migrates the database and makes the daily rollups days of the configured time zone.
+/// Migrates the database and makes the daily and monthly rollups those of the configured
+/// time zone.
 async fn prepare(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
     crate::db::migrate(pool).await?;
     if crate::store::rollups::align_to_time_zone(pool, config.timezone).await? {
         tracing::info!(
             timezone = config.timezone.name(),
-            "daily rollups built for the ledger time zone"
+            "daily and monthly rollups built for the ledger time zone"
         );
     }
     Ok(())
