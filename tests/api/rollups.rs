@@ -355,3 +355,154 @@ async fn attempts_of_one_task_rated_concurrently_count_the_task_once() {
         "400 half-hours at 2.50 an hour"
     );
 }
+
+/// What a database migrated before the appended rollups holds for two rated records: C1's
+/// four hours of t1 (57,600 GPU-seconds, 75% busy, 2,000,000 tokens) and two hours of t3 on
+/// the project's own reservation C4 (2 GPUs committed for 24 hours).
+const RATED_BEFORE_DELTAS: &str = r#"
+INSERT INTO projects (id, name, currency) VALUES ('vision', 'Vision', 'USD');
+INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, valid_from)
+VALUES ('00000000-0000-0000-0000-0000000000c1', 'C1', 'H100', 'on_demand', 2.50, 'USD',
+        '2026-01-01T00:00:00Z');
+INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, valid_from,
+                       valid_until, project_id, committed_gpus)
+VALUES ('00000000-0000-0000-0000-0000000000c4', 'C4', 'A100', 'reserved', 1.00, 'USD',
+        '2026-11-10T00:00:00Z', '2026-11-11T00:00:00Z', 'vision', 2);
+INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, billing_mode,
+                         started_at, ended_at, gpu_seconds_held, gpu_seconds_busy, outcome,
+                         output_quantity, output_unit, content_hash)
+VALUES ('vision', 't1', 1, 'H100', 4, 'on_demand', '2026-11-14T22:00:00Z', '2026-11-15T02:00:00Z',
+        57600, 43200, 'completed', 2000000, 'tokens', '\x01'),
+       ('vision', 't3', 1, 'A100', 1, 'reserved', '2026-11-10T00:00:00Z', '2026-11-10T02:00:00Z',
+        7200, 7200, 'completed', NULL, NULL, '\x02');
+INSERT INTO rated_segments
+SELECT 'vision', 't1', 1, s, '2026-11-14T22:00:00Z'::timestamptz + s * interval '1 hour', 'H100',
+       'on_demand', 'completed', '00000000-0000-0000-0000-0000000000c1', NULL, 'tokens', 14400,
+       10800, 10, 7.5, 2.5, 0, 0, CASE WHEN s = 3 THEN 2000000 END
+FROM generate_series(0, 3) s;
+INSERT INTO rated_segments
+SELECT 'vision', 't3', 1, s, '2026-11-10T00:00:00Z'::timestamptz + s * interval '1 hour', 'A100',
+       'reserved', 'completed', '00000000-0000-0000-0000-0000000000c4', NULL, NULL, 3600, 3600, 1, 1,
+       0, 0, 0, NULL
+FROM generate_series(0, 1) s;
+INSERT INTO rated_records VALUES
+  ('vision', 't1', 1, '2026-11-15T02:00:00Z', 'H100', 'on_demand', 'completed', 0, 0, true, false),
+  ('vision', 't3', 1, '2026-11-10T02:00:00Z', 'A100', 'reserved', 'completed', 0, 0, true, false);
+INSERT INTO cost_hourly
+SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit,
+       count(*), sum(gpu_seconds_held), coalesce(sum(gpu_seconds_busy), 0), coalesce(sum(cost), 0),
+       sum(productive), sum(idle), sum(unmeasured), sum(failed), coalesce(sum(output_quantity), 0)
+FROM rated_segments GROUP BY 1, 2, 3, 4, 5, 6, 7, 8;
+INSERT INTO records_hourly
+SELECT project_id, end_hour, gpu_model, billing_mode, outcome, count(*), sum(retries),
+       sum(failures), count(*) FILTER (WHERE completes_task), count(*) FILTER (WHERE fails_task)
+FROM rated_records GROUP BY 1, 2, 3, 4, 5;
+"#;
+
+#[tokio::test]
+async fn rated_data_survives_the_upgrade_to_appended_rollups() {
+    let app = TestApp::spawn().await;
+    // The test's database, emptied and migrated only as far as month close (0004).
+    sqlx::raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    app.pool.close().await;
+    let earlier = tempfile::tempdir().unwrap();
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for entry in std::fs::read_dir(&migrations).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.as_str() < "0005" {
+            std::fs::copy(&path, earlier.path().join(name)).unwrap();
+        }
+    }
+    let pool = taskledger::db::connect(&app.database_url, 4).await.unwrap();
+    sqlx::migrate::Migrator::new(earlier.path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(RATED_BEFORE_DELTAS)
+        .execute(&pool)
+        .await
+        .unwrap();
+    taskledger::store::tokens::insert(
+        &pool,
+        "admin",
+        "admin",
+        &[],
+        &taskledger::domain::access::hash_secret(&app.admin),
+    )
+    .await
+    .unwrap();
+
+    // Then upgraded, as `serve` does at start.
+    taskledger::db::migrate(&pool).await.unwrap();
+    assert!(
+        rollups::align_to_time_zone(&pool, chrono_tz::UTC)
+            .await
+            .unwrap()
+    );
+    let upgraded = TestApp {
+        router: taskledger::http::app(taskledger::app::AppState::new(
+            pool.clone(),
+            Settings::default(),
+        )),
+        pool,
+        admin: app.admin.clone(),
+        database: app.database.clone(),
+        database_url: app.database_url.clone(),
+    };
+    let view = cost(&upgraded, NOVEMBER).await;
+    // 40 for t1, 2 for t3, and 46 of C4's 48 committed GPU-hours unused.
+    assert_eq!(dec(&view["total"]), Decimal::from(88), "{view}");
+    assert_eq!(
+        dec(&view["breakdown"]["unused_commitment"]),
+        Decimal::from(46)
+    );
+    assert_eq!(view["tasks_completed"], 2);
+    let by_day = cost(&upgraded, &format!("{NOVEMBER}&group_by=day")).await;
+    let totals: Vec<(String, String)> = by_day["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["key"].to_string(), g["total"].to_string()))
+        .collect();
+    assert_eq!(
+        totals,
+        [
+            ("\"2026-11-10\"".into(), "\"48\"".into()),
+            ("\"2026-11-14\"".into(), "\"20\"".into()),
+            ("\"2026-11-15\"".into(), "\"20\"".into()),
+        ]
+    );
+
+    // The migrated rows take further changes: a new price, and another attempt of t1.
+    let patched = upgraded
+        .patch(
+            "/v1/contracts/00000000-0000-0000-0000-0000000000c1",
+            &upgraded.admin,
+            json!({"price_per_gpu_hour": "3.00"}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.text());
+    upgraded
+        .ingest(json!([
+            {"project": "vision", "task_id": "t1", "attempt": 2, "gpu_model": "H100",
+             "gpu_count": 1, "started_at": "2026-11-16T00:00:00Z",
+             "ended_at": "2026-11-16T01:00:00Z", "outcome": "completed"},
+        ]))
+        .await;
+    let view = cost(&upgraded, NOVEMBER).await;
+    assert_eq!(
+        dec(&view["total"]),
+        Decimal::from(48 + 3 + 2 + 46),
+        "{view}"
+    );
+    assert_eq!(view["tasks_completed"], 2);
+    compact(&upgraded).await;
+    assert_eq!(cost(&upgraded, NOVEMBER).await, view);
+    assert_periods_match_segments(&upgraded).await;
+}
