@@ -98,6 +98,8 @@ pub async fn import_files(
         reader.await.context("the file reader stopped")??;
     }
     progress.finish_and_clear();
+    // Fold the rollup rows the import appended, in case no `serve` is running to do it.
+    crate::store::rollups::compact(pool).await?;
     Ok(summary)
 }
 

@@ -59,6 +59,17 @@ async fn files_of_every_format_are_imported_and_rejections_are_located() {
             .unwrap();
     assert_eq!(summary.accepted, 5, "a1, a2, n1, c1/1, c1/2");
     assert_eq!(summary.duplicates, 1, "a2 again");
+    // The rollup rows it appended are folded in before it returns.
+    let pending =
+        taskledger::store::rollups::pending_deltas(&mut app.pool.acquire().await.unwrap())
+            .await
+            .unwrap();
+    assert_eq!(pending, 0);
+    let rated: i64 = sqlx::query_scalar("SELECT count(*) FROM rated_records")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(rated, 5);
     let rejected: Vec<(String, String)> = summary
         .rejected
         .iter()
