@@ -1,5 +1,6 @@
 //! Reading a project's cost for a period from the rollups (never from raw records): whole
-//! ledger days from the daily ones, the hours around them from the hourly ones.
+//! ledger months from the monthly ones, other whole days from the daily ones, and the hours
+//! left over from the hourly ones (see [`PeriodSplit`]).
 //!
 //! Sums come out of PostgreSQL exactly and are rounded to [`SUM_SCALE`] decimal places on the
 //! way out: `Decimal` holds 28 significant digits, and a sum of 28-digit segment figures can
@@ -175,8 +176,8 @@ pub async fn cost_sums(
         Grouping::Label(_) => query.bind(split.from).bind(split.to),
         _ => split.bind(query),
     };
-    if let Some(fourth) = extra_parameter(grouping, tz) {
-        query = query.bind(fourth);
+    if let Some(extra) = extra_parameter(grouping, tz) {
+        query = query.bind(extra);
     }
     query.fetch_all(conn).await
 }
@@ -227,8 +228,8 @@ pub async fn record_sums(
         Grouping::Label(_) => query.bind(split.from).bind(split.to),
         _ => split.bind(query),
     };
-    if let Some(fourth) = extra_parameter(grouping, tz) {
-        query = query.bind(fourth);
+    if let Some(extra) = extra_parameter(grouping, tz) {
+        query = query.bind(extra);
     }
     query.fetch_all(conn).await
 }

@@ -1,5 +1,5 @@
-//! Rating stored: each record's segments, its per-record figures and the hourly rollups
-//! they add up to. [`rate_records`] is the one way in; whatever changes a record, a
+//! Rating stored: each record's segments, its per-record figures and the rollups they add
+//! up to. [`rate_records`] is the one way in; whatever changes a record, a
 //! contract or an FX rate calls it in the same transaction.
 
 use std::collections::HashSet;
@@ -309,9 +309,10 @@ const NEW_RECORDS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::timesta
 /// recomputed too, since one attempt decides whether its siblings complete or fail the
 /// task. A key without a `job_records` row only loses its contributions.
 ///
-/// Set-based: a fixed number of statements per call, whatever the number of keys. Rollup
-/// rows are changed by one statement per table, in key order, so that concurrent calls
-/// lock them in the same order.
+/// Set-based: a fixed number of statements per call, whatever the number of keys. The
+/// difference between old and new is appended to the rollups as new delta rows (see
+/// [`crate::store::rollups`]), so concurrent calls never wait on each other's rollup rows;
+/// they wait only on the rows of the tasks they share, locked in key order.
 pub async fn rate_records(
     conn: &mut PgConnection,
     keys: &[RecordKey],
