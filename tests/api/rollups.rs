@@ -5,6 +5,7 @@
 use std::str::FromStr;
 
 use axum::http::StatusCode;
+use futures::StreamExt;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
@@ -505,4 +506,65 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
     compact(&upgraded).await;
     assert_eq!(cost(&upgraded, NOVEMBER).await, view);
     assert_periods_match_segments(&upgraded).await;
+}
+
+#[tokio::test]
+async fn compaction_racing_writers_loses_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract(
+        &app,
+        json!({"name": "C1", "gpu_model": "H100", "billing_mode": "on_demand",
+        "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let compactor = {
+        let pool = app.pool.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut runs = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if rollups::compact(&pool).await.unwrap().is_some() {
+                    runs += 1;
+                }
+            }
+            runs
+        })
+    };
+    // Twenty batches of 40 records from four writers, over the same hours, days and month.
+    let posts = (0..20).map(|batch| {
+        let app = &app;
+        async move {
+            let records: Vec<Value> = (0..40)
+                .map(|i| {
+                    json!({"project": "vision", "task_id": format!("b{batch}-{i}"),
+                           "gpu_model": "H100", "gpu_count": 1 + i % 3,
+                           "started_at": format!("2026-11-{:02}T{:02}:00:00Z", 3 + i % 4, i % 20),
+                           "ended_at": format!("2026-11-{:02}T{:02}:30:00Z", 3 + i % 4, i % 20 + 2),
+                           "outcome": if i % 5 == 0 { "failed" } else { "completed" }})
+                })
+                .collect();
+            let response = app
+                .post("/v1/job-records", &app.admin, Value::Array(records))
+                .await;
+            assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+        }
+    });
+    futures::stream::iter(posts)
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(compactor.await.unwrap() > 0);
+
+    compact(&app).await;
+    assert_eq!(pending(&app).await, 0);
+    let view = cost(&app, NOVEMBER).await;
+    assert_eq!(view["tasks_completed"], 20 * 32);
+    assert_same_figures(
+        &figures(&view),
+        &from_segments(&app, "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z").await,
+        "November",
+    );
 }
