@@ -117,9 +117,29 @@ fn month_key(grouping: &Grouping) -> String {
     }
 }
 
-/// The rollup rows of a grouping, whole months included unless it groups by day.
-fn split(period: (DateTime<Utc>, DateTime<Utc>), grouping: &Grouping, tz: Tz) -> PeriodSplit {
-    PeriodSplit::new(period, tz, *grouping != Grouping::Day)
+/// Runs a grouped query of [`cost_sums`] or [`record_sums`] with its parameters: the project,
+/// then `from` and `to` for labels or the period's split into months, days and hours for the
+/// other groupings (whole months included unless it groups by day), then the extra one.
+async fn fetch_grouped<T>(
+    conn: &mut PgConnection,
+    sql: &str,
+    project: &str,
+    period: (DateTime<Utc>, DateTime<Utc>),
+    grouping: &Grouping,
+    tz: Tz,
+) -> sqlx::Result<Vec<T>>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    let query = sqlx::query_as::<_, T>(sql).bind(project);
+    let mut query = match grouping {
+        Grouping::Label(_) => query.bind(period.0).bind(period.1),
+        _ => PeriodSplit::new(period, tz, *grouping != Grouping::Day).bind(query),
+    };
+    if let Some(extra) = extra_parameter(grouping, tz) {
+        query = query.bind(extra);
+    }
+    query.fetch_all(conn).await
 }
 
 fn extra_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
@@ -139,7 +159,6 @@ pub async fn cost_sums(
     grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<CostSums>> {
-    let split = split(period, grouping, tz);
     let sql = match grouping {
         // Labels live on the records, so grouping by one reads the period's segments.
         Grouping::Label(_) => format!(
@@ -171,15 +190,7 @@ pub async fn cost_sums(
             ),
         ),
     };
-    let query = sqlx::query_as::<_, CostSums>(&sql).bind(project);
-    let mut query = match grouping {
-        Grouping::Label(_) => query.bind(split.from).bind(split.to),
-        _ => split.bind(query),
-    };
-    if let Some(extra) = extra_parameter(grouping, tz) {
-        query = query.bind(extra);
-    }
-    query.fetch_all(conn).await
+    fetch_grouped(conn, &sql, project, period, grouping, tz).await
 }
 
 /// Per-record counts of `project` for the records that ended in `[from, to)`, by group.
@@ -190,7 +201,6 @@ pub async fn record_sums(
     grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<RecordSums>> {
-    let split = split(period, grouping, tz);
     let sql = match grouping {
         Grouping::Label(_) => format!(
             "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
@@ -223,15 +233,7 @@ pub async fn record_sums(
             ),
         ),
     };
-    let query = sqlx::query_as::<_, RecordSums>(&sql).bind(project);
-    let mut query = match grouping {
-        Grouping::Label(_) => query.bind(split.from).bind(split.to),
-        _ => split.bind(query),
-    };
-    if let Some(extra) = extra_parameter(grouping, tz) {
-        query = query.bind(extra);
-    }
-    query.fetch_all(conn).await
+    fetch_grouped(conn, &sql, project, period, grouping, tz).await
 }
 
 /// GPU-seconds each of `contracts` rated for `project`, per ledger hour of `[from, to)`.

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::domain::ledger_time::{LedgerHour, first_of_month};
 use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
 use crate::store::contracts::billing_mode;
+use crate::store::rollups::{self, Family, Level};
 use crate::store::{contracts, fx_rates};
 
 /// `(project_id, task_id, attempt)`: a job record's key.
@@ -168,57 +169,18 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unrated_reason, output_unit, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
           unmeasured, failed, output_quantity)";
 
-const COST_KEY_HOURLY: &str =
-    "project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit";
-const COST_SUMS: &str = "segments, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
-     unmeasured, failed, output_quantity";
-/// Whether a group of cost changes changes anything.
-const COST_CHANGED: &str = "(sum(segments), sum(gpu_seconds_held), sum(gpu_seconds_busy), \
-     sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed), sum(output_quantity)) \
-     <> (0, 0, 0, 0, 0, 0, 0, 0, 0)";
-/// Whether one row of cost changes changes anything.
-const COST_ROW_CHANGED: &str = "(segments, gpu_seconds_held, gpu_seconds_busy, cost, productive, \
-     idle, unmeasured, failed, output_quantity) <> (0, 0, 0, 0, 0, 0, 0, 0, 0)";
-const RECORD_SUMS: &str = "records, retries, failures, tasks_completed, tasks_failed";
-const RECORDS_CHANGED: &str = "(sum(records), sum(retries), sum(failures), \
-     sum(tasks_completed), sum(tasks_failed)) <> (0, 0, 0, 0, 0)";
-const RECORDS_ROW_CHANGED: &str =
-    "(records, retries, failures, tasks_completed, tasks_failed) <> (0, 0, 0, 0, 0)";
-
-/// The ledger date of `hour`, with the time zone name in `tz` (a parameter).
-fn ledger_day(tz: &str) -> String {
-    format!("(hour AT TIME ZONE {tz})::date")
-}
-
-/// The first day of the ledger month of `hour`.
-fn ledger_month(tz: &str) -> String {
-    format!("date_trunc('month', hour AT TIME ZONE {tz})::date")
-}
-
-/// Appends the cost changes in `diff` (tagged by `tag`) to a coarser rollup, summed per
-/// `period` (an expression of `hour`).
-fn cost_rollup_insert(table: &str, column: &str, period: &str) -> String {
-    format!(
-        "INSERT INTO {table} (project_id, {column}, gpu_model, billing_mode, outcome, \
-                              contract_id, unrated_reason, output_unit, {COST_SUMS}, delta) \
-         SELECT project_id, {period}, gpu_model, billing_mode, outcome, contract_id, \
-                unrated_reason, output_unit, sum(segments), sum(gpu_seconds_held), \
-                sum(gpu_seconds_busy), sum(cost), sum(productive), sum(idle), sum(unmeasured), \
-                sum(failed), sum(output_quantity), min(tag.delta) \
-         FROM diff, tag GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 HAVING {COST_CHANGED} RETURNING 1"
-    )
-}
-
-/// Appends the per-record changes in `diff` to a coarser rollup, summed per `period`.
-fn records_rollup_insert(table: &str, column: &str, period: &str) -> String {
-    format!(
-        "INSERT INTO {table} (project_id, {column}, gpu_model, billing_mode, outcome, \
-                              {RECORD_SUMS}, delta) \
-         SELECT project_id, {period}, gpu_model, billing_mode, outcome, sum(records), \
-                sum(retries), sum(failures), sum(tasks_completed), sum(tasks_failed), \
-                min(tag.delta) \
-         FROM diff, tag GROUP BY 1, 2, 3, 4, 5 HAVING {RECORDS_CHANGED} RETURNING 1"
-    )
+/// CTEs appending the changes in the CTE `diff` to `family`'s rollup at every level, tagged
+/// with the delta number in the CTE `tag`; `tz` is the parameter holding the time zone.
+fn append_diff(family: Family, tz: &str) -> String {
+    Level::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &level)| {
+            let append = rollups::append_sql(family, level, tz, "diff, tag", "min(tag.delta)");
+            format!("append_{i} AS ({append})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// New `rated_records` rows, column by column.
@@ -401,11 +363,7 @@ pub async fn rate_records(
                GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
                         unrated_reason, output_unit), \
              tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             hourly AS ( \
-               INSERT INTO cost_hourly ({COST_KEY_HOURLY}, {COST_SUMS}, delta) \
-               SELECT diff.*, tag.delta FROM diff, tag WHERE {COST_ROW_CHANGED}), \
-             daily AS ({daily}), \
-             monthly AS ({monthly}), \
+             {levels}, \
              usage AS ( \
              INSERT INTO contract_usage_hourly \
                (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
@@ -413,10 +371,9 @@ pub async fn rate_records(
                     min(tag.delta) \
              FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
              GROUP BY contract_id, hour, project_id \
-             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0) RETURNING 1) \
-             SELECT count(*) FROM usage",
-            daily = cost_rollup_insert("cost_daily", "day", &ledger_day("$23")),
-            monthly = cost_rollup_insert("cost_monthly", "month", &ledger_month("$23")),
+             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)) \
+             SELECT count(*) FROM diff",
+            levels = append_diff(Family::Cost, "$23"),
         )))
         .bind(&key_projects)
         .bind(&key_tasks)
@@ -452,15 +409,9 @@ pub async fn rate_records(
                       sum(sign * fails_task::int) AS tasks_failed \
                FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
              tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             hourly AS ( \
-               INSERT INTO records_hourly (project_id, hour, gpu_model, billing_mode, outcome, \
-                                           {RECORD_SUMS}, delta) \
-               SELECT diff.*, tag.delta FROM diff, tag WHERE {RECORDS_ROW_CHANGED}), \
-             daily AS ({daily}), \
-             monthly AS ({monthly}) \
-             SELECT (SELECT count(*) FROM daily) + (SELECT count(*) FROM monthly)",
-            daily = records_rollup_insert("records_daily", "day", &ledger_day("$14")),
-            monthly = records_rollup_insert("records_monthly", "month", &ledger_month("$14")),
+             {levels} \
+             SELECT count(*) FROM diff",
+            levels = append_diff(Family::Records, "$14"),
         )))
         .bind(&task_projects)
         .bind(&task_ids)

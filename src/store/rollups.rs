@@ -14,119 +14,166 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
 
-/// One rollup table: its key columns (without `delta`), the columns it sums, and the count
-/// that is zero exactly when nothing is left under a key.
-struct Rollup {
-    table: &'static str,
-    constraint: &'static str,
-    key: &'static [&'static str],
-    sums: &'static [&'static str],
-    count: &'static str,
+/// What a rollup sums: GPU time and cost of segments, or counts of records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Sums of `rated_segments`, keyed also by contract, unrated reason and output unit.
+    Cost,
+    /// Sums of `rated_records`.
+    Records,
 }
 
-const COST_SUMS: &[&str] = &[
-    "segments",
-    "gpu_seconds_held",
-    "gpu_seconds_busy",
-    "cost",
-    "productive",
-    "idle",
-    "unmeasured",
-    "failed",
-    "output_quantity",
-];
-const RECORD_SUMS: &[&str] = &[
-    "records",
-    "retries",
-    "failures",
-    "tasks_completed",
-    "tasks_failed",
-];
+impl Family {
+    const ALL: [Family; 2] = [Family::Cost, Family::Records];
 
-const ROLLUPS: [Rollup; 7] = [
-    Rollup {
-        table: "cost_hourly",
-        constraint: "cost_hourly_key",
-        key: &[
-            "project_id",
-            "hour",
-            "gpu_model",
-            "billing_mode",
-            "outcome",
-            "contract_id",
-            "unrated_reason",
-            "output_unit",
-        ],
-        sums: COST_SUMS,
-        count: "segments",
-    },
-    Rollup {
-        table: "cost_daily",
-        constraint: "cost_daily_key",
-        key: &[
-            "project_id",
-            "day",
-            "gpu_model",
-            "billing_mode",
-            "outcome",
-            "contract_id",
-            "unrated_reason",
-            "output_unit",
-        ],
-        sums: COST_SUMS,
-        count: "segments",
-    },
-    Rollup {
-        table: "cost_monthly",
-        constraint: "cost_monthly_key",
-        key: &[
-            "project_id",
-            "month",
-            "gpu_model",
-            "billing_mode",
-            "outcome",
-            "contract_id",
-            "unrated_reason",
-            "output_unit",
-        ],
-        sums: COST_SUMS,
-        count: "segments",
-    },
-    Rollup {
-        table: "records_hourly",
-        constraint: "records_hourly_pkey",
-        key: &["project_id", "hour", "gpu_model", "billing_mode", "outcome"],
-        sums: RECORD_SUMS,
-        count: "records",
-    },
-    Rollup {
-        table: "records_daily",
-        constraint: "records_daily_pkey",
-        key: &["project_id", "day", "gpu_model", "billing_mode", "outcome"],
-        sums: RECORD_SUMS,
-        count: "records",
-    },
-    Rollup {
-        table: "records_monthly",
-        constraint: "records_monthly_pkey",
-        key: &[
-            "project_id",
-            "month",
-            "gpu_model",
-            "billing_mode",
-            "outcome",
-        ],
-        sums: RECORD_SUMS,
-        count: "records",
-    },
-    Rollup {
-        table: "contract_usage_hourly",
-        constraint: "contract_usage_hourly_pkey",
-        key: &["contract_id", "hour", "project_id"],
+    fn name(self) -> &'static str {
+        match self {
+            Family::Cost => "cost",
+            Family::Records => "records",
+        }
+    }
+
+    /// The key columns of the family's table at `level`, without `delta`.
+    fn key(self, level: Level) -> String {
+        self.key_with(level.column())
+    }
+
+    /// The key columns with `period` in place of the period column.
+    fn key_with(self, period: &str) -> String {
+        match self {
+            Family::Cost => format!(
+                "project_id, {period}, gpu_model, billing_mode, outcome, contract_id, \
+                 unrated_reason, output_unit"
+            ),
+            Family::Records => format!("project_id, {period}, gpu_model, billing_mode, outcome"),
+        }
+    }
+
+    /// The summed columns; the first is the count that is zero exactly when nothing is
+    /// left under a key.
+    fn sums(self) -> &'static [&'static str] {
+        match self {
+            Family::Cost => &[
+                "segments",
+                "gpu_seconds_held",
+                "gpu_seconds_busy",
+                "cost",
+                "productive",
+                "idle",
+                "unmeasured",
+                "failed",
+                "output_quantity",
+            ],
+            Family::Records => &[
+                "records",
+                "retries",
+                "failures",
+                "tasks_completed",
+                "tasks_failed",
+            ],
+        }
+    }
+
+    fn table(self, level: Level) -> String {
+        format!("{}_{}", self.name(), level.suffix())
+    }
+
+    fn constraint(self, level: Level) -> String {
+        match self {
+            Family::Cost => format!("{}_key", self.table(level)),
+            Family::Records => format!("{}_pkey", self.table(level)),
+        }
+    }
+}
+
+/// The period a rollup row covers: a ledger hour, day or month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Hour,
+    Day,
+    Month,
+}
+
+impl Level {
+    pub const ALL: [Level; 3] = [Level::Hour, Level::Day, Level::Month];
+
+    fn column(self) -> &'static str {
+        match self {
+            Level::Hour => "hour",
+            Level::Day => "day",
+            Level::Month => "month",
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Level::Hour => "hourly",
+            Level::Day => "daily",
+            Level::Month => "monthly",
+        }
+    }
+
+    /// The level's period of a ledger hour `hour`, with the ledger time zone in the
+    /// parameter `tz`.
+    fn of_hour(self, tz: &str) -> String {
+        match self {
+            Level::Hour => "hour".to_owned(),
+            Level::Day => format!("(hour AT TIME ZONE {tz})::date"),
+            Level::Month => format!("date_trunc('month', hour AT TIME ZONE {tz})::date"),
+        }
+    }
+}
+
+/// An `INSERT` into `family`'s table at `level` of the sums of `source` (rows with the
+/// family's hourly key and sums) per period of their hour, tagged with `delta`; groups that
+/// change nothing are left out. `tz` is the parameter holding the ledger time zone.
+pub fn append_sql(family: Family, level: Level, tz: &str, source: &str, delta: &str) -> String {
+    let sums = family.sums();
+    let totals = sums
+        .iter()
+        .map(|column| format!("sum({column})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let zeros = vec!["0"; sums.len()].join(", ");
+    let grouped = family.key_with(&level.of_hour(tz));
+    format!(
+        "INSERT INTO {table} ({key}, {columns}, delta) \
+         SELECT {grouped}, {totals}, {delta} FROM {source} \
+         GROUP BY {grouped} HAVING ({totals}) <> ({zeros})",
+        table = family.table(level),
+        key = family.key(level),
+        columns = sums.join(", "),
+    )
+}
+
+/// One rollup table, as compaction sees it.
+struct Rollup {
+    table: String,
+    constraint: String,
+    key: String,
+    sums: &'static [&'static str],
+}
+
+fn rollups() -> Vec<Rollup> {
+    let mut rollups: Vec<Rollup> = Family::ALL
+        .iter()
+        .flat_map(|&family| {
+            Level::ALL.iter().map(move |&level| Rollup {
+                table: family.table(level),
+                constraint: family.constraint(level),
+                key: family.key(level),
+                sums: family.sums(),
+            })
+        })
+        .collect();
+    rollups.push(Rollup {
+        table: "contract_usage_hourly".to_owned(),
+        constraint: "contract_usage_hourly_pkey".to_owned(),
+        key: "contract_id, hour, project_id".to_owned(),
         sums: &["segments", "gpu_seconds_held"],
-        count: "segments",
-    },
-];
+    });
+    rollups
+}
 
 /// Compaction runs in one transaction at a time, across replicas.
 const COMPACTION_LOCK: (i32, i32) = (0x726f_6c6c, 1);
@@ -136,7 +183,6 @@ impl Rollup {
     /// Folds every committed delta row into the compacted rows, in key order, and returns
     /// the row ids of compacted rows left empty.
     fn compaction_sql(&self) -> String {
-        let key = self.key.join(", ");
         let sums = self.sums.join(", ");
         let merged = self
             .sums
@@ -161,8 +207,9 @@ impl Rollup {
              SELECT (SELECT count(*) FROM moved), \
                     ARRAY(SELECT row_id FROM upserted WHERE remaining = 0)",
             table = self.table,
+            key = self.key,
             constraint = self.constraint,
-            count = self.count,
+            count = self.sums[0],
         )
     }
 }
@@ -187,7 +234,7 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
         return Ok(None);
     }
     let mut done = Compaction::default();
-    for rollup in &ROLLUPS {
+    for rollup in rollups() {
         let (moved, emptied): (i64, Vec<String>) = sqlx::query_as(&rollup.compaction_sql())
             .fetch_one(&mut *tx)
             .await
@@ -197,7 +244,7 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
                 "DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[]) \
                  AND delta = 0 AND {count} = 0",
                 table = rollup.table,
-                count = rollup.count,
+                count = rollup.sums[0],
             ))
             .bind(&emptied)
             .execute(&mut *tx)
@@ -234,50 +281,19 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     )
     .execute(&mut *tx)
     .await?;
-    let cost = COST_SUMS
-        .iter()
-        .map(|column| format!("sum({column})"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let records = RECORD_SUMS
-        .iter()
-        .map(|column| format!("sum({column})"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let periods = [
-        ("day", "(hour AT TIME ZONE $1)::date"),
-        ("month", "date_trunc('month', hour AT TIME ZONE $1)::date"),
-    ];
-    for (table, period) in [("daily", periods[0]), ("monthly", periods[1])] {
-        let (column, expression) = period;
-        sqlx::raw_sql(&format!(
-            "DELETE FROM cost_{table}; DELETE FROM records_{table}"
-        ))
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(&format!(
-            "INSERT INTO cost_{table} (project_id, {column}, gpu_model, billing_mode, outcome, \
-                                       contract_id, unrated_reason, output_unit, {columns}) \
-             SELECT project_id, {expression}, gpu_model, billing_mode, outcome, contract_id, \
-                    unrated_reason, output_unit, {cost} \
-             FROM cost_hourly GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 HAVING sum(segments) <> 0",
-            columns = COST_SUMS.join(", "),
-        ))
-        .bind(tz.name())
-        .execute(&mut *tx)
-        .await
-        .with_context(|| format!("rebuilding cost_{table}"))?;
-        sqlx::query(&format!(
-            "INSERT INTO records_{table} (project_id, {column}, gpu_model, billing_mode, \
-                                          outcome, {columns}) \
-             SELECT project_id, {expression}, gpu_model, billing_mode, outcome, {records} \
-             FROM records_hourly GROUP BY 1, 2, 3, 4, 5 HAVING sum(records) <> 0",
-            columns = RECORD_SUMS.join(", "),
-        ))
-        .bind(tz.name())
-        .execute(&mut *tx)
-        .await
-        .with_context(|| format!("rebuilding records_{table}"))?;
+    for level in [Level::Day, Level::Month] {
+        for family in Family::ALL {
+            let table = family.table(level);
+            sqlx::query(&format!("DELETE FROM {table}"))
+                .execute(&mut *tx)
+                .await?;
+            let source = family.table(Level::Hour);
+            sqlx::query(&append_sql(family, level, "$1", &source, "0"))
+                .bind(tz.name())
+                .execute(&mut *tx)
+                .await
+                .with_context(|| format!("rebuilding {table}"))?;
+        }
     }
     sqlx::query(
         "INSERT INTO settings (key, value) VALUES ($1, $2) \
@@ -409,7 +425,7 @@ impl PeriodSplit {
 
 /// How many delta rows wait for compaction, over every rollup.
 pub async fn pending_deltas(conn: &mut PgConnection) -> sqlx::Result<i64> {
-    let sql = ROLLUPS
+    let sql = rollups()
         .iter()
         .map(|r| format!("(SELECT count(*) FROM {} WHERE delta <> 0)", r.table))
         .collect::<Vec<_>>()
