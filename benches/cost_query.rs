@@ -18,9 +18,10 @@ use http_body_util::BodyExt;
 use sqlx::{Connection, PgConnection};
 use tower::ServiceExt;
 
-use taskledger::app::{AppState, Settings};
+use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use taskledger::domain::access::{generate_secret, hash_secret};
+use taskledger::domain::access::{Role, generate_secret, hash_secret};
+use taskledger::http::state::AppState;
 
 const PROJECTS: i64 = 200;
 const RUNS: usize = 40;
@@ -195,7 +196,7 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     .unwrap();
 
     let secret = generate_secret();
-    taskledger::store::tokens::insert(&pool, "bench", "admin", &[], &hash_secret(&secret))
+    taskledger::store::tokens::insert(&pool, "bench", Role::Admin, &[], &hash_secret(&secret))
         .await
         .unwrap();
     let router = taskledger::http::app(AppState::new(pool.clone(), Settings::default()));

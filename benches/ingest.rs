@@ -31,11 +31,13 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 
-use taskledger::app::{AppState, Application, Settings};
+use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use taskledger::domain::access::{generate_secret, hash_secret};
+use taskledger::domain::access::{Role, generate_secret, hash_secret};
 use taskledger::domain::rating::{BillingMode, Outcome};
 use taskledger::domain::record::{JobRecord, Output, RecordKey, duration_seconds, format_time};
+use taskledger::http::state::AppState;
+use taskledger::server::Application;
 use taskledger::store;
 
 const DEFAULT_RECORDS: usize = 1_000_000;
@@ -226,7 +228,7 @@ impl Setup {
         store::tokens::insert(
             &http_pool,
             "bench ingest",
-            "ingest",
+            Role::Ingest,
             &[PROJECT.to_owned()],
             &hash_secret(&token),
         )

@@ -1,15 +1,20 @@
-//! The command line: configuration (flags win over environment) and subcommands.
+//! The command line: configuration (flags win over environment), subcommands, and the
+//! one-off commands (`serve` is the server's).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::app::{self, AppState, Application, Settings};
+use crate::config::{Clock, Settings};
 use crate::db::Database;
-use crate::domain::access::{Role, generate_secret, hash_secret};
-use crate::store;
+use crate::domain::access::Role;
+use crate::domain::figures::Grouping;
+use crate::domain::validation::FieldError;
+use crate::domain::values::Month;
+use crate::ledger::import::{self, Summary};
+use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
+use crate::ledger::{LedgerError, reports, setup};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -84,8 +89,8 @@ pub enum Command {
     /// Print the monthly report (the same as GET /v1/reports/monthly/{month}).
     Report {
         /// `YYYY-MM` of the ledger time zone.
-        #[arg(long, value_parser = crate::domain::values::Month::parse)]
-        month: crate::domain::values::Month,
+        #[arg(long, value_parser = Month::parse)]
+        month: Month,
         #[arg(long, value_enum, default_value_t = ReportFormat::Json)]
         format: ReportFormat,
     },
@@ -120,61 +125,32 @@ fn parse_role(raw: &str) -> Result<Role, String> {
     Role::parse(raw).ok_or_else(|| "use one of admin, finance, reader, ingest".to_owned())
 }
 
-/// Runs the command line and turns any failure into a one-line message and exit code 1.
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+impl Config {
+    pub fn settings(&self) -> Settings {
+        Settings {
+            timezone: self.timezone,
+            clock: Clock::System,
         }
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,sqlx=warn,tower_http=info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = cli.config;
-    match cli.command {
-        Command::Openapi => {
-            println!("{}", crate::http::openapi().to_pretty_json()?);
-            Ok(())
+/// Runs a one-off command (every command but `serve`).
+pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve | Command::Openapi => {
+            anyhow::bail!("`serve` and `openapi` are the server's, not one-off commands")
         }
-        Command::Serve => serve(config).await,
         Command::Report { month, format } => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
-            let report = crate::reports::report(
-                &database.pool,
-                month,
-                crate::store::cost::Grouping::Whole,
-                &settings(&config),
-            )
-            .await
-            .and_then(|report| report.to_json())
-            .and_then(|json| match format {
-                ReportFormat::Json => Ok(json),
-                ReportFormat::Csv => crate::reports::to_csv(&json),
-            });
+            let report =
+                reports::report(&database.pool, month, Grouping::Whole, &config.settings())
+                    .await
+                    .and_then(|report| report.to_json())
+                    .and_then(|json| match format {
+                        ReportFormat::Json => Ok(json),
+                        ReportFormat::Csv => reports::to_csv(&json),
+                    });
             database.close().await?;
             let report = report.map_err(|error| anyhow::anyhow!("{error}"))?;
             print!("{report}");
@@ -186,7 +162,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::WebhookSecret => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
-            let secret = webhook_secret(&database.pool).await;
+            let secret =
+                setup::webhook_secret(&database.pool, webhook_secret_env().as_deref()).await;
             database.close().await?;
             println!("{}", secret?);
             Ok(())
@@ -194,11 +171,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Import { files } => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
-            let outcome =
-                crate::import::import_files(&database.pool, &files, &settings(&config)).await;
+            let outcome = import::import_files(&database.pool, &files, &config.settings()).await;
             database.close().await?;
             let summary = outcome?;
-            crate::import::print_summary(&summary, 100);
+            print_summary(&summary, 100);
             anyhow::ensure!(
                 summary.rejected.is_empty(),
                 "{} records were rejected",
@@ -240,13 +216,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn settings(config: &Config) -> Settings {
-    Settings {
-        timezone: config.timezone,
-        clock: crate::app::Clock::System,
-    }
-}
-
 /// Opens the database for a one-off command, next to a running `serve` if there is one.
 async fn open(config: &Config) -> anyhow::Result<Database> {
     Database::open(
@@ -263,18 +232,18 @@ async fn create_token(
     role: Role,
     projects: &[String],
     name: &str,
-) -> anyhow::Result<crate::http::tokens::CreatedToken> {
-    let request = crate::http::tokens::TokenRequest::parse(role, projects, name)
+) -> anyhow::Result<CreatedToken> {
+    let request = TokenRequest::parse(role, projects, name)
         .map_err(|v| anyhow::anyhow!("{}", describe(v.into_vec())))?;
-    crate::http::tokens::issue(&database.pool, request)
+    tokens::issue(&database.pool, request)
         .await
         .map_err(|error| match error {
-            crate::error::ApiError::Validation(errors) => anyhow::anyhow!("{}", describe(errors)),
+            LedgerError::Invalid(errors) => anyhow::anyhow!("{}", describe(errors)),
             other => anyhow::anyhow!("{other}"),
         })
 }
 
-fn describe(errors: Vec<crate::error::FieldError>) -> String {
+fn describe(errors: Vec<FieldError>) -> String {
     errors
         .into_iter()
         .map(|e| format!("{}: {}", e.pointer.trim_start_matches('/'), e.message))
@@ -282,66 +251,10 @@ fn describe(errors: Vec<crate::error::FieldError>) -> String {
         .join("; ")
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let database = Database::open(
-        config.database_url.as_deref(),
-        &config.data_dir,
-        config.db_pool_size,
-        false,
-    )
-    .await?;
-    let outcome = serve_on(&database, &config).await;
-    let closed = database.close().await;
-    outcome.and(closed)
-}
-
-async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
-    prepare(&database.pool, config).await?;
-    bootstrap_admin(&database.pool).await?;
-    let state = AppState::new(database.pool.clone(), settings(config));
-    let webhooks = crate::workers::webhooks::Webhooks::new(
-        database.pool.clone(),
-        webhook_secret(&database.pool).await?,
-        Default::default(),
-    )?;
-    let application = Application::bind(state, config.listen).await?;
-    tracing::info!(address = %application.local_addr(), "taskledger is ready");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let stopping = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.changed().await;
-        }
-    };
-    let delivery = tokio::spawn(webhooks.run(stopping()));
-    let compaction = tokio::spawn(crate::workers::compaction::run(
-        database.pool.clone(),
-        crate::workers::compaction::DEFAULT_INTERVAL,
-        stopping(),
-    ));
-    let ticker = tokio::spawn(crate::workers::burn_tick::run(
-        database.pool.clone(),
-        settings(config),
-        crate::workers::burn_tick::DEFAULT_INTERVAL,
-        stopping(),
-    ));
-    let served = application
-        .serve_until(async move {
-            app::shutdown_signal().await;
-            let _ = stop.send(true);
-        })
-        .await;
-    delivery.await?;
-    ticker.await?;
-    compaction.await?;
-    served
-}
-
 /// Migrates the database and makes the daily and monthly rollups those of the configured
 /// time zone.
-async fn prepare(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
-    crate::db::migrate(pool).await?;
-    if crate::store::rollups::align_to_time_zone(pool, config.timezone).await? {
+pub async fn prepare(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
+    if setup::prepare(pool, config.timezone).await? {
         tracing::info!(
             timezone = config.timezone.name(),
             "daily and monthly rollups built for the ledger time zone"
@@ -350,35 +263,26 @@ async fn prepare(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `TASKLEDGER_WEBHOOK_SECRET`, or else a secret generated once and kept in the database so
-/// that every replica signs alike.
-async fn webhook_secret(pool: &sqlx::PgPool) -> anyhow::Result<String> {
-    match std::env::var("TASKLEDGER_WEBHOOK_SECRET") {
-        Ok(secret) if !secret.trim().is_empty() => Ok(secret.trim().to_owned()),
-        _ => Ok(store::settings::get_or_create(pool, "webhook_secret", generate_secret).await?),
-    }
+/// `TASKLEDGER_WEBHOOK_SECRET`, when set.
+pub fn webhook_secret_env() -> Option<String> {
+    std::env::var("TASKLEDGER_WEBHOOK_SECRET")
+        .ok()
+        .map(|secret| secret.trim().to_owned())
+        .filter(|secret| !secret.is_empty())
 }
 
-/// Makes sure someone can log in: the bootstrap token from the environment, or else a
-/// first-start admin token printed once when the database has no token at all.
-async fn bootstrap_admin(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    match std::env::var("TASKLEDGER_BOOTSTRAP_TOKEN") {
-        Ok(secret) if !secret.trim().is_empty() => {
-            store::tokens::ensure_admin(pool, "bootstrap", &hash_secret(secret.trim())).await?;
-            tracing::info!("bootstrap admin token from TASKLEDGER_BOOTSTRAP_TOKEN is active");
-        }
-        _ => {
-            let secret = generate_secret();
-            if let Some(token) =
-                store::tokens::create_first_admin(pool, &hash_secret(&secret)).await?
-            {
-                println!(
-                    "first start: created admin token {} — it is shown only this once:",
-                    token.id
-                );
-                println!("{secret}");
-            }
-        }
+/// Prints an import's summary; at most `shown` rejections are listed.
+fn print_summary(summary: &Summary, shown: usize) {
+    println!(
+        "accepted {}, duplicates {}, rejected {}",
+        summary.accepted,
+        summary.duplicates,
+        summary.rejected.len()
+    );
+    for rejection in summary.rejected.iter().take(shown) {
+        println!("  {}: {}", rejection.location, rejection.reason);
     }
-    Ok(())
+    if summary.rejected.len() > shown {
+        println!("  … and {} more", summary.rejected.len() - shown);
+    }
 }

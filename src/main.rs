@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    taskledger::cli::main()
+    taskledger::server::main()
 }

@@ -46,6 +46,14 @@ impl Role {
     }
 }
 
+impl TryFrom<String> for Role {
+    type Error = String;
+
+    fn try_from(raw: String) -> Result<Self, String> {
+        Role::parse(&raw).ok_or_else(|| format!("`{raw}` is not a role"))
+    }
+}
+
 /// The caller of one request, as its token says.
 #[derive(Debug, Clone)]
 pub struct Principal {

@@ -3,8 +3,12 @@
 pub mod access;
 pub mod burn;
 pub mod commitment;
+pub mod csv_cell;
+pub mod figures;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;
 pub mod summary;
+pub mod task;
+pub mod validation;
 pub mod values;

@@ -114,6 +114,16 @@ impl Contract {
 pub trait FxRates {
     /// `month` is the first day of a ledger-time-zone month.
     fn rate(&self, month: NaiveDate, from: &str, to: &str) -> Option<Decimal>;
+
+    /// What one unit of `from` is in `to` in the month: 1 between equal currencies, else
+    /// the month's rate; `None` when there is none.
+    fn conversion(&self, month: NaiveDate, from: &str, to: &str) -> Option<Decimal> {
+        if from == to {
+            Some(Decimal::ONE)
+        } else {
+            self.rate(month, from, to)
+        }
+    }
 }
 
 impl<F> FxRates for F

@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::rating::{BillingMode, Outcome};
+use super::validation::{Violations, escape_pointer_token};
 use super::values::ProjectId;
-use crate::error::Violations;
 
 pub const MAX_TASK_ID_CHARS: usize = 256;
 pub const MAX_NAME_CHARS: usize = 64;
@@ -63,6 +63,22 @@ impl BillingMode {
             "reserved" => Some(BillingMode::Reserved),
             _ => None,
         }
+    }
+}
+
+impl TryFrom<String> for BillingMode {
+    type Error = String;
+
+    fn try_from(raw: String) -> Result<Self, String> {
+        BillingMode::parse(&raw).ok_or_else(|| format!("`{raw}` is not a billing mode"))
+    }
+}
+
+impl TryFrom<String> for Outcome {
+    type Error = String;
+
+    fn try_from(raw: String) -> Result<Self, String> {
+        Outcome::parse(&raw).ok_or_else(|| format!("`{raw}` is not an outcome"))
     }
 }
 
@@ -140,10 +156,7 @@ impl JobRecord {
         for name in object.keys() {
             if !FIELDS.contains(&name.as_str()) {
                 v.push(
-                    format!(
-                        "{pointer}/{}",
-                        crate::http::extract::escape_pointer_token(name)
-                    ),
+                    format!("{pointer}/{}", escape_pointer_token(name)),
                     format!("unknown field `{name}`"),
                 );
             }
@@ -545,11 +558,7 @@ impl<'a> Fields<'a> {
         let mut valid = true;
         for name in object.keys() {
             if name != "quantity" && name != "unit" {
-                let pointer = format!(
-                    "{}/output/{}",
-                    self.pointer,
-                    crate::http::extract::escape_pointer_token(name)
-                );
+                let pointer = format!("{}/output/{}", self.pointer, escape_pointer_token(name));
                 self.v.push(pointer, format!("unknown field `{name}`"));
                 valid = false;
             }
@@ -606,11 +615,7 @@ impl<'a> Fields<'a> {
         let mut labels = BTreeMap::new();
         let mut valid = true;
         for (key, value) in object {
-            let pointer = format!(
-                "{}/labels/{}",
-                self.pointer,
-                crate::http::extract::escape_pointer_token(key)
-            );
+            let pointer = format!("{}/labels/{}", self.pointer, escape_pointer_token(key));
             let key_ok = !key.is_empty()
                 && key.chars().count() <= MAX_LABEL_KEY_CHARS
                 && key

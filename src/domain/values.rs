@@ -214,7 +214,7 @@ pub fn bounded_text(raw: &str, max_chars: usize) -> Result<String, String> {
 
 /// An absolute `http` or `https` URL for webhooks.
 pub fn webhook_url(raw: &str) -> Result<String, String> {
-    let url = reqwest::Url::parse(raw).map_err(|e| format!("not a valid URL: {e}"))?;
+    let url = url::Url::parse(raw).map_err(|e| format!("not a valid URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err("must be an absolute http or https URL".to_owned());
     }

@@ -2,21 +2,21 @@
 
 use axum::extract::State;
 use chrono::{DateTime, Utc};
-use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::domain::access::{Principal, Role};
-use crate::domain::burn::AlertKind;
-use crate::domain::values::Month;
-use crate::error::{ApiError, ApiResult, Problem, Violations};
-use crate::http::extract::ApiQuery;
+use crate::domain::validation::Violations;
+use crate::domain::values::{Month, parse_instant};
+use crate::http::error::{ApiError, ApiResult, Problem};
+use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::projects::readable_project;
+use crate::http::state::AppState;
+use crate::ledger::alerting::{self, AlertEvent, BurnView, month_holding};
 use crate::store;
 use crate::store::alerts::{AlertRow, AttemptRow, DeliveryRow};
 
@@ -24,49 +24,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_alerts))
         .routes(routes!(get_burn))
-}
-
-/// An alert as it fired; also the JSON document POSTed to the project's webhook.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct AlertEvent {
-    /// Stable: receivers use it to drop repeats.
-    pub id: Uuid,
-    pub project: String,
-    #[schema(value_type = String, example = "2026-11")]
-    pub month: Month,
-    /// Percent of the month's budget.
-    pub threshold: i32,
-    pub kind: AlertKind,
-    pub currency: String,
-    #[schema(value_type = String)]
-    pub spend: Decimal,
-    #[schema(value_type = String)]
-    pub budget: Decimal,
-    #[schema(value_type = String)]
-    pub burn_pct: Decimal,
-    /// The month's linear forecast when it fired, if there was one.
-    #[schema(value_type = Option<String>)]
-    pub forecast: Option<Decimal>,
-    pub fired_at: DateTime<Utc>,
-}
-
-impl AlertEvent {
-    pub fn from_row(row: &AlertRow) -> ApiResult<Self> {
-        Ok(Self {
-            id: row.id,
-            project: row.project_id.clone(),
-            month: Month::from_first_day(row.month),
-            threshold: row.threshold,
-            kind: AlertKind::parse(&row.kind)
-                .ok_or_else(|| anyhow::anyhow!("alert {} has unknown kind {}", row.id, row.kind))?,
-            currency: row.currency.clone(),
-            spend: row.spend.normalize(),
-            budget: row.budget.normalize(),
-            burn_pct: row.burn_pct.normalize(),
-            forecast: row.forecast.map(|f| f.normalize()),
-            fired_at: row.fired_at,
-        })
-    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -205,38 +162,6 @@ pub struct BurnQuery {
     pub as_of: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ThresholdView {
-    pub percent: i32,
-    pub kind: AlertKind,
-    /// When its alert fired; null while not reached (as of `as_of`).
-    pub crossed_at: Option<DateTime<Utc>>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct BurnView {
-    pub project: String,
-    #[schema(value_type = String, example = "2026-11")]
-    pub month: Month,
-    pub currency: String,
-    /// The month's own budget, else the project's default; null when neither is set.
-    #[schema(value_type = Option<String>)]
-    pub budget: Option<Decimal>,
-    /// The project's total for the month up to `as_of`.
-    #[schema(value_type = String)]
-    pub spend: Decimal,
-    #[schema(value_type = Option<String>)]
-    pub burn_pct: Option<Decimal>,
-    /// spend × hours in the month / hours elapsed; null before 72 hours have passed.
-    #[schema(value_type = Option<String>)]
-    pub forecast: Option<Decimal>,
-    #[schema(value_type = Option<String>)]
-    pub forecast_pct: Option<Decimal>,
-    /// The project's thresholds (`actual`) and the forecast alert at 100 %.
-    pub thresholds: Vec<ThresholdView>,
-    pub as_of: DateTime<Utc>,
-}
-
 /// How fast a project burns its monthly budget, and which alerts fired.
 #[utoipa::path(get, path = "/v1/projects/{id}/burn", tag = "alerts",
     params(("id" = String, Path, description = "Project id"), BurnQuery),
@@ -249,54 +174,24 @@ pub struct BurnView {
 pub async fn get_burn(
     State(state): State<AppState>,
     principal: Principal,
-    crate::http::extract::ApiPath(id): crate::http::extract::ApiPath<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<BurnQuery>,
 ) -> ApiResult<axum::Json<BurnView>> {
     let project = readable_project(&state, &principal, &id).await?;
     let tz = state.settings.timezone;
     let mut violations = Violations::default();
     let as_of = match &query.as_of {
-        Some(raw) => violations.check("query:as_of", crate::domain::values::parse_instant(raw)),
+        Some(raw) => violations.check("query:as_of", parse_instant(raw)),
         None => Some(state.settings.clock.now()),
     };
     let month = match &query.month {
         Some(raw) => violations.check("query:month", Month::parse(raw)),
-        None => as_of.map(|at| crate::alerting::month_holding(at, tz)),
+        None => as_of.map(|at| month_holding(at, tz)),
     };
     violations.into_result()?;
     let (Some(as_of), Some(month)) = (as_of, month) else {
         unreachable!("both parsed or were reported")
     };
-    let budget = store::projects::budget_for(&state.pool, &project, month.first_day()).await?;
-    let burn = crate::alerting::burn_of(&state.pool, &project, month, budget, as_of, tz).await?;
-    let fired = store::alerts::fired_in_month(&state.pool, &id, month.first_day()).await?;
-    let crossed = |percent: i32, kind: AlertKind| {
-        fired
-            .iter()
-            .find(|a| a.threshold == percent && a.kind == kind.as_str() && a.fired_at <= as_of)
-            .map(|a| a.fired_at)
-    };
-    let thresholds = project
-        .alert_thresholds
-        .iter()
-        .map(|&percent| (percent, AlertKind::Actual))
-        .chain([(crate::domain::burn::FORECAST_THRESHOLD, AlertKind::Forecast)])
-        .map(|(percent, kind)| ThresholdView {
-            percent,
-            kind,
-            crossed_at: crossed(percent, kind),
-        })
-        .collect();
-    Ok(axum::Json(BurnView {
-        project: project.id,
-        month,
-        currency: project.currency,
-        budget: burn.budget.map(|b| b.normalize()),
-        spend: burn.spend.normalize(),
-        burn_pct: burn.burn_pct.map(|p| p.normalize()),
-        forecast: burn.forecast.map(|f| f.normalize()),
-        forecast_pct: burn.forecast_pct.map(|p| p.normalize()),
-        thresholds,
-        as_of,
-    }))
+    let burn = alerting::burn_status(&state.pool, project, month, as_of, tz).await?;
+    Ok(axum::Json(burn))
 }

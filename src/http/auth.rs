@@ -5,9 +5,9 @@ use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 
-use crate::app::AppState;
-use crate::domain::access::{Principal, Role, hash_secret};
-use crate::error::ApiError;
+use crate::domain::access::{Principal, hash_secret};
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 use crate::store;
 
 impl FromRequestParts<AppState> for Principal {
@@ -29,11 +29,9 @@ impl FromRequestParts<AppState> for Principal {
         let token = store::tokens::find_active(&state.pool, &hash_secret(secret))
             .await?
             .ok_or(ApiError::Unauthorized)?;
-        let role = Role::parse(&token.role)
-            .ok_or_else(|| anyhow::anyhow!("token {} has unknown role {}", token.id, token.role))?;
         Ok(Principal {
             token_id: token.id,
-            role,
+            role: token.role,
             projects: token.projects,
         })
     }

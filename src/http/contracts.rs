@@ -11,17 +11,19 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::domain::access::Principal;
 use crate::domain::rating::BillingMode;
+use crate::domain::validation::Violations;
 use crate::domain::values::{self, Currency, ProjectId};
-use crate::error::{ApiError, ApiResult, FieldError, Problem, Violations};
 use crate::http::auth::require_finance;
+use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::projects::present;
+use crate::http::state::AppState;
+use crate::ledger::pricing;
 use crate::store;
-use crate::store::contracts::{ContractFields, ContractRow, OVERLAP_CONSTRAINT};
+use crate::store::contracts::{ContractFields, ContractRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -61,7 +63,7 @@ impl From<ContractRow> for ContractView {
             id: row.id,
             name: row.name,
             gpu_model: row.gpu_model,
-            billing_mode: row.billing_mode,
+            billing_mode: row.billing_mode.as_str().to_owned(),
             price_per_gpu_hour: row.price_per_gpu_hour.normalize(),
             currency: row.currency,
             valid_from: row.valid_from,
@@ -119,83 +121,58 @@ pub struct UpdateContract {
     pub committed_gpus: Option<Option<Decimal>>,
 }
 
+impl UpdateContract {
+    /// The contract's terms with the valid fields of this change applied, and what is
+    /// invalid in it.
+    fn apply(&self, old: &ContractFields) -> (ContractFields, Violations) {
+        let body = self;
+        let mut new = old.clone();
+        let mut violations = Violations::default();
+        if let Some(name) = &body.name
+            && let Some(name) = violations.check("/name", values::bounded_text(name, NAME_CHARS))
+        {
+            new.name = name;
+        }
+        if let Some(price) = body.price_per_gpu_hour
+            && let Some(price) = violations.check("/price_per_gpu_hour", values::positive(price))
+        {
+            new.price_per_gpu_hour = price;
+        }
+        if let Some(currency) = &body.currency
+            && let Some(currency) = violations.check("/currency", Currency::parse(currency))
+        {
+            new.currency = currency.code().to_owned();
+        }
+        if let Some(from) = &body.valid_from
+            && let Some(from) = violations.check("/valid_from", values::parse_instant(from))
+        {
+            new.valid_from = from;
+        }
+        match &body.valid_until {
+            Some(Some(until)) => {
+                if let Some(until) = violations.check("/valid_until", values::parse_instant(until))
+                {
+                    new.valid_until = Some(until);
+                }
+            }
+            Some(None) => new.valid_until = None,
+            None => {}
+        }
+        match body.committed_gpus {
+            Some(Some(gpus)) => {
+                if let Some(gpus) = violations.check("/committed_gpus", values::positive(gpus)) {
+                    new.committed_gpus = Some(gpus);
+                }
+            }
+            Some(None) => new.committed_gpus = None,
+            None => {}
+        }
+        (new, violations)
+    }
+}
+
 fn scope_text(violations: &mut Violations, pointer: &str, raw: Option<&str>) -> Option<String> {
     raw.and_then(|text| violations.check(pointer, values::bounded_text(text, SCOPE_CHARS)))
-}
-
-/// The rules that bind fields to each other, checked on creation and after every change.
-fn check_consistency(violations: &mut Violations, fields: &ContractFields) {
-    if fields
-        .valid_until
-        .is_some_and(|until| until <= fields.valid_from)
-    {
-        violations.push("/valid_until", "must be after valid_from");
-    }
-    if fields.committed_gpus.is_some() && fields.billing_mode != BillingMode::Reserved {
-        violations.push("/committed_gpus", "only reserved contracts commit GPUs");
-    }
-}
-
-async fn overlap_conflict(
-    conn: &mut sqlx::PgConnection,
-    fields: &ContractFields,
-    except: Option<Uuid>,
-) -> ApiResult<ApiError> {
-    let other = store::contracts::equally_specific_overlap(conn, fields, except).await?;
-    let detail = match other {
-        Some(id) => format!(
-            "contract {id} has the same model, billing mode and scope and overlaps this validity"
-        ),
-        None => "an equally specific contract overlaps this validity".to_owned(),
-    };
-    Ok(ApiError::Conflict(
-        detail,
-        vec![FieldError::new(
-            "/valid_from",
-            "overlaps an equally specific contract",
-        )],
-    ))
-}
-
-/// Re-rates every record the contract could price over the span, old and new validity
-/// together.
-async fn rerate(
-    conn: &mut sqlx::PgConnection,
-    state: &AppState,
-    fields: &ContractFields,
-    span: (DateTime<Utc>, Option<DateTime<Utc>>),
-) -> ApiResult<()> {
-    store::rating::rerate_kind(
-        conn,
-        &fields.gpu_model,
-        fields.billing_mode,
-        fields.project_id.as_deref(),
-        span,
-        state.settings.timezone,
-    )
-    .await?;
-    Ok(())
-}
-
-fn union_span(a: &ContractFields, b: &ContractFields) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
-    let until = a.valid_until.zip(b.valid_until).map(|(x, y)| x.max(y));
-    (a.valid_from.min(b.valid_from), until)
-}
-
-fn fields_of(row: &ContractRow) -> ApiResult<ContractFields> {
-    Ok(ContractFields {
-        name: row.name.clone(),
-        gpu_model: row.gpu_model.clone(),
-        billing_mode: crate::store::contracts::billing_mode(&row.billing_mode)?,
-        price_per_gpu_hour: row.price_per_gpu_hour,
-        currency: row.currency.clone(),
-        valid_from: row.valid_from,
-        valid_until: row.valid_until,
-        project_id: row.project_id.clone(),
-        provider: row.provider.clone(),
-        region: row.region.clone(),
-        committed_gpus: row.committed_gpus,
-    })
 }
 
 /// Create a contract (finance or admin); re-rates the records it prices.
@@ -243,66 +220,33 @@ pub async fn create_contract(
     let committed_gpus = body
         .committed_gpus
         .map(|gpus| violations.check("/committed_gpus", values::positive(gpus)));
-    if let Some(Some(project)) = &project
-        && store::projects::get(&state.pool, project.as_str())
-            .await?
-            .is_none()
-    {
-        violations.push("/project", format!("project `{project}` does not exist"));
-    }
-    let (
-        Some(name),
-        Some(gpu_model),
-        Some(billing_mode),
-        Some(price),
-        Some(currency),
-        Some(valid_from),
-    ) = (name, gpu_model, billing_mode, price, currency, valid_from)
-    else {
-        return Err(ApiError::Validation(violations.into_vec()));
+    let project = project.flatten();
+    let fields = match (name, gpu_model, billing_mode, price, currency, valid_from) {
+        (
+            Some(name),
+            Some(gpu_model),
+            Some(billing_mode),
+            Some(price),
+            Some(currency),
+            Some(valid_from),
+        ) => Some(ContractFields {
+            name,
+            gpu_model,
+            billing_mode,
+            price_per_gpu_hour: price,
+            currency: currency.code().to_owned(),
+            valid_from,
+            valid_until: valid_until.flatten(),
+            project_id: project.as_ref().map(|p| p.as_str().to_owned()),
+            provider,
+            region,
+            committed_gpus: committed_gpus.flatten(),
+        }),
+        _ => None,
     };
-    let fields = ContractFields {
-        name,
-        gpu_model,
-        billing_mode,
-        price_per_gpu_hour: price,
-        currency: currency.code().to_owned(),
-        valid_from,
-        valid_until: valid_until.flatten(),
-        project_id: project.flatten().map(|p| p.as_str().to_owned()),
-        provider,
-        region,
-        committed_gpus: committed_gpus.flatten(),
-    };
-    check_consistency(&mut violations, &fields);
-    violations.into_result()?;
-
-    let mut tx = state.pool.begin().await?;
-    if store::contracts::equally_specific_overlap(&mut tx, &fields, None)
-        .await?
-        .is_some()
-    {
-        return Err(overlap_conflict(&mut tx, &fields, None).await?);
-    }
-    let row = match store::contracts::insert(&mut tx, Uuid::new_v4(), &fields).await {
-        Ok(row) => row,
-        Err(error) if store::is_constraint_violation(&error, OVERLAP_CONSTRAINT) => {
-            // A concurrent create won the race; it is committed now, so it can be named.
-            drop(tx);
-            let mut conn = state.pool.acquire().await?;
-            return Err(overlap_conflict(&mut conn, &fields, None).await?);
-        }
-        Err(error) => return Err(error.into()),
-    };
-    rerate(
-        &mut tx,
-        &state,
-        &fields,
-        (fields.valid_from, fields.valid_until),
-    )
-    .await?;
-    tx.commit().await?;
-    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
+    let project = project.as_ref().map(ProjectId::as_str);
+    let row =
+        pricing::create_contract(&state.pool, fields, violations, project, &state.settings).await?;
     Ok((StatusCode::CREATED, axum::Json(row.into())))
 }
 
@@ -381,71 +325,8 @@ pub async fn update_contract(
 ) -> ApiResult<axum::Json<ContractView>> {
     require_finance(&principal)?;
     let uuid = contract_id(&id)?;
-    let mut tx = state.pool.begin().await?;
-    let old = store::contracts::get(&mut tx, uuid, true)
-        .await?
-        .ok_or_else(|| contract_not_found(&id))?;
-    let old = fields_of(&old)?;
-    let mut new = old.clone();
-    let mut violations = Violations::default();
-    if let Some(name) = &body.name
-        && let Some(name) = violations.check("/name", values::bounded_text(name, NAME_CHARS))
-    {
-        new.name = name;
-    }
-    if let Some(price) = body.price_per_gpu_hour
-        && let Some(price) = violations.check("/price_per_gpu_hour", values::positive(price))
-    {
-        new.price_per_gpu_hour = price;
-    }
-    if let Some(currency) = &body.currency
-        && let Some(currency) = violations.check("/currency", Currency::parse(currency))
-    {
-        new.currency = currency.code().to_owned();
-    }
-    if let Some(from) = &body.valid_from
-        && let Some(from) = violations.check("/valid_from", values::parse_instant(from))
-    {
-        new.valid_from = from;
-    }
-    match &body.valid_until {
-        Some(Some(until)) => {
-            if let Some(until) = violations.check("/valid_until", values::parse_instant(until)) {
-                new.valid_until = Some(until);
-            }
-        }
-        Some(None) => new.valid_until = None,
-        None => {}
-    }
-    match body.committed_gpus {
-        Some(Some(gpus)) => {
-            if let Some(gpus) = violations.check("/committed_gpus", values::positive(gpus)) {
-                new.committed_gpus = Some(gpus);
-            }
-        }
-        Some(None) => new.committed_gpus = None,
-        None => {}
-    }
-    check_consistency(&mut violations, &new);
-    violations.into_result()?;
-    if store::contracts::equally_specific_overlap(&mut tx, &new, Some(uuid))
-        .await?
-        .is_some()
-    {
-        return Err(overlap_conflict(&mut tx, &new, Some(uuid)).await?);
-    }
-    let row = match store::contracts::update(&mut tx, uuid, &new).await {
-        Ok(row) => row,
-        Err(error) if store::is_constraint_violation(&error, OVERLAP_CONSTRAINT) => {
-            drop(tx);
-            let mut conn = state.pool.acquire().await?;
-            return Err(overlap_conflict(&mut conn, &new, Some(uuid)).await?);
-        }
-        Err(error) => return Err(error.into()),
-    };
-    rerate(&mut tx, &state, &new, union_span(&old, &new)).await?;
-    tx.commit().await?;
-    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
+    let change = |old: &ContractFields| body.apply(old);
+    let row = pricing::update_contract(&state.pool, uuid, change, &state.settings).await?;
     Ok(axum::Json(row.into()))
 }
 
@@ -465,14 +346,6 @@ pub async fn delete_contract(
 ) -> ApiResult<StatusCode> {
     require_finance(&principal)?;
     let uuid = contract_id(&id)?;
-    let mut tx = state.pool.begin().await?;
-    let old = store::contracts::get(&mut tx, uuid, true)
-        .await?
-        .ok_or_else(|| contract_not_found(&id))?;
-    let old = fields_of(&old)?;
-    store::contracts::delete(&mut tx, uuid).await?;
-    rerate(&mut tx, &state, &old, (old.valid_from, old.valid_until)).await?;
-    tx.commit().await?;
-    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
+    pricing::delete_contract(&state.pool, uuid, &state.settings).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -5,7 +5,7 @@ use axum::response::{Html, IntoResponse};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
+use crate::http::state::AppState;
 
 const PAGE: &str = include_str!("../../web/index.html");
 

@@ -18,16 +18,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::app::AppState;
 use crate::domain::access::Principal;
 use crate::domain::commitment::unused_commitment;
+use crate::domain::csv_cell::text_cell;
 use crate::domain::ledger_time::{SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::domain::values::{Currency, Month};
-use crate::error::{ApiError, ApiResult, Problem};
 use crate::http::auth::require_finance;
-use crate::http::csv_safe::text_cell;
+use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::ApiPath;
+use crate::http::state::AppState;
 use crate::store;
 use crate::store::contracts::ContractRow;
 use crate::store::cost::SUM_SCALE;
@@ -461,7 +461,7 @@ fn unused_charge<'a>(
     tz: Tz,
 ) -> ApiResult<Option<Charge<'a>>> {
     let row = &commitment.contract;
-    let contract = row.to_domain()?;
+    let contract = row.to_domain();
     let hours = unused_commitment(&contract, used, window.0, window.1, tz);
     let unused_gpu_hours: Decimal = hours
         .iter()
@@ -505,7 +505,7 @@ fn unused_charge<'a>(
         kind: ChargeKind::UnusedCommitment,
         contract: Some(row),
         gpu_model: row.gpu_model.clone(),
-        billing_mode: row.billing_mode.clone(),
+        billing_mode: row.billing_mode.as_str().to_owned(),
         unrated_reason,
         gpu_hours: unused_gpu_hours,
         unit_price,

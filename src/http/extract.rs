@@ -7,7 +7,8 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::{HeaderMap, header};
 use serde::de::DeserializeOwned;
 
-use crate::error::{ApiError, FieldError};
+use crate::domain::validation::escape_pointer_token;
+use crate::http::error::{ApiError, FieldError};
 
 /// The largest JSON body any endpoint accepts (the job-record limit).
 pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -120,10 +121,6 @@ pub fn json_pointer(path: &serde_path_to_error::Path) -> String {
         }
     }
     pointer
-}
-
-pub fn escape_pointer_token(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
 }
 
 /// Query parameters; a bad one is a 422 naming it.

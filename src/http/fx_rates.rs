@@ -10,14 +10,15 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
 use crate::domain::access::Principal;
-use crate::domain::ledger_time::month_bounds;
+use crate::domain::validation::Violations;
 use crate::domain::values::{self, Currency, Month};
-use crate::error::{ApiError, ApiResult, Problem, Violations};
 use crate::http::auth::require_finance;
+use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::state::AppState;
+use crate::ledger::pricing;
 use crate::store;
 use crate::store::fx_rates::FxRateRow;
 
@@ -75,23 +76,6 @@ fn rate_key(
     Some((month?, from?, to?))
 }
 
-async fn rerate(
-    conn: &mut sqlx::PgConnection,
-    state: &AppState,
-    (month, from, to): (Month, Currency, Currency),
-) -> ApiResult<()> {
-    let tz = state.settings.timezone;
-    store::rating::rerate_fx(
-        conn,
-        month_bounds(month.first_day(), tz),
-        from.code(),
-        to.code(),
-        tz,
-    )
-    .await?;
-    Ok(())
-}
-
 /// Set the rate of one month and currency pair (finance or admin); re-rates what it converts.
 #[utoipa::path(put, path = "/v1/fx-rates/{month}/{from}/{to}", tag = "contracts", request_body = PutFxRate,
     params(
@@ -119,13 +103,7 @@ pub async fn put_fx_rate(
     let (Some(key), Some(rate)) = (key, rate) else {
         unreachable!("both parsed or were reported")
     };
-    let (month, from, to) = key;
-    let mut tx = state.pool.begin().await?;
-    let row =
-        store::fx_rates::put(&mut tx, month.first_day(), from.code(), to.code(), rate).await?;
-    rerate(&mut tx, &state, key).await?;
-    tx.commit().await?;
-    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
+    let row = pricing::put_fx_rate(&state.pool, key, rate, &state.settings).await?;
     Ok(axum::Json(row.into()))
 }
 
@@ -154,14 +132,7 @@ pub async fn delete_fx_rate(
     let Some(key) = rate_key(&mut violations, &path).filter(|_| violations.is_empty()) else {
         return Err(not_found());
     };
-    let (month, from, to) = key;
-    let mut tx = state.pool.begin().await?;
-    if !store::fx_rates::delete(&mut tx, month.first_day(), from.code(), to.code()).await? {
-        return Err(not_found());
-    }
-    rerate(&mut tx, &state, key).await?;
-    tx.commit().await?;
-    crate::alerting::evaluate_current_month(&state.pool, &state.settings).await;
+    pricing::delete_fx_rate(&state.pool, key, &state.settings).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

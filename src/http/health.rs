@@ -8,8 +8,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
-use crate::error::{ApiError, ApiResult};
+use crate::http::error::{ApiError, ApiResult};
+use crate::http::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -37,7 +37,7 @@ pub async fn get_healthz() -> axum::Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready to serve", body = Health),
-        (status = 503, description = "Database unreachable or not migrated", body = crate::error::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unreachable or not migrated", body = crate::http::error::Problem, content_type = "application/problem+json"),
     ))]
 pub async fn get_readyz(State(state): State<AppState>) -> ApiResult<axum::Json<Health>> {
     let applied: Option<i64> =

@@ -1,12 +1,14 @@
 //! The HTTP layer: one module per resource, each returning an `OpenApiRouter`, merged here so
-//! that no route exists without its OpenAPI description.
+//! that no route exists without its OpenAPI description. A handler parses the request,
+//! authorises it, calls one use case of `ledger` and shapes the response; errors become
+//! problem documents in `error`.
 
 pub mod alerts;
 pub mod auth;
 pub mod contracts;
 pub mod cost;
-pub mod csv_safe;
 pub mod dashboard;
+pub mod error;
 pub mod exports;
 pub mod extract;
 pub mod fx_rates;
@@ -15,6 +17,7 @@ pub mod pagination;
 pub mod projects;
 pub mod records;
 pub mod reports;
+pub mod state;
 pub mod tokens;
 
 use std::time::Duration;
@@ -29,8 +32,8 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::app::AppState;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 
 /// How long one request may take before it is answered with 408.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);

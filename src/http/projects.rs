@@ -9,13 +9,15 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
 use crate::domain::access::{Principal, Role};
+use crate::domain::validation::Violations;
 use crate::domain::values::{self, Currency, Month, ProjectId};
-use crate::error::{ApiError, ApiResult, Problem, Violations};
 use crate::http::auth::{project_not_found, require_admin, require_finance};
+use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::state::AppState;
+use crate::ledger::projects;
 use crate::store;
 use crate::store::projects::{BudgetRow, NewProject, ProjectChanges, ProjectRow};
 
@@ -266,11 +268,9 @@ pub async fn update_project(
         }),
     };
     violations.into_result()?;
-    let row = store::projects::update(&state.pool, &id, &changes)
+    let row = projects::update(&state.pool, &id, &changes, &state.settings)
         .await?
         .ok_or_else(|| project_not_found(&id))?;
-    let month = crate::alerting::month_holding(state.settings.clock.now(), state.settings.timezone);
-    crate::alerting::evaluate_all(&state.pool, [(id.clone(), month)], &state.settings).await;
     Ok(axum::Json(row.into()))
 }
 
@@ -327,8 +327,7 @@ pub async fn put_budget(
     let (Some(month), Some(amount)) = (month, amount) else {
         unreachable!("both parsed or were reported")
     };
-    let row = store::projects::put_budget(&state.pool, &id, month.first_day(), amount).await?;
-    crate::alerting::evaluate_all(&state.pool, [(id.clone(), month)], &state.settings).await;
+    let row = projects::put_budget(&state.pool, &id, month, amount, &state.settings).await?;
     Ok(axum::Json(budget_view(row, &project.currency)))
 }
 

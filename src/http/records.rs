@@ -1,6 +1,6 @@
 //! Job records: what CI posts, corrections, and reading them back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
@@ -14,17 +14,21 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::app::AppState;
-use crate::domain::access::Principal;
+use crate::domain::access::{Principal, Role};
 use crate::domain::rating::Outcome;
 use crate::domain::record::{JobRecord, RecordKey};
-use crate::domain::values::{Month, parse_day_or_instant};
-use crate::error::{ApiError, ApiResult, FieldError, Problem, Violations};
+use crate::domain::validation::{FieldError, Violations};
+use crate::domain::values::parse_day_or_instant;
 use crate::http::auth::project_not_found;
-use crate::http::extract::{ApiPath, ApiQuery, body_rejection, classify_json_error};
+use crate::http::error::{ApiError, ApiResult, Problem};
+use crate::http::extract::{
+    ApiJson, ApiPath, ApiQuery, body_rejection, classify_json_error, require_json_content_type,
+};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::projects::readable_project;
-use crate::ingest::{self, IngestError, Submitted};
+use crate::http::state::AppState;
+use crate::ledger::ingest::{self, Submitted};
+use crate::ledger::records::{self, RecordHistory};
 use crate::store;
 use crate::store::records::{RecordFilter, RecordRow, VersionRow};
 
@@ -141,7 +145,7 @@ impl From<RecordRow> for RecordView {
             attempt: row.attempt,
             gpu_model: row.gpu_model,
             gpu_count: row.gpu_count.normalize(),
-            billing_mode: row.billing_mode,
+            billing_mode: row.billing_mode.as_str().to_owned(),
             provider: row.provider,
             region: row.region,
             queued_at: row.queued_at,
@@ -149,7 +153,7 @@ impl From<RecordRow> for RecordView {
             ended_at: row.ended_at,
             gpu_seconds_held: row.gpu_seconds_held.normalize(),
             gpu_seconds_busy: row.gpu_seconds_busy.map(|b| b.normalize()),
-            outcome: row.outcome,
+            outcome: row.outcome.as_str().to_owned(),
             retries: row.retries,
             failures: row.failures,
             labels: row.labels.0,
@@ -193,6 +197,15 @@ pub struct RecordWithHistory {
     pub history: Vec<VersionView>,
 }
 
+impl From<RecordHistory> for RecordWithHistory {
+    fn from(found: RecordHistory) -> Self {
+        Self {
+            record: found.record.into(),
+            history: found.history.into_iter().map(VersionView::from).collect(),
+        }
+    }
+}
+
 /// The records of a request body: a JSON array, or NDJSON with one record per line.
 pub struct RecordBatch(pub Vec<Value>);
 
@@ -215,7 +228,7 @@ impl<S: Send + Sync> FromRequest<S> for RecordBatch {
             "application/x-ndjson" | "application/ndjson" | "application/jsonl"
         );
         if !ndjson {
-            crate::http::extract::require_json_content_type(req.headers()).map_err(|_| {
+            require_json_content_type(req.headers()).map_err(|_| {
                 ApiError::UnsupportedMediaType(
                     "send a JSON array (application/json) or one record per line \
                      (application/x-ndjson)"
@@ -296,7 +309,7 @@ pub async fn post_job_records(
     principal: Principal,
     RecordBatch(values): RecordBatch,
 ) -> ApiResult<axum::Json<IngestResult>> {
-    if !principal.is_admin() && principal.role != crate::domain::access::Role::Ingest {
+    if !principal.is_admin() && principal.role != Role::Ingest {
         return Err(ApiError::Forbidden(
             "posting job records needs an ingest or admin token".to_owned(),
         ));
@@ -311,33 +324,16 @@ pub async fn post_job_records(
         }
     }
     violations.into_result()?;
-    check_projects(&state, &principal, &batch).await?;
-    match ingest::store_batch(&state.pool, batch, &state.settings).await {
-        Ok(stored) => Ok(axum::Json(IngestResult {
-            accepted: stored.accepted,
-            duplicates: stored.duplicates,
-        })),
-        Err(IngestError::Conflicts(conflicts)) => Err(ApiError::Conflict(
-            format!(
-                "{} records conflict with stored or repeated keys; nothing was written",
-                conflicts.len()
-            ),
-            conflicts
-                .iter()
-                .map(|c| FieldError::new(format!("/{}", c.position), c.message()))
-                .collect(),
-        )),
-        Err(IngestError::Database(error)) => Err(error.into()),
-        Err(IngestError::Rating(error)) => Err(ApiError::Internal(error)),
-    }
+    check_scope(&principal, &batch)?;
+    let stored = ingest::ingest(&state.pool, batch, &state.settings).await?;
+    Ok(axum::Json(IngestResult {
+        accepted: stored.accepted,
+        duplicates: stored.duplicates,
+    }))
 }
 
-/// Every record must name a project the token may post to (403) and that exists (422).
-async fn check_projects(
-    state: &AppState,
-    principal: &Principal,
-    batch: &[Submitted],
-) -> ApiResult<()> {
+/// Every record must name a project the token may post to.
+fn check_scope(principal: &Principal, batch: &[Submitted]) -> ApiResult<()> {
     let forbidden: Vec<FieldError> = batch
         .iter()
         .filter(|s| !principal.can_ingest(&s.record.key.project))
@@ -351,35 +347,17 @@ async fn check_projects(
             )
         })
         .collect();
-    if !forbidden.is_empty() {
-        return Err(ApiError::ForbiddenFields(
+    if forbidden.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::ForbiddenFields(
             format!(
                 "{} records name projects this token may not post to; nothing was written",
                 forbidden.len()
             ),
             forbidden,
-        ));
+        ))
     }
-    let named: Vec<String> = batch
-        .iter()
-        .map(|s| s.record.key.project.clone())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let existing: BTreeSet<String> = store::projects::existing_ids(&state.pool, &named)
-        .await?
-        .into_iter()
-        .collect();
-    let mut violations = Violations::default();
-    for s in batch {
-        if !existing.contains(&s.record.key.project) {
-            violations.push(
-                format!("/{}/project", s.position),
-                format!("project `{}` does not exist", s.record.key.project),
-            );
-        }
-    }
-    violations.into_result()
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -436,7 +414,6 @@ pub async fn list_job_records(
         violations.check(
             "query:outcome",
             Outcome::parse(raw)
-                .map(|o| o.as_str())
                 .ok_or_else(|| "must be one of completed, failed, cancelled, preempted".to_owned()),
         )
     });
@@ -457,14 +434,6 @@ pub async fn list_job_records(
     )))
 }
 
-fn record_key(project: String, task_id: String, attempt: i32) -> RecordKey {
-    RecordKey {
-        project,
-        task_id,
-        attempt,
-    }
-}
-
 /// One record with every earlier version.
 #[utoipa::path(get, path = "/v1/projects/{id}/job-records/{task_id}/{attempt}", tag = "job-records",
     params(("id" = String, Path, description = "Project id"), ("task_id" = String, Path, description = "Task id (percent-encoded)"), ("attempt" = i32, Path, description = "Attempt")),
@@ -479,15 +448,13 @@ pub async fn get_job_record(
     ApiPath((id, task_id, attempt)): ApiPath<(String, String, i32)>,
 ) -> ApiResult<axum::Json<RecordWithHistory>> {
     readable_project(&state, &principal, &id).await?;
-    let key = record_key(id, task_id, attempt);
-    let row = store::records::get(&state.pool, &key)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
-    let history = store::records::history(&state.pool, &key).await?;
-    Ok(axum::Json(RecordWithHistory {
-        record: row.into(),
-        history: history.into_iter().map(VersionView::from).collect(),
-    }))
+    let key = RecordKey {
+        project: id,
+        task_id,
+        attempt,
+    };
+    let found = records::record_with_history(&state.pool, &key).await?;
+    Ok(axum::Json(found.into()))
 }
 
 /// Correct a stored record (admin, or an ingest token of the project).
@@ -509,7 +476,7 @@ pub async fn put_job_record(
     State(state): State<AppState>,
     principal: Principal,
     ApiPath((id, task_id, attempt)): ApiPath<(String, String, i32)>,
-    crate::http::extract::ApiJson(mut body): crate::http::extract::ApiJson<Value>,
+    ApiJson(mut body): ApiJson<Value>,
 ) -> ApiResult<axum::Json<RecordWithHistory>> {
     if !principal.can_ingest(&id) {
         return Err(if principal.can_read(&id) {
@@ -541,44 +508,8 @@ pub async fn put_job_record(
         }
     }
     violations.into_result()?;
-    let record = JobRecord::parse(&body, "", state.settings.clock.now())
-        .map_err(|v| ApiError::Validation(v.into_vec()))?;
-    let key = record.key.clone();
-    let mut tx = state.pool.begin().await?;
-    let previous = store::records::lock(&mut tx, &key)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
-    let tz = state.settings.timezone;
-    let changed = previous.to_record().content_hash() != record.content_hash();
-    if changed {
-        store::records::replace(&mut tx, &previous, &record, principal.token_id).await?;
-        let key = (key.project.clone(), key.task_id.clone(), key.attempt);
-        store::rating::rate_records(&mut tx, &[key], tz).await?;
-    }
-    tx.commit().await?;
-    if changed {
-        let months: BTreeSet<Month> =
-            crate::alerting::months_between(previous.started_at, previous.ended_at, tz)
-                .into_iter()
-                .chain(crate::alerting::months_between(
-                    record.started_at,
-                    record.ended_at,
-                    tz,
-                ))
-                .collect();
-        crate::alerting::evaluate_all(
-            &state.pool,
-            months.into_iter().map(|month| (key.project.clone(), month)),
-            &state.settings,
-        )
-        .await;
-    }
-    let row = store::records::get(&state.pool, &key)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no job record {key}")))?;
-    let history = store::records::history(&state.pool, &key).await?;
-    Ok(axum::Json(RecordWithHistory {
-        record: row.into(),
-        history: history.into_iter().map(VersionView::from).collect(),
-    }))
+    let record = JobRecord::parse(&body, "", state.settings.clock.now())?;
+    let corrected =
+        records::correct(&state.pool, record, principal.token_id, &state.settings).await?;
+    Ok(axum::Json(corrected.into()))
 }

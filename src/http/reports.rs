@@ -8,14 +8,15 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::AppState;
 use crate::domain::access::Principal;
+use crate::domain::figures::Grouping;
+use crate::domain::validation::Violations;
 use crate::domain::values::Month;
-use crate::error::{ApiError, ApiResult, Problem, Violations};
 use crate::http::auth::require_finance;
+use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
-use crate::reports::{self, MonthlyReport};
-use crate::store::cost::Grouping;
+use crate::http::state::AppState;
+use crate::ledger::reports::{self, MonthlyReport};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -111,7 +112,7 @@ pub async fn get_monthly_report(
     let mut violations = Violations::default();
     let month = violations.check("path:month", Month::parse(&month));
     let grouping = match &query.group_by {
-        Some(raw) => violations.check("query:group_by", crate::http::cost::grouping(raw)),
+        Some(raw) => violations.check("query:group_by", Grouping::parse(raw)),
         None => Some(Grouping::Whole),
     };
     violations.into_result()?;

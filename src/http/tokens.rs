@@ -9,13 +9,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::app::AppState;
-use crate::domain::access::{Principal, Role, generate_secret, hash_secret, normalize_scope};
-use crate::domain::values::{self, ProjectId};
-use crate::error::{ApiError, ApiResult, Problem, Violations};
+use crate::domain::access::{Principal, Role};
 use crate::http::auth::require_admin;
+use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::state::AppState;
+use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::store;
 use crate::store::tokens::TokenRow;
 
@@ -36,16 +36,6 @@ pub struct CreateToken {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CreatedToken {
-    pub id: Uuid,
-    /// The secret, shown this once; only its hash is stored.
-    pub token: String,
-    pub role: Role,
-    pub projects: Vec<String>,
-    pub name: String,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
 pub struct TokenView {
     pub id: Uuid,
     pub name: String,
@@ -54,94 +44,16 @@ pub struct TokenView {
     pub created_at: DateTime<Utc>,
 }
 
-impl TryFrom<TokenRow> for TokenView {
-    type Error = ApiError;
-    fn try_from(row: TokenRow) -> Result<Self, ApiError> {
-        Ok(Self {
+impl From<TokenRow> for TokenView {
+    fn from(row: TokenRow) -> Self {
+        Self {
             id: row.id,
-            role: Role::parse(&row.role)
-                .ok_or_else(|| anyhow::anyhow!("token {} has unknown role {}", row.id, row.role))?,
+            role: row.role,
             name: row.name,
             projects: row.projects,
             created_at: row.created_at,
-        })
-    }
-}
-
-/// A validated token request: the role and the scope that goes with it.
-pub struct TokenRequest {
-    pub role: Role,
-    pub projects: Vec<String>,
-    pub name: String,
-}
-
-impl TokenRequest {
-    /// Checks shape only; that the projects exist is checked against the database.
-    pub fn parse(role: Role, projects: &[String], name: &str) -> Result<Self, Violations> {
-        let mut violations = Violations::default();
-        let name = violations.check("/name", values::bounded_text(name, 200));
-        let mut ids = Vec::new();
-        for (index, raw) in projects.iter().enumerate() {
-            if let Some(id) = violations.check(&format!("/projects/{index}"), ProjectId::parse(raw))
-            {
-                ids.push(id);
-            }
-        }
-        if role.is_scoped() && projects.is_empty() {
-            violations.push(
-                "/projects",
-                format!("a {} token needs at least one project", role.as_str()),
-            );
-        }
-        if !role.is_scoped() && !projects.is_empty() {
-            violations.push(
-                "/projects",
-                format!(
-                    "a {} token acts on every project; leave projects out",
-                    role.as_str()
-                ),
-            );
-        }
-        match (violations.is_empty(), name) {
-            (true, Some(name)) => Ok(Self {
-                role,
-                projects: normalize_scope(&ids),
-                name,
-            }),
-            _ => Err(violations),
         }
     }
-}
-
-/// Stores a new token and returns it with its secret.
-pub async fn issue(pool: &store::Pool, request: TokenRequest) -> ApiResult<CreatedToken> {
-    let existing = store::projects::existing_ids(pool, &request.projects).await?;
-    let mut violations = Violations::default();
-    for (index, project) in request.projects.iter().enumerate() {
-        if !existing.contains(project) {
-            violations.push(
-                format!("/projects/{index}"),
-                format!("project `{project}` does not exist"),
-            );
-        }
-    }
-    violations.into_result()?;
-    let secret = generate_secret();
-    let row = store::tokens::insert(
-        pool,
-        &request.name,
-        request.role.as_str(),
-        &request.projects,
-        &hash_secret(&secret),
-    )
-    .await?;
-    Ok(CreatedToken {
-        id: row.id,
-        token: secret,
-        role: request.role,
-        projects: row.projects,
-        name: row.name,
-    })
 }
 
 /// Create a token (admin).
@@ -162,9 +74,8 @@ pub async fn create_token(
         body.role,
         body.projects.as_deref().unwrap_or_default(),
         &body.name,
-    )
-    .map_err(|v| ApiError::Validation(v.into_vec()))?;
-    let created = issue(&state.pool, request).await?;
+    )?;
+    let created = tokens::issue(&state.pool, request).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
@@ -184,11 +95,12 @@ pub async fn list_tokens(
     let limit = page.limit()?;
     let after: Option<Uuid> = page.cursor()?;
     let rows = store::tokens::list(&state.pool, after, limit + 1).await?;
-    let page = Page::from_rows(rows, limit, |row| row.id, TokenView::try_from);
-    Ok(axum::Json(Page {
-        items: page.items.into_iter().collect::<Result<_, _>>()?,
-        next_cursor: page.next_cursor,
-    }))
+    Ok(axum::Json(Page::from_rows(
+        rows,
+        limit,
+        |row| row.id,
+        TokenView::from,
+    )))
 }
 
 /// Revoke a token (admin); it stops working on the next request.

@@ -15,7 +15,8 @@ pub struct ContractRow {
     pub id: Uuid,
     pub name: String,
     pub gpu_model: String,
-    pub billing_mode: String,
+    #[sqlx(try_from = "String")]
+    pub billing_mode: BillingMode,
     pub price_per_gpu_hour: Decimal,
     pub currency: String,
     pub valid_from: DateTime<Utc>,
@@ -30,11 +31,11 @@ pub struct ContractRow {
 
 impl ContractRow {
     /// The contract as the cost model sees it.
-    pub fn to_domain(&self) -> anyhow::Result<Contract> {
-        Ok(Contract {
+    pub fn to_domain(&self) -> Contract {
+        Contract {
             id: self.id,
             gpu_model: self.gpu_model.clone(),
-            billing_mode: billing_mode(&self.billing_mode)?,
+            billing_mode: self.billing_mode,
             project: self.project_id.clone(),
             provider: self.provider.clone(),
             region: self.region.clone(),
@@ -43,13 +44,25 @@ impl ContractRow {
             price_per_gpu_hour: self.price_per_gpu_hour,
             currency: self.currency.clone(),
             committed_gpus: self.committed_gpus,
-        })
+        }
     }
-}
 
-/// A stored billing mode; the table's check constraint admits no other.
-pub fn billing_mode(raw: &str) -> anyhow::Result<BillingMode> {
-    BillingMode::parse(raw).ok_or_else(|| anyhow::anyhow!("unknown billing mode {raw}"))
+    /// The contract's terms, as a change starts from.
+    pub fn fields(&self) -> ContractFields {
+        ContractFields {
+            name: self.name.clone(),
+            gpu_model: self.gpu_model.clone(),
+            billing_mode: self.billing_mode,
+            price_per_gpu_hour: self.price_per_gpu_hour,
+            currency: self.currency.clone(),
+            valid_from: self.valid_from,
+            valid_until: self.valid_until,
+            project_id: self.project_id.clone(),
+            provider: self.provider.clone(),
+            region: self.region.clone(),
+            committed_gpus: self.committed_gpus,
+        }
+    }
 }
 
 /// A contract's fields, as created or after a change.

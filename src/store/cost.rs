@@ -15,32 +15,19 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::domain::figures::{Grouping, RecordCounts, SegmentSums};
+use crate::domain::rating::Outcome;
 use crate::store::rollups::PeriodSplit;
 
 /// Decimal places of every sum read here: 10^-20 of a currency unit or GPU-second.
 pub const SUM_SCALE: u32 = 20;
 
-/// What the figures of a period are grouped by.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Grouping {
-    /// One group for the whole period.
-    Whole,
-    /// `YYYY-MM-DD` of the ledger time zone.
-    Day,
-    /// `YYYY-MM` of the ledger time zone.
-    Month,
-    GpuModel,
-    BillingMode,
-    Outcome,
-    /// The value of one label; records without it have no key.
-    Label(String),
-}
-
 /// Sums of segments of one group and kind.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct CostSums {
     pub key: Option<String>,
-    pub outcome: String,
+    #[sqlx(try_from = "String")]
+    pub outcome: Outcome,
     pub gpu_model: String,
     pub unrated_reason: Option<String>,
     pub output_unit: Option<String>,
@@ -54,6 +41,29 @@ pub struct CostSums {
     pub output_quantity: Decimal,
 }
 
+impl CostSums {
+    /// The group key and the sums it holds.
+    pub fn into_parts(self) -> (Option<String>, SegmentSums) {
+        (
+            self.key,
+            SegmentSums {
+                outcome: self.outcome,
+                gpu_model: self.gpu_model,
+                unrated_reason: self.unrated_reason,
+                output_unit: self.output_unit,
+                gpu_seconds_held: self.gpu_seconds_held,
+                gpu_seconds_busy: self.gpu_seconds_busy,
+                cost: self.cost,
+                productive: self.productive,
+                idle: self.idle,
+                unmeasured: self.unmeasured,
+                failed: self.failed,
+                output_quantity: self.output_quantity,
+            },
+        )
+    }
+}
+
 /// Per-record counts of one group.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RecordSums {
@@ -63,6 +73,21 @@ pub struct RecordSums {
     pub failures: i64,
     pub tasks_completed: i64,
     pub tasks_failed: i64,
+}
+
+impl RecordSums {
+    /// The group key and the counts it holds.
+    pub fn into_parts(self) -> (Option<String>, RecordCounts) {
+        (
+            self.key,
+            RecordCounts {
+                retries: self.retries,
+                failures: self.failures,
+                tasks_completed: self.tasks_completed,
+                tasks_failed: self.tasks_failed,
+            },
+        )
+    }
 }
 
 fn cost_columns(prefix: &str) -> String {

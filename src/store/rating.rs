@@ -13,12 +13,10 @@ use uuid::Uuid;
 
 use crate::domain::ledger_time::{LedgerHour, first_of_month};
 use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
-use crate::store::contracts::billing_mode;
+use crate::domain::record::RecordKey;
+use crate::domain::task::{AttemptEnd, task_marks};
 use crate::store::rollups::{self, Family, Level};
 use crate::store::{contracts, fx_rates};
-
-/// `(project_id, task_id, attempt)`: a job record's key.
-pub type RecordKey = (String, String, i32);
 
 /// How many records one re-rating call takes at a time.
 pub const RERATE_CHUNK: usize = 10_000;
@@ -29,14 +27,16 @@ struct RecordRow {
     task_id: String,
     attempt: i32,
     gpu_model: String,
-    billing_mode: String,
+    #[sqlx(try_from = "String")]
+    billing_mode: BillingMode,
     provider: Option<String>,
     region: Option<String>,
     started_at: DateTime<Utc>,
     ended_at: DateTime<Utc>,
     gpu_seconds_held: Decimal,
     gpu_seconds_busy: Option<Decimal>,
-    outcome: String,
+    #[sqlx(try_from = "String")]
+    outcome: Outcome,
     retries: i32,
     failures: i32,
     output_quantity: Option<Decimal>,
@@ -45,16 +45,11 @@ struct RecordRow {
 }
 
 impl RecordRow {
-    fn outcome(&self) -> anyhow::Result<Outcome> {
-        Outcome::parse(&self.outcome)
-            .ok_or_else(|| anyhow::anyhow!("unknown outcome {}", self.outcome))
-    }
-
-    fn to_rate(&self) -> anyhow::Result<RecordToRate> {
-        Ok(RecordToRate {
+    fn to_rate(&self) -> RecordToRate {
+        RecordToRate {
             project: self.project_id.clone(),
             gpu_model: self.gpu_model.clone(),
-            billing_mode: billing_mode(&self.billing_mode)?,
+            billing_mode: self.billing_mode,
             provider: self.provider.clone(),
             region: self.region.clone(),
             currency: self.currency.clone(),
@@ -62,8 +57,8 @@ impl RecordRow {
             ended_at: self.ended_at,
             gpu_seconds_held: self.gpu_seconds_held,
             gpu_seconds_busy: self.gpu_seconds_busy,
-            outcome: self.outcome()?,
-        })
+            outcome: self.outcome,
+        }
     }
 }
 
@@ -99,7 +94,7 @@ impl SegmentColumns {
         fx: &fx_rates::RateTable,
         tz: Tz,
     ) -> anyhow::Result<()> {
-        let record = row.to_rate()?;
+        let record = row.to_rate();
         let segments = rate_record(&record, contracts, fx, tz);
         // Output belongs to completed records and is booked where the record ends.
         let output = match record.outcome {
@@ -115,8 +110,8 @@ impl SegmentColumns {
                 .push(i32::try_from(seq).context("too many segments in one record")?);
             self.hour.push(segment.hour);
             self.gpu_model.push(row.gpu_model.clone());
-            self.billing_mode.push(row.billing_mode.clone());
-            self.outcome.push(row.outcome.clone());
+            self.billing_mode.push(row.billing_mode.as_str().to_owned());
+            self.outcome.push(row.outcome.as_str().to_owned());
             self.contract_id.push(segment.contract_id);
             self.unrated_reason
                 .push(segment.unrated.map(|reason| reason.as_str().to_owned()));
@@ -201,24 +196,16 @@ struct RecordColumns {
 
 impl RecordColumns {
     /// Every attempt of one task, with the marks that count the task once (COST_MODEL §4).
-    fn push_task(&mut self, attempts: &[&RecordRow], tz: Tz) -> anyhow::Result<()> {
-        let mut completed = Vec::new();
-        for attempt in attempts {
-            if attempt.outcome()? == Outcome::Completed {
-                completed.push(*attempt);
-            }
-        }
-        let first_completed = completed
+    fn push_task(&mut self, attempts: &[&RecordRow], tz: Tz) {
+        let ends: Vec<AttemptEnd> = attempts
             .iter()
-            .min_by_key(|a| (a.ended_at, a.attempt))
-            .map(|a| a.attempt);
-        let last_failed = match first_completed {
-            Some(_) => None,
-            None => attempts
-                .iter()
-                .max_by_key(|a| (a.ended_at, a.attempt))
-                .map(|a| a.attempt),
-        };
+            .map(|a| AttemptEnd {
+                attempt: a.attempt,
+                outcome: a.outcome,
+                ended_at: a.ended_at,
+            })
+            .collect();
+        let marks = task_marks(&ends);
         for attempt in attempts {
             self.project_id.push(attempt.project_id.clone());
             self.task_id.push(attempt.task_id.clone());
@@ -226,15 +213,15 @@ impl RecordColumns {
             self.end_hour
                 .push(LedgerHour::holding(attempt.ended_at, tz).start);
             self.gpu_model.push(attempt.gpu_model.clone());
-            self.billing_mode.push(attempt.billing_mode.clone());
-            self.outcome.push(attempt.outcome.clone());
+            self.billing_mode
+                .push(attempt.billing_mode.as_str().to_owned());
+            self.outcome.push(attempt.outcome.as_str().to_owned());
             self.retries.push(attempt.retries);
             self.failures.push(attempt.failures);
             self.completes_task
-                .push(first_completed == Some(attempt.attempt));
-            self.fails_task.push(last_failed == Some(attempt.attempt));
+                .push(marks.completes == Some(attempt.attempt));
+            self.fails_task.push(marks.fails == Some(attempt.attempt));
         }
-        Ok(())
     }
 }
 
@@ -285,7 +272,7 @@ pub async fn rate_records(
     }
     let mut tasks: Vec<(&str, &str)> = keys
         .iter()
-        .map(|(project, task, _)| (project.as_str(), task.as_str()))
+        .map(|key| (key.project.as_str(), key.task_id.as_str()))
         .collect();
     tasks.sort_unstable();
     tasks.dedup();
@@ -320,7 +307,7 @@ pub async fn rate_records(
 
     let wanted: HashSet<(&str, &str, i32)> = keys
         .iter()
-        .map(|(p, t, a)| (p.as_str(), t.as_str(), *a))
+        .map(|k| (k.project.as_str(), k.task_id.as_str(), k.attempt))
         .collect();
     let to_rate: Vec<&RecordRow> = attempts
         .iter()
@@ -331,12 +318,12 @@ pub async fn rate_records(
     let mut records = RecordColumns::default();
     for task in attempts.chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
     {
-        records.push_task(&task.iter().collect::<Vec<_>>(), tz)?;
+        records.push_task(&task.iter().collect::<Vec<_>>(), tz);
     }
 
-    let key_projects: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
-    let key_tasks: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-    let key_attempts: Vec<i32> = keys.iter().map(|k| k.2).collect();
+    let key_projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
+    let key_tasks: Vec<&str> = keys.iter().map(|k| k.task_id.as_str()).collect();
+    let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
 
     // Old segments out, new ones in: their difference is appended to the rollups.
     segments
@@ -457,7 +444,7 @@ async fn rate_all(
         .context("loading contracts")?
         .iter()
         .map(contracts::ContractRow::to_domain)
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Vec<_>>();
     let mut currencies: Vec<String> = records.iter().map(|r| r.currency.clone()).collect();
     currencies.sort_unstable();
     currencies.dedup();
@@ -499,7 +486,7 @@ pub async fn rerate_kind(
         }
     };
     // A segment lies inside its ledger hour, which is at most an hour long.
-    let keys = sqlx::query_as::<_, RecordKey>(
+    let keys = sqlx::query_as::<_, (String, String, i32)>(
         "SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
          WHERE project_id = ANY($1) AND gpu_model = $2 AND billing_mode = $3 \
            AND hour > $4 - interval '1 hour' AND ($5::timestamptz IS NULL OR hour < $5) \
@@ -513,7 +500,7 @@ pub async fn rerate_kind(
     .fetch_all(&mut *conn)
     .await
     .context("finding the records a contract touches")?;
-    rate_in_chunks(conn, &keys, tz).await
+    rate_in_chunks(conn, &record_keys(keys), tz).await
 }
 
 /// Re-rates every record with segments in the ledger month `[month_start, month_end)` that
@@ -534,7 +521,7 @@ pub async fn rerate_fx(
         .bind(to)
         .fetch_all(&mut *conn)
         .await?;
-    let keys = sqlx::query_as::<_, RecordKey>(
+    let keys = sqlx::query_as::<_, (String, String, i32)>(
         "SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
          WHERE project_id = ANY($1) AND hour >= $2 AND hour < $3 AND contract_id = ANY($4) \
          ORDER BY project_id, task_id, attempt",
@@ -546,7 +533,17 @@ pub async fn rerate_fx(
     .fetch_all(&mut *conn)
     .await
     .context("finding the records an FX rate touches")?;
-    rate_in_chunks(conn, &keys, tz).await
+    rate_in_chunks(conn, &record_keys(keys), tz).await
+}
+
+fn record_keys(rows: Vec<(String, String, i32)>) -> Vec<RecordKey> {
+    rows.into_iter()
+        .map(|(project, task_id, attempt)| RecordKey {
+            project,
+            task_id,
+            attempt,
+        })
+        .collect()
 }
 
 async fn rate_in_chunks(

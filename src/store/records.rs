@@ -217,7 +217,8 @@ pub struct RecordRow {
     pub version: i32,
     pub gpu_model: String,
     pub gpu_count: Decimal,
-    pub billing_mode: String,
+    #[sqlx(try_from = "String")]
+    pub billing_mode: BillingMode,
     pub provider: Option<String>,
     pub region: Option<String>,
     pub queued_at: Option<DateTime<Utc>>,
@@ -225,7 +226,8 @@ pub struct RecordRow {
     pub ended_at: DateTime<Utc>,
     pub gpu_seconds_held: Decimal,
     pub gpu_seconds_busy: Option<Decimal>,
-    pub outcome: String,
+    #[sqlx(try_from = "String")]
+    pub outcome: Outcome,
     pub retries: i32,
     pub failures: i32,
     pub output_quantity: Option<Decimal>,
@@ -241,7 +243,7 @@ const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_cou
     ingested_at, updated_at";
 
 impl RecordRow {
-    /// The record as it was validated; the table's checks guarantee the enumerations.
+    /// The record as it was validated.
     pub fn to_record(&self) -> JobRecord {
         JobRecord {
             key: RecordKey {
@@ -251,8 +253,7 @@ impl RecordRow {
             },
             gpu_model: self.gpu_model.clone(),
             gpu_count: self.gpu_count.normalize(),
-            billing_mode: BillingMode::parse(&self.billing_mode)
-                .expect("billing_mode is checked by the table"),
+            billing_mode: self.billing_mode,
             provider: self.provider.clone(),
             region: self.region.clone(),
             queued_at: self.queued_at,
@@ -260,7 +261,7 @@ impl RecordRow {
             ended_at: self.ended_at,
             gpu_seconds_held: self.gpu_seconds_held.normalize(),
             gpu_seconds_busy: self.gpu_seconds_busy.map(|b| b.normalize()),
-            outcome: Outcome::parse(&self.outcome).expect("outcome is checked by the table"),
+            outcome: self.outcome,
             retries: self.retries,
             failures: self.failures,
             output: match (self.output_quantity, &self.output_unit) {
@@ -291,7 +292,7 @@ pub async fn get(pool: &PgPool, key: &RecordKey) -> sqlx::Result<Option<RecordRo
 pub struct RecordFilter {
     pub from: Option<DateTime<Utc>>,
     pub to: Option<DateTime<Utc>>,
-    pub outcome: Option<&'static str>,
+    pub outcome: Option<Outcome>,
     pub task_id: Option<String>,
     pub after: Option<(DateTime<Utc>, String, i32)>,
 }
@@ -320,7 +321,7 @@ pub async fn list(
     .bind(project)
     .bind(filter.from)
     .bind(filter.to)
-    .bind(filter.outcome)
+    .bind(filter.outcome.map(|o| o.as_str()))
     .bind(&filter.task_id)
     .bind(after_start)
     .bind(after_task)

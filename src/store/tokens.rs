@@ -5,11 +5,14 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::domain::access::Role;
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TokenRow {
     pub id: Uuid,
     pub name: String,
-    pub role: String,
+    #[sqlx(try_from = "String")]
+    pub role: Role,
     pub projects: Vec<String>,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
@@ -20,7 +23,7 @@ const COLUMNS: &str = "id, name, role, projects, created_at, revoked_at";
 pub async fn insert(
     pool: &PgPool,
     name: &str,
-    role: &str,
+    role: Role,
     projects: &[String],
     secret_sha256: &[u8],
 ) -> sqlx::Result<TokenRow> {
@@ -30,7 +33,7 @@ pub async fn insert(
     ))
     .bind(Uuid::new_v4())
     .bind(name)
-    .bind(role)
+    .bind(role.as_str())
     .bind(projects)
     .bind(secret_sha256)
     .fetch_one(pool)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::app::Settings;
+use crate::config::Settings;
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -18,7 +18,7 @@ pub async fn run(
 ) {
     tokio::pin!(shutdown);
     loop {
-        crate::alerting::evaluate_current_month(&pool, &settings).await;
+        crate::ledger::alerting::evaluate_current_month(&pool, &settings).await;
         tokio::select! {
             () = &mut shutdown => return,
             () = tokio::time::sleep(interval) => {}

@@ -57,7 +57,7 @@ async fn fire(
         chrono_tz::UTC,
     );
     let reached = burn::alerts_reached(&b, &project.alert_thresholds);
-    taskledger::alerting::fire_reached(&app.pool, project, month, &b, &reached, as_of)
+    taskledger::ledger::alerting::fire_reached(&app.pool, project, month, &b, &reached, as_of)
         .await
         .unwrap()
         .len()

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use taskledger::app::{Clock, Settings};
+use taskledger::config::{Clock, Settings};
 use taskledger::workers::webhooks::{DeliveryPolicy, SIGNATURE_HEADER, Webhooks, sign};
 
 use crate::common::{Receiver, TestApp};

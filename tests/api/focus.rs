@@ -9,7 +9,7 @@ use axum::http::{StatusCode, header};
 use rust_decimal::Decimal;
 use serde_json::json;
 
-use taskledger::app::{Clock, Settings};
+use taskledger::config::{Clock, Settings};
 
 use crate::common::TestApp;
 use crate::cost::{contract, worked_example};

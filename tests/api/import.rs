@@ -53,10 +53,13 @@ async fn files_of_every_format_are_imported_and_rejections_are_located() {
     );
     let csv = write(&dir, "records.csv", CSV);
 
-    let summary =
-        taskledger::import::import_files(&app.pool, &[array, ndjson, csv], &Default::default())
-            .await
-            .unwrap();
+    let summary = taskledger::ledger::import::import_files(
+        &app.pool,
+        &[array, ndjson, csv],
+        &Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(summary.accepted, 5, "a1, a2, n1, c1/1, c1/2");
     assert_eq!(summary.duplicates, 1, "a2 again");
     // The rollup rows it appended are folded in before it returns.

@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use serde_json::{Value, json};
 
-use taskledger::app::{Clock, Settings};
+use taskledger::config::{Clock, Settings};
 
 use crate::common::{TestApp, TestResponse};
 use crate::cost::{assert_money, worked_example};

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
-use taskledger::app::Settings;
+use taskledger::config::Settings;
 use taskledger::store::rollups;
 
 use crate::common::TestApp;
@@ -432,7 +432,7 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
     taskledger::store::tokens::insert(
         &pool,
         "admin",
-        "admin",
+        taskledger::domain::access::Role::Admin,
         &[],
         &taskledger::domain::access::hash_secret(&app.admin),
     )
@@ -447,7 +447,7 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
             .unwrap()
     );
     let upgraded = TestApp {
-        router: taskledger::http::app(taskledger::app::AppState::new(
+        router: taskledger::http::app(taskledger::http::state::AppState::new(
             pool.clone(),
             Settings::default(),
         )),

@@ -15,9 +15,10 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tower::ServiceExt;
 
-use taskledger::app::{AppState, Settings};
+use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
-use taskledger::domain::access::{generate_secret, hash_secret};
+use taskledger::domain::access::{Role, generate_secret, hash_secret};
+use taskledger::http::state::AppState;
 
 /// The PostgreSQL server of this test process.
 struct Server {
@@ -187,9 +188,15 @@ impl TestApp {
         let database_url = (server.url_for)(&database);
         let pool = taskledger::db::connect(&database_url, 8).await.unwrap();
         let secret = generate_secret();
-        taskledger::store::tokens::insert(&pool, "test admin", "admin", &[], &hash_secret(&secret))
-            .await
-            .unwrap();
+        taskledger::store::tokens::insert(
+            &pool,
+            "test admin",
+            Role::Admin,
+            &[],
+            &hash_secret(&secret),
+        )
+        .await
+        .unwrap();
         let state = AppState::new(pool.clone(), settings);
         Self {
             router: taskledger::http::app(state),
@@ -462,7 +469,7 @@ impl Served {
 
 impl TestApp {
     pub async fn serve(&self) -> Served {
-        let server = taskledger::app::Application::bind(
+        let server = taskledger::server::Application::bind(
             self.state(Default::default()),
             "127.0.0.1:0".parse().unwrap(),
         )

@@ -5,21 +5,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// One invalid field: a JSON Pointer into the request body (or query) and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct FieldError {
-    pub pointer: String,
-    pub message: String,
-}
-
-impl FieldError {
-    pub fn new(pointer: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            pointer: pointer.into(),
-            message: message.into(),
-        }
-    }
-}
+pub use crate::domain::validation::{FieldError, Violations};
+use crate::ledger::LedgerError;
 
 /// A problem document as the API returns it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -158,43 +145,19 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
-/// Collects field errors while a request is parsed, so every bad field is reported at once.
-#[derive(Debug, Default)]
-pub struct Violations(Vec<FieldError>);
-
-impl Violations {
-    pub fn push(&mut self, pointer: impl Into<String>, message: impl Into<String>) {
-        self.0.push(FieldError::new(pointer, message));
+impl From<Violations> for ApiError {
+    fn from(violations: Violations) -> Self {
+        Self::Validation(violations.into_vec())
     }
+}
 
-    /// Keeps the value when it parsed, records the error otherwise.
-    pub fn check<T>(&mut self, pointer: &str, parsed: Result<T, String>) -> Option<T> {
-        match parsed {
-            Ok(value) => Some(value),
-            Err(message) => {
-                self.push(pointer, message);
-                None
-            }
+impl From<LedgerError> for ApiError {
+    fn from(error: LedgerError) -> Self {
+        match error {
+            LedgerError::Invalid(errors) => Self::Validation(errors),
+            LedgerError::NotFound(detail) => Self::NotFound(detail),
+            LedgerError::Conflict(detail, errors) => Self::Conflict(detail, errors),
+            LedgerError::Internal(cause) => Self::Internal(cause),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn extend(&mut self, other: Violations) {
-        self.0.extend(other.0);
-    }
-
-    pub fn into_result(self) -> ApiResult<()> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::Validation(self.0))
-        }
-    }
-
-    pub fn into_vec(self) -> Vec<FieldError> {
-        self.0
     }
 }

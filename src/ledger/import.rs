@@ -14,9 +14,9 @@ use serde_json::{Map, Value};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
-use crate::app::Settings;
+use crate::config::Settings;
 use crate::domain::record::JobRecord;
-use crate::ingest::{self, IngestError, Submitted};
+use crate::ledger::ingest::{self, IngestError, Submitted};
 use crate::store;
 
 /// Records stored per transaction.
@@ -99,7 +99,7 @@ pub async fn import_files(
     }
     progress.finish_and_clear();
     // Fold the rollup rows the import appended, in case no `serve` is running to do it.
-    crate::store::rollups::compact(pool).await?;
+    store::rollups::compact(pool).await?;
     Ok(summary)
 }
 
@@ -139,18 +139,9 @@ async fn store_batch(
                 })),
         }
     }
-    let named: Vec<String> = valid
-        .iter()
-        .map(|s| s.record.key.project.clone())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let existing: BTreeSet<String> = store::projects::existing_ids(pool, &named)
-        .await?
-        .into_iter()
-        .collect();
+    let unknown = ingest::unknown_projects(pool, &valid).await?;
     valid.retain(|s| {
-        let known = existing.contains(&s.record.key.project);
+        let known = !unknown.contains(&s.position);
         if !known {
             summary.rejected.push(Rejection {
                 location: locations[s.position].clone(),
@@ -347,21 +338,5 @@ impl<'de> Visitor<'de> for ArrayReader<'_, '_> {
             index += 1;
         }
         Ok(())
-    }
-}
-
-/// Prints the summary; at most `shown` rejections are listed.
-pub fn print_summary(summary: &Summary, shown: usize) {
-    println!(
-        "accepted {}, duplicates {}, rejected {}",
-        summary.accepted,
-        summary.duplicates,
-        summary.rejected.len()
-    );
-    for rejection in summary.rejected.iter().take(shown) {
-        println!("  {}: {}", rejection.location, rejection.reason);
-    }
-    if summary.rejected.len() > shown {
-        println!("  … and {} more", summary.rejected.len() - shown);
     }
 }

@@ -13,15 +13,15 @@ use sqlx::PgPool;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::app::Settings;
+use crate::config::Settings;
 use crate::domain::commitment::unused_commitment;
+use crate::domain::csv_cell::text_cell;
+use crate::domain::figures::{Figures, Grouping};
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::{Currency, Month};
-use crate::error::{ApiError, ApiResult};
-use crate::http::cost::{Figures, GroupView, month_cost};
-use crate::http::csv_safe::text_cell;
+use crate::ledger::cost::{CostOf, GroupView, month_cost};
+use crate::ledger::{LedgerError as ApiError, LedgerResult as ApiResult};
 use crate::store;
-use crate::store::cost::Grouping;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MonthlyReport {
@@ -240,10 +240,9 @@ pub async fn report(
     let closes = store::closes::all(pool).await?;
     if let Some(close) = closes.iter().find(|c| c.month == month.first_day()) {
         if grouping != Grouping::Whole {
-            return Err(ApiError::Conflict(
-                format!("{month} is closed: its report is frozen without groups"),
-                vec![],
-            ));
+            return Err(ApiError::conflict(format!(
+                "{month} is closed: its report is frozen without groups"
+            )));
         }
         return Ok(Report::Frozen(close.report_json.clone()));
     }
@@ -262,27 +261,20 @@ pub async fn close(
     let now = settings.clock.now();
     let (_, end) = month_bounds(month.first_day(), settings.timezone);
     if now < end {
-        return Err(ApiError::Conflict(
-            format!("{month} has not ended yet (it ends at {end}); only past months can be closed"),
-            vec![],
-        ));
+        return Err(ApiError::conflict(format!(
+            "{month} has not ended yet (it ends at {end}); only past months can be closed"
+        )));
     }
     let closes = store::closes::all(pool).await?;
     if closes.iter().any(|c| c.month == month.first_day()) {
-        return Err(ApiError::Conflict(
-            format!("{month} is already closed"),
-            vec![],
-        ));
+        return Err(ApiError::conflict(format!("{month} is already closed")));
     }
     let mut report = live_report(pool, month, Grouping::Whole, settings, &closes).await?;
     report.closed = true;
     report.closed_at = Some(now);
     let json = serde_json::to_string(&report).map_err(anyhow::Error::from)?;
     if !store::closes::close(pool, month.first_day(), now, closed_by, &json).await? {
-        return Err(ApiError::Conflict(
-            format!("{month} is already closed"),
-            vec![],
-        ));
+        return Err(ApiError::conflict(format!("{month} is already closed")));
     }
     tracing::info!(month = %month, "month closed");
     Ok(json)
@@ -324,10 +316,13 @@ async fn month_lines(
     let mut conn = pool.acquire().await?;
     let mut projects = Vec::new();
     for project in store::projects::all(pool).await? {
+        let of = CostOf {
+            project: &project.id,
+            currency: &project.currency,
+        };
         let cost = month_cost(
             &mut conn,
-            &project.id,
-            &project.currency,
+            of,
             month.first_day(),
             grouping.clone(),
             as_of,
@@ -375,7 +370,7 @@ async fn shared_lines(
     let empty = BTreeMap::new();
     let mut by_currency: BTreeMap<String, SharedLine> = BTreeMap::new();
     for row in &contracts {
-        let contract = row.to_domain()?;
+        let contract = row.to_domain();
         let charges = unused_commitment(
             &contract,
             usage.get(&row.id).unwrap_or(&empty),

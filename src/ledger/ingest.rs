@@ -6,10 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sqlx::PgPool;
 
-use crate::alerting::{self, months_between};
-use crate::app::Settings;
+use crate::config::Settings;
 use crate::domain::record::{JobRecord, RecordKey};
+use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::Month;
+use crate::ledger::alerting::{self, months_between};
+use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
 
 /// A validated record and its position in what the client sent.
@@ -96,12 +98,7 @@ pub async fn store_batch(
                 .collect(),
         ));
     }
-    let keys: Vec<_> = outcome
-        .inserted
-        .iter()
-        .map(|key| (key.project.clone(), key.task_id.clone(), key.attempt))
-        .collect();
-    store::rating::rate_records(&mut tx, &keys, tz)
+    store::rating::rate_records(&mut tx, &outcome.inserted, tz)
         .await
         .map_err(IngestError::Rating)?;
     let stored_keys: BTreeSet<&RecordKey> = outcome.inserted.iter().collect();
@@ -124,6 +121,61 @@ pub async fn store_batch(
         accepted: outcome.inserted.len(),
         duplicates: outcome.duplicates.len() + repeats,
     })
+}
+
+/// The positions of the records whose project does not exist.
+pub async fn unknown_projects(pool: &PgPool, batch: &[Submitted]) -> sqlx::Result<Vec<usize>> {
+    let named: Vec<String> = batch
+        .iter()
+        .map(|s| s.record.key.project.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let existing: BTreeSet<String> = store::projects::existing_ids(pool, &named)
+        .await?
+        .into_iter()
+        .collect();
+    Ok(batch
+        .iter()
+        .filter(|s| !existing.contains(&s.record.key.project))
+        .map(|s| s.position)
+        .collect())
+}
+
+/// Stores a batch all or nothing, as the API takes it: a record naming a project that does
+/// not exist is invalid at `/<position>/project`, a conflict is named at `/<position>`.
+pub async fn ingest(
+    pool: &PgPool,
+    batch: Vec<Submitted>,
+    settings: &Settings,
+) -> LedgerResult<Stored> {
+    let unknown = unknown_projects(pool, &batch).await?;
+    if !unknown.is_empty() {
+        let mut violations = Violations::default();
+        for s in batch.iter().filter(|s| unknown.contains(&s.position)) {
+            violations.push(
+                format!("/{}/project", s.position),
+                format!("project `{}` does not exist", s.record.key.project),
+            );
+        }
+        return Err(violations.into());
+    }
+    store_batch(pool, batch, settings)
+        .await
+        .map_err(|error| match error {
+            IngestError::Conflicts(conflicts) => LedgerError::Conflict(
+                format!(
+                    "{} records conflict with stored or repeated keys; nothing was written",
+                    conflicts.len()
+                ),
+                conflicts
+                    .iter()
+                    .map(|c| FieldError::new(format!("/{}", c.position), c.message()))
+                    .collect(),
+            ),
+            IngestError::Database(error) => error.into(),
+            IngestError::Rating(error) => LedgerError::Internal(error),
+        })
 }
 
 /// A batch with one record per key: the records, their content hashes, and how many

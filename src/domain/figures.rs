@@ -1,0 +1,403 @@
+//! The figures of a period or of one group of it (COST_MODEL.md §2–4), summed from what the
+//! rollups hold.
+//!
+//! [`FigureSums`] only adds: every figure it derives (total, waste, cost per task, unit
+//! costs) is computed from its sums at the end, never from derived figures of parts. So
+//! merging the sums of any partition of a period gives exactly the sums of the whole, and
+//! the whole's derived figures are those of the merged sums.
+
+use std::collections::BTreeMap;
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::rating::Outcome;
+use super::summary::{cost_per_completed_task, unit_costs};
+
+/// What the figures of a period are grouped by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grouping {
+    /// One group for the whole period.
+    Whole,
+    /// `YYYY-MM-DD` of the ledger time zone.
+    Day,
+    /// `YYYY-MM` of the ledger time zone.
+    Month,
+    GpuModel,
+    BillingMode,
+    Outcome,
+    /// The value of one label; records without it have no key.
+    Label(String),
+}
+
+impl Grouping {
+    /// Parses `group_by`: `day`, `month`, `gpu_model`, `billing_mode`, `outcome` or
+    /// `label:<key>`.
+    pub fn parse(raw: &str) -> Result<Grouping, String> {
+        Ok(match raw {
+            "day" => Grouping::Day,
+            "month" => Grouping::Month,
+            "gpu_model" => Grouping::GpuModel,
+            "billing_mode" => Grouping::BillingMode,
+            "outcome" => Grouping::Outcome,
+            other => match other.strip_prefix("label:") {
+                Some(key) if !key.is_empty() && key.len() <= 200 => Grouping::Label(key.to_owned()),
+                _ => {
+                    return Err(
+                        "use day, month, gpu_model, billing_mode, outcome or label:<key>"
+                            .to_owned(),
+                    );
+                }
+            },
+        })
+    }
+}
+
+/// Sums of the rated segments of one group, outcome, model, unrated reason and output unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentSums {
+    pub outcome: Outcome,
+    pub gpu_model: String,
+    /// `no_contract` or `no_fx_rate` when these segments carry no cost.
+    pub unrated_reason: Option<String>,
+    pub output_unit: Option<String>,
+    pub gpu_seconds_held: Decimal,
+    pub gpu_seconds_busy: Decimal,
+    pub cost: Decimal,
+    pub productive: Decimal,
+    pub idle: Decimal,
+    pub unmeasured: Decimal,
+    pub failed: Decimal,
+    pub output_quantity: Decimal,
+}
+
+/// Per-record counts of one group: records that ended in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordCounts {
+    pub retries: i64,
+    pub failures: i64,
+    pub tasks_completed: i64,
+    pub tasks_failed: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Breakdown {
+    /// Cost of completed records × busy/held.
+    pub productive: Decimal,
+    /// Cost of completed records × (held − busy)/held.
+    pub idle: Decimal,
+    /// Cost of completed records that reported no busy time.
+    pub unmeasured: Decimal,
+    /// Whole cost of failed, cancelled and preempted records.
+    pub failed: Decimal,
+    /// Unused commitment of reserved contracts scoped to the project.
+    pub unused_commitment: Decimal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UnratedView {
+    /// `no_contract` or `no_fx_rate`.
+    pub reason: String,
+    pub gpu_model: String,
+    pub gpu_seconds: Decimal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OutputView {
+    pub unit: String,
+    /// Output of completed records that ended in the period.
+    pub quantity: Decimal,
+    /// Cost in the period of the completed records with this unit, per unit.
+    pub direct_cost_per_unit: Option<Decimal>,
+    /// The direct cost per unit × total / cost of all completed records.
+    pub loaded_cost_per_unit: Option<Decimal>,
+}
+
+/// The figures of a period, or of one group of it. Money is in the project's currency, as
+/// full-precision decimal strings (sums are carried to 20 decimal places).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Figures {
+    /// productive + idle + unmeasured + failed + unused_commitment, exactly.
+    pub total: Decimal,
+    pub breakdown: Breakdown,
+    /// idle + failed + unused_commitment.
+    pub waste: Decimal,
+    pub gpu_seconds_held: Decimal,
+    /// Busy time of the records that measured it.
+    pub gpu_seconds_busy: Decimal,
+    /// GPU-seconds that carry no cost for want of a contract or an FX rate (including
+    /// unused committed GPU-seconds of a contract whose currency has no rate that month).
+    pub unrated_gpu_seconds: Decimal,
+    pub unrated: Vec<UnratedView>,
+    /// Tasks whose first completed record ended in the period (each task counts once).
+    pub tasks_completed: i64,
+    /// Tasks none of whose attempts completed, counted in the period holding the end of
+    /// their last attempt.
+    pub tasks_failed: i64,
+    /// Sums of the records' `retries` and `failures`, for records that ended in the period.
+    pub retries: i64,
+    pub failures: i64,
+    /// total / tasks_completed; null when no task completed.
+    pub cost_per_completed_task: Option<Decimal>,
+    pub output: Vec<OutputView>,
+}
+
+/// Sums of one group, before the derived figures are computed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FigureSums {
+    productive: Decimal,
+    idle: Decimal,
+    unmeasured: Decimal,
+    failed: Decimal,
+    unused_commitment: Decimal,
+    gpu_seconds_held: Decimal,
+    gpu_seconds_busy: Decimal,
+    /// (reason, model) → GPU-seconds.
+    unrated: BTreeMap<(String, String), Decimal>,
+    tasks_completed: i64,
+    tasks_failed: i64,
+    retries: i64,
+    failures: i64,
+    completed_cost: Decimal,
+    /// Unit → (quantity, direct cost).
+    output: BTreeMap<String, (Decimal, Decimal)>,
+}
+
+impl FigureSums {
+    pub fn add_segments(&mut self, sums: &SegmentSums) {
+        self.productive += sums.productive;
+        self.idle += sums.idle;
+        self.unmeasured += sums.unmeasured;
+        self.failed += sums.failed;
+        self.gpu_seconds_held += sums.gpu_seconds_held;
+        self.gpu_seconds_busy += sums.gpu_seconds_busy;
+        if let Some(reason) = &sums.unrated_reason {
+            self.add_unrated(reason, &sums.gpu_model, sums.gpu_seconds_held);
+        }
+        if sums.outcome == Outcome::Completed {
+            self.completed_cost += sums.cost;
+            if let Some(unit) = &sums.output_unit {
+                let (quantity, direct) = self.output.entry(unit.clone()).or_default();
+                *quantity += sums.output_quantity;
+                *direct += sums.cost;
+            }
+        }
+    }
+
+    pub fn add_records(&mut self, counts: &RecordCounts) {
+        self.tasks_completed += counts.tasks_completed;
+        self.tasks_failed += counts.tasks_failed;
+        self.retries += counts.retries;
+        self.failures += counts.failures;
+    }
+
+    pub fn add_unused_commitment(&mut self, cost: Decimal) {
+        self.unused_commitment += cost;
+    }
+
+    /// GPU-seconds that carry no cost, by reason and model.
+    pub fn add_unrated(&mut self, reason: &str, gpu_model: &str, gpu_seconds: Decimal) {
+        *self
+            .unrated
+            .entry((reason.to_owned(), gpu_model.to_owned()))
+            .or_default() += gpu_seconds;
+    }
+
+    pub fn merge(&mut self, other: &FigureSums) {
+        self.productive += other.productive;
+        self.idle += other.idle;
+        self.unmeasured += other.unmeasured;
+        self.failed += other.failed;
+        self.unused_commitment += other.unused_commitment;
+        self.gpu_seconds_held += other.gpu_seconds_held;
+        self.gpu_seconds_busy += other.gpu_seconds_busy;
+        for ((reason, model), seconds) in &other.unrated {
+            self.add_unrated(reason, model, *seconds);
+        }
+        self.tasks_completed += other.tasks_completed;
+        self.tasks_failed += other.tasks_failed;
+        self.retries += other.retries;
+        self.failures += other.failures;
+        self.completed_cost += other.completed_cost;
+        for (unit, (quantity, direct)) in &other.output {
+            let (q, d) = self.output.entry(unit.clone()).or_default();
+            *q += quantity;
+            *d += direct;
+        }
+    }
+
+    pub fn total(&self) -> Decimal {
+        self.productive + self.idle + self.unmeasured + self.failed + self.unused_commitment
+    }
+
+    pub fn figures(&self) -> Figures {
+        let total = self.total();
+        let tasks_completed = u64::try_from(self.tasks_completed).unwrap_or(0);
+        Figures {
+            total: total.normalize(),
+            breakdown: Breakdown {
+                productive: self.productive.normalize(),
+                idle: self.idle.normalize(),
+                unmeasured: self.unmeasured.normalize(),
+                failed: self.failed.normalize(),
+                unused_commitment: self.unused_commitment.normalize(),
+            },
+            waste: (self.idle + self.failed + self.unused_commitment).normalize(),
+            gpu_seconds_held: self.gpu_seconds_held.normalize(),
+            gpu_seconds_busy: self.gpu_seconds_busy.normalize(),
+            unrated_gpu_seconds: self.unrated.values().copied().sum::<Decimal>().normalize(),
+            unrated: self
+                .unrated
+                .iter()
+                .map(|((reason, gpu_model), seconds)| UnratedView {
+                    reason: reason.clone(),
+                    gpu_model: gpu_model.clone(),
+                    gpu_seconds: seconds.normalize(),
+                })
+                .collect(),
+            tasks_completed: self.tasks_completed,
+            tasks_failed: self.tasks_failed,
+            retries: self.retries,
+            failures: self.failures,
+            cost_per_completed_task: cost_per_completed_task(total, tasks_completed)
+                .map(|cost| cost.normalize()),
+            output: self
+                .output
+                .iter()
+                .map(|(unit, (quantity, direct))| {
+                    let costs = unit_costs(*direct, *quantity, total, self.completed_cost);
+                    OutputView {
+                        unit: unit.clone(),
+                        quantity: quantity.normalize(),
+                        direct_cost_per_unit: costs.direct_per_unit.map(|c| c.normalize()),
+                        loaded_cost_per_unit: costs.loaded_per_unit.map(|c| c.normalize()),
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn money() -> impl Strategy<Value = Decimal> {
+        (0i64..10_000_000_000).prop_map(|cents| Decimal::new(cents, 8))
+    }
+
+    fn outcome() -> impl Strategy<Value = Outcome> {
+        prop_oneof![
+            Just(Outcome::Completed),
+            Just(Outcome::Failed),
+            Just(Outcome::Cancelled),
+            Just(Outcome::Preempted),
+        ]
+    }
+
+    prop_compose! {
+        fn segment_sums()(
+            outcome in outcome(),
+            gpu_model in prop_oneof![Just("H100"), Just("A100")],
+            unrated in prop_oneof![Just(None), Just(Some("no_contract")), Just(Some("no_fx_rate"))],
+            unit in prop_oneof![Just(None), Just(Some("tokens")), Just(Some("samples"))],
+            held in money(), busy in money(), parts in prop::array::uniform4(money()),
+            quantity in money(),
+        ) -> SegmentSums {
+            let [productive, idle, unmeasured, failed] = parts;
+            SegmentSums {
+                outcome,
+                gpu_model: gpu_model.to_owned(),
+                unrated_reason: unrated.map(str::to_owned),
+                output_unit: unit.map(str::to_owned),
+                gpu_seconds_held: held,
+                gpu_seconds_busy: busy,
+                cost: productive + idle + unmeasured + failed,
+                productive, idle, unmeasured, failed,
+                output_quantity: quantity,
+            }
+        }
+    }
+
+    prop_compose! {
+        fn record_counts()(counts in prop::array::uniform4(0i64..1000)) -> RecordCounts {
+            let [retries, failures, tasks_completed, tasks_failed] = counts;
+            RecordCounts { retries, failures, tasks_completed, tasks_failed }
+        }
+    }
+
+    /// One contribution to a group: segment sums, record counts or unused commitment.
+    #[derive(Debug, Clone)]
+    enum Part {
+        Segments(SegmentSums),
+        Records(RecordCounts),
+        Unused(Decimal),
+    }
+
+    fn part() -> impl Strategy<Value = Part> {
+        prop_oneof![
+            segment_sums().prop_map(Part::Segments),
+            record_counts().prop_map(Part::Records),
+            money().prop_map(Part::Unused),
+        ]
+    }
+
+    fn add(sums: &mut FigureSums, part: &Part) {
+        match part {
+            Part::Segments(s) => sums.add_segments(s),
+            Part::Records(r) => sums.add_records(r),
+            Part::Unused(cost) => sums.add_unused_commitment(*cost),
+        }
+    }
+
+    proptest! {
+        /// However the parts of a period are split into groups, merging the groups gives
+        /// exactly the figures of the whole, and the groups' totals add up to its total.
+        #[test]
+        fn groups_merge_to_the_whole(
+            parts in prop::collection::vec((part(), 0usize..5), 0..40),
+        ) {
+            let mut whole = FigureSums::default();
+            let mut groups = vec![FigureSums::default(); 5];
+            for (part, group) in &parts {
+                add(&mut whole, part);
+                add(&mut groups[*group], part);
+            }
+            let mut merged = FigureSums::default();
+            for group in &groups {
+                merged.merge(group);
+            }
+            prop_assert_eq!(merged.figures(), whole.figures());
+            let group_totals: Decimal = groups.iter().map(FigureSums::total).sum();
+            prop_assert_eq!(group_totals, whole.total());
+        }
+
+        /// The breakdown is a partition of the total, and waste is its wasted parts.
+        #[test]
+        fn parts_add_up_to_the_total(parts in prop::collection::vec(part(), 0..40)) {
+            let mut sums = FigureSums::default();
+            for part in &parts {
+                add(&mut sums, part);
+            }
+            let f = sums.figures();
+            let b = &f.breakdown;
+            prop_assert_eq!(b.productive + b.idle + b.unmeasured + b.failed + b.unused_commitment, f.total);
+            prop_assert_eq!(b.idle + b.failed + b.unused_commitment, f.waste);
+            let unrated: Decimal = f.unrated.iter().map(|u| u.gpu_seconds).sum();
+            prop_assert_eq!(unrated, f.unrated_gpu_seconds);
+        }
+    }
+
+    #[test]
+    fn group_by_names_every_grouping() {
+        assert_eq!(Grouping::parse("day"), Ok(Grouping::Day));
+        assert_eq!(
+            Grouping::parse("label:team"),
+            Ok(Grouping::Label("team".to_owned()))
+        );
+        assert!(Grouping::parse("label:").is_err());
+        assert!(Grouping::parse("week").is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! What a project's GPU time cost over a period (COST_MODEL.md §2–4), read from the rated
+//! rollups, with the unused commitment of its own reserved contracts.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use chrono_tz::Tz;
+use rust_decimal::Decimal;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::domain::commitment::unused_commitment;
+use crate::domain::figures::{FigureSums, Figures, Grouping};
+use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
+use crate::domain::rating::FxRates;
+use crate::ledger::LedgerResult;
+use crate::store;
+use crate::store::cost::SUM_SCALE;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GroupView {
+    /// The day, month, model, mode, outcome or label value; null for what has none (records
+    /// without the label, or unused commitment when grouping by outcome or label).
+    pub key: Option<String>,
+    #[serde(flatten)]
+    pub figures: Figures,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CostView {
+    pub project: String,
+    pub currency: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// Unused commitment accrued up to this time.
+    pub as_of: DateTime<Utc>,
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// Present with `group_by`: the groups in key order; they add up exactly to the figures
+    /// above.
+    pub groups: Vec<GroupView>,
+}
+
+/// What to compute: a period on ledger hour boundaries, how to group it, and the instant up
+/// to which unused commitment accrues.
+#[derive(Debug, Clone)]
+pub struct CostQuery {
+    pub period: (DateTime<Utc>, DateTime<Utc>),
+    pub grouping: Grouping,
+    pub as_of: DateTime<Utc>,
+}
+
+/// The project a cost is computed for.
+#[derive(Debug, Clone, Copy)]
+pub struct CostOf<'a> {
+    pub project: &'a str,
+    pub currency: &'a str,
+}
+
+/// A project's cost over a period, from its rated data.
+///
+/// Every figure covers the segments in `[from, to)`: a record spanning the period's edge
+/// counts with the part inside it. Figures counted per record (tasks, retries, failures,
+/// output) belong to the period holding the record's `ended_at`. Unused commitment of
+/// reserved contracts scoped to the project accrues hour by hour up to `as_of`.
+pub async fn project_cost(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    query: &CostQuery,
+    tz: Tz,
+) -> LedgerResult<CostView> {
+    let mut groups: BTreeMap<Option<String>, FigureSums> = BTreeMap::new();
+    for row in store::cost::cost_sums(conn, of.project, query.period, &query.grouping, tz).await? {
+        let (key, sums) = row.into_parts();
+        groups.entry(key).or_default().add_segments(&sums);
+    }
+    for row in store::cost::record_sums(conn, of.project, query.period, &query.grouping, tz).await?
+    {
+        let (key, counts) = row.into_parts();
+        groups.entry(key).or_default().add_records(&counts);
+    }
+    add_unused_commitment(conn, of, query, tz, &mut groups).await?;
+    let mut whole = FigureSums::default();
+    for group in groups.values() {
+        whole.merge(group);
+    }
+    let groups = match query.grouping {
+        Grouping::Whole => Vec::new(),
+        _ => groups
+            .into_iter()
+            .map(|(key, group)| GroupView {
+                key,
+                figures: group.figures(),
+            })
+            .collect(),
+    };
+    Ok(CostView {
+        project: of.project.to_owned(),
+        currency: of.currency.to_owned(),
+        from: query.period.0,
+        to: query.period.1,
+        as_of: query.as_of,
+        figures: whole.figures(),
+        groups,
+    })
+}
+
+/// A project's cost over a whole ledger month, with unused commitment accrued up to `as_of`.
+pub async fn month_cost(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    month: NaiveDate,
+    grouping: Grouping,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<CostView> {
+    let query = CostQuery {
+        period: month_bounds(month, tz),
+        grouping,
+        as_of,
+    };
+    project_cost(conn, of, &query, tz).await
+}
+
+/// A project's spend in a month up to `as_of` (COST_MODEL §5): the cost of the month's ledger
+/// hours up to the one holding `as_of`, and unused commitment accrued until `as_of`.
+pub async fn month_spend(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<Decimal> {
+    let (start, end) = month_bounds(month, tz);
+    let until = if as_of >= end {
+        end
+    } else {
+        LedgerHour::holding(as_of, tz).end
+    };
+    if as_of <= start {
+        return Ok(Decimal::ZERO);
+    }
+    let query = CostQuery {
+        period: (start, until),
+        grouping: Grouping::Whole,
+        as_of,
+    };
+    Ok(project_cost(conn, of, &query, tz).await?.figures.total)
+}
+
+/// The group key of a ledger hour, for figures computed per hour (unused commitment).
+fn hour_key(grouping: &Grouping, hour: DateTime<Utc>, gpu_model: &str, tz: Tz) -> Option<String> {
+    let local = hour.with_timezone(&tz);
+    match grouping {
+        Grouping::Whole | Grouping::Outcome | Grouping::Label(_) => None,
+        Grouping::Day => Some(local.format("%Y-%m-%d").to_string()),
+        Grouping::Month => Some(local.format("%Y-%m").to_string()),
+        Grouping::GpuModel => Some(gpu_model.to_owned()),
+        Grouping::BillingMode => Some("reserved".to_owned()),
+    }
+}
+
+/// Unused commitment of the project's own reserved contracts, per group, up to `as_of`.
+async fn add_unused_commitment(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    query: &CostQuery,
+    tz: Tz,
+    groups: &mut BTreeMap<Option<String>, FigureSums>,
+) -> LedgerResult<()> {
+    let (from, to) = query.period;
+    let accrues_until = to.min(query.as_of);
+    if accrues_until <= from {
+        return Ok(());
+    }
+    let window = (from, accrues_until);
+    let contracts =
+        store::contracts::project_commitments(conn, of.project, from, accrues_until).await?;
+    if contracts.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<_> = contracts.iter().map(|c| c.id).collect();
+    // An hour cut by `as_of` has its usage read whole: usage has no finer grain.
+    let usage = store::cost::contract_usage(conn, of.project, window, &ids).await?;
+    let fx = store::fx_rates::table(
+        conn,
+        LedgerHour::holding(from, tz).month,
+        LedgerHour::holding(accrues_until, tz).month,
+        &[of.currency.to_owned()],
+    )
+    .await?;
+    let empty = BTreeMap::new();
+    for row in &contracts {
+        let contract = row.to_domain();
+        let used = usage.get(&row.id).unwrap_or(&empty);
+        for charge in unused_commitment(&contract, used, window.0, window.1, tz) {
+            if charge.unused_gpu_hours.is_zero() {
+                continue;
+            }
+            let month = LedgerHour::holding(charge.hour, tz).month;
+            let group = groups
+                .entry(hour_key(
+                    &query.grouping,
+                    charge.hour,
+                    &contract.gpu_model,
+                    tz,
+                ))
+                .or_default();
+            match fx.conversion(month, &contract.currency, of.currency) {
+                Some(rate) => {
+                    group.add_unused_commitment((charge.cost * rate).round_dp(SUM_SCALE));
+                }
+                None => group.add_unrated(
+                    "no_fx_rate",
+                    &contract.gpu_model,
+                    (charge.unused_gpu_hours * SECONDS_PER_HOUR).round_dp(SUM_SCALE),
+                ),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! The one error of the use cases: what went wrong in terms a caller can act on. The HTTP
+//! layer turns it into a problem document; the command line into one line of text.
+
+use crate::domain::validation::{FieldError, Violations};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The request names invalid values; each field error says which and why.
+    #[error("the request is invalid")]
+    Invalid(Vec<FieldError>),
+    #[error("{0}")]
+    NotFound(String),
+    /// The request contradicts what is stored; the field errors point at the cause.
+    #[error("{0}")]
+    Conflict(String, Vec<FieldError>),
+    /// Anything else; its cause chain is kept for the log, never shown to a client.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+pub type LedgerResult<T> = Result<T, LedgerError>;
+
+impl LedgerError {
+    pub fn invalid(pointer: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid(vec![FieldError::new(pointer, message)])
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::Conflict(detail.into(), Vec::new())
+    }
+}
+
+impl From<Violations> for LedgerError {
+    fn from(violations: Violations) -> Self {
+        Self::Invalid(violations.into_vec())
+    }
+}
+
+impl From<sqlx::Error> for LedgerError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Internal(anyhow::Error::new(error).context("a database statement failed"))
+    }
+}

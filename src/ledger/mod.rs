@@ -1,0 +1,19 @@
+//! The use cases: what the service does, each as one function that the HTTP layer, the
+//! command line and the background workers call alike. A use case reads and writes through
+//! `store`, computes with `domain`, owns its transactions, and reports failures as a
+//! [`LedgerError`].
+
+pub mod alerting;
+pub mod cost;
+pub mod error;
+pub mod focus;
+pub mod import;
+pub mod ingest;
+pub mod pricing;
+pub mod projects;
+pub mod records;
+pub mod reports;
+pub mod setup;
+pub mod tokens;
+
+pub use error::{LedgerError, LedgerResult};

@@ -1,0 +1,70 @@
+//! Reading a stored job record with its history, and correcting one.
+
+use std::collections::BTreeSet;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::domain::record::{JobRecord, RecordKey};
+use crate::domain::values::Month;
+use crate::ledger::alerting::{self, months_between};
+use crate::ledger::{LedgerError, LedgerResult};
+use crate::store;
+use crate::store::records::{RecordRow, VersionRow};
+
+/// A stored record and its earlier versions, oldest first.
+pub struct RecordHistory {
+    pub record: RecordRow,
+    pub history: Vec<VersionRow>,
+}
+
+fn no_record(key: &RecordKey) -> LedgerError {
+    LedgerError::NotFound(format!("no job record {key}"))
+}
+
+/// A stored record with every earlier version.
+pub async fn record_with_history(pool: &PgPool, key: &RecordKey) -> LedgerResult<RecordHistory> {
+    let record = store::records::get(pool, key)
+        .await?
+        .ok_or_else(|| no_record(key))?;
+    let history = store::records::history(pool, key).await?;
+    Ok(RecordHistory { record, history })
+}
+
+/// Replaces a stored record with its corrected version, keeping the one it replaces in the
+/// history (with who replaced it), re-rates the record's task in the same transaction, and
+/// re-evaluates the budget burn of every month the old or new record touches. An identical
+/// record changes nothing.
+pub async fn correct(
+    pool: &PgPool,
+    record: JobRecord,
+    changed_by: Uuid,
+    settings: &Settings,
+) -> LedgerResult<RecordHistory> {
+    let key = record.key.clone();
+    let tz = settings.timezone;
+    let mut tx = pool.begin().await?;
+    let previous = store::records::lock(&mut tx, &key)
+        .await?
+        .ok_or_else(|| no_record(&key))?;
+    let changed = previous.to_record().content_hash() != record.content_hash();
+    if changed {
+        store::records::replace(&mut tx, &previous, &record, changed_by).await?;
+        store::rating::rate_records(&mut tx, std::slice::from_ref(&key), tz).await?;
+    }
+    tx.commit().await?;
+    if changed {
+        let months: BTreeSet<Month> = months_between(previous.started_at, previous.ended_at, tz)
+            .into_iter()
+            .chain(months_between(record.started_at, record.ended_at, tz))
+            .collect();
+        alerting::evaluate_all(
+            pool,
+            months.into_iter().map(|month| (key.project.clone(), month)),
+            settings,
+        )
+        .await;
+    }
+    record_with_history(pool, &key).await
+}

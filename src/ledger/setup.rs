@@ -1,0 +1,24 @@
+//! Getting a database ready to serve: migrations, rollups in the ledger time zone, and the
+//! secret alert webhooks are signed with.
+
+use chrono_tz::Tz;
+use sqlx::PgPool;
+
+use crate::domain::access::generate_secret;
+use crate::store;
+
+/// Applies pending migrations and makes the daily and monthly rollups those of `tz`; true
+/// when they had to be rebuilt for it.
+pub async fn prepare(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
+    crate::db::migrate(pool).await?;
+    store::rollups::align_to_time_zone(pool, tz).await
+}
+
+/// `configured` (from `TASKLEDGER_WEBHOOK_SECRET`), or else a secret generated once and kept
+/// in the database, so that every replica signs alike.
+pub async fn webhook_secret(pool: &PgPool, configured: Option<&str>) -> anyhow::Result<String> {
+    match configured {
+        Some(secret) => Ok(secret.to_owned()),
+        None => Ok(store::settings::get_or_create(pool, "webhook_secret", generate_secret).await?),
+    }
+}

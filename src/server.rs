@@ -1,0 +1,185 @@
+//! The wiring: parses the command line, opens the database, and for `serve` starts the
+//! background workers next to the listening server until SIGINT or SIGTERM.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::net::TcpListener;
+
+use crate::cli::{self, Cli, Command, Config};
+use crate::db::Database;
+use crate::http::state::AppState;
+use crate::ledger::{setup, tokens};
+use crate::workers;
+
+/// Runs the command line and turns any failure into a one-line message and exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve => serve(cli.config).await,
+            Command::Openapi => {
+                println!("{}", crate::http::openapi().to_pretty_json()?);
+                Ok(())
+            }
+            command => cli::run(cli.config, command).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,sqlx=warn,tower_http=info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// A bound, not yet serving, HTTP server. Binding first lets tests use port 0 and read the
+/// port back.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    pub async fn bind(state: AppState, address: SocketAddr) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|error| anyhow::anyhow!("cannot listen on {address}: {error}"))?;
+        Ok(Self { listener, state })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` completes, then lets in-flight requests finish.
+    pub async fn serve_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let router = crate::http::app(self.state);
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT received, shutting down"),
+        () = terminate => tracing::info!("SIGTERM received, shutting down"),
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let database = Database::open(
+        config.database_url.as_deref(),
+        &config.data_dir,
+        config.db_pool_size,
+        false,
+    )
+    .await?;
+    let outcome = serve_on(&database, &config).await;
+    let closed = database.close().await;
+    outcome.and(closed)
+}
+
+async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
+    cli::prepare(&database.pool, config).await?;
+    bootstrap_admin(&database.pool).await?;
+    let settings = config.settings();
+    let state = AppState::new(database.pool.clone(), settings);
+    let secret =
+        setup::webhook_secret(&database.pool, cli::webhook_secret_env().as_deref()).await?;
+    let webhooks =
+        workers::webhooks::Webhooks::new(database.pool.clone(), secret, Default::default())?;
+    let application = Application::bind(state, config.listen).await?;
+    tracing::info!(address = %application.local_addr(), "taskledger is ready");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopping = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.changed().await;
+        }
+    };
+    let delivery = tokio::spawn(webhooks.run(stopping()));
+    let compaction = tokio::spawn(workers::compaction::run(
+        database.pool.clone(),
+        workers::compaction::DEFAULT_INTERVAL,
+        stopping(),
+    ));
+    let ticker = tokio::spawn(workers::burn_tick::run(
+        database.pool.clone(),
+        settings,
+        workers::burn_tick::DEFAULT_INTERVAL,
+        stopping(),
+    ));
+    let served = application
+        .serve_until(async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        })
+        .await;
+    delivery.await?;
+    ticker.await?;
+    compaction.await?;
+    served
+}
+
+/// Makes sure someone can log in: the bootstrap token from the environment, or else a
+/// first-start admin token printed once when the database has no token at all.
+async fn bootstrap_admin(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let configured = std::env::var("TASKLEDGER_BOOTSTRAP_TOKEN")
+        .ok()
+        .map(|secret| secret.trim().to_owned())
+        .filter(|secret| !secret.is_empty());
+    match tokens::bootstrap_admin(pool, configured.as_deref()).await? {
+        tokens::Bootstrap::Configured => {
+            tracing::info!("bootstrap admin token from TASKLEDGER_BOOTSTRAP_TOKEN is active");
+        }
+        tokens::Bootstrap::FirstAdmin { id, secret } => {
+            println!("first start: created admin token {id} — it is shown only this once:");
+            println!("{secret}");
+        }
+        tokens::Bootstrap::Existing => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! The layout is the architecture: dependencies between the modules of `src/` point one way.
+//!
+//! `domain` ← `store`, `db` ← `config` ← `ledger` ← `http`, `workers`, `cli` ← `server`
+//!
+//! A module may use modules of its own top-level module and of layers to its left, never one
+//! to its right, and never a sibling of its own layer (the server wires those together).
+//! The domain is pure: no database, web framework or runtime. And no two modules import each
+//! other, directly or through others.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Each top-level module of `src/` and its layer; a lower layer is further left.
+const LAYERS: [(&str, u8); 9] = [
+    ("domain", 0),
+    ("store", 1),
+    ("db", 1),
+    ("config", 2),
+    ("ledger", 3),
+    ("http", 4),
+    ("workers", 4),
+    ("cli", 4),
+    ("server", 5),
+];
+
+/// Crates the pure domain must not touch.
+const IMPURE_CRATES: [&str; 7] = [
+    "sqlx", "axum", "tokio", "tower", "tower_http", "reqwest", "hyper",
+];
+
+fn layer_of(module: &str) -> Option<u8> {
+    let top = module.split("::").next()?;
+    LAYERS.iter().find(|(name, _)| *name == top).map(|(_, l)| *l)
+}
+
+fn top(module: &str) -> &str {
+    module.split("::").next().unwrap_or(module)
+}
+
+/// `src/ledger/reports/mod.rs` → `ledger::reports`; `lib.rs` and `main.rs` are the root.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(src).ok()?.with_extension("");
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|last| last == "mod") {
+        parts.pop();
+    }
+    match parts.as_slice() {
+        [only] if only == "lib" || only == "main" => None,
+        _ => Some(parts.join("::")),
+    }
+}
+
+fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("src is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, files);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The code of a file without comments, so that prose naming a path is not a dependency,
+/// and without its unit tests (the module at its end), whose `super` is the file itself.
+fn code_of(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]") {
+        Some(index) => &text[..index],
+        None => text,
+    };
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(index) => &line[..index],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The paths of a use tree starting at `text` (just after `crate::`), e.g.
+/// `{ledger::cost, store::{self, rollups}}` → `ledger::cost`, `store`, `store::rollups`.
+fn use_tree_paths(text: &str) -> Vec<String> {
+    fn parse(chars: &[char], at: &mut usize, prefix: &str, out: &mut Vec<String>) {
+        let mut path = prefix.to_owned();
+        loop {
+            while *at < chars.len() && chars[*at].is_whitespace() {
+                *at += 1;
+            }
+            if *at < chars.len() && chars[*at] == '{' {
+                *at += 1;
+                loop {
+                    parse(chars, at, &path, out);
+                    while *at < chars.len() && chars[*at].is_whitespace() {
+                        *at += 1;
+                    }
+                    match chars.get(*at) {
+                        Some(',') => *at += 1,
+                        Some('}') => {
+                            *at += 1;
+                            return;
+                        }
+                        _ => return,
+                    }
+                    while *at < chars.len() && chars[*at].is_whitespace() {
+                        *at += 1;
+                    }
+                    if chars.get(*at) == Some(&'}') {
+                        *at += 1;
+                        return;
+                    }
+                }
+            }
+            let start = *at;
+            while *at < chars.len() && (chars[*at].is_alphanumeric() || chars[*at] == '_') {
+                *at += 1;
+            }
+            let segment: String = chars[start..*at].iter().collect();
+            if segment.is_empty() {
+                break;
+            }
+            if segment != "self" {
+                path = if path.is_empty() {
+                    segment
+                } else {
+                    format!("{path}::{segment}")
+                };
+            }
+            if chars.get(*at) == Some(&':') && chars.get(*at + 1) == Some(&':') {
+                *at += 2;
+            } else {
+                break;
+            }
+        }
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    parse(&chars, &mut 0, "", &mut out);
+    out
+}
+
+/// The modules a file refers to through `crate::` and `super::` paths, resolved to the
+/// longest known module.
+fn references(code: &str, module: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+    let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+    let mut found = BTreeSet::new();
+    for (marker, base) in [("crate::", ""), ("super::", parent)] {
+        let mut rest = code;
+        while let Some(index) = rest.find(marker) {
+            let preceded_by_path = index > 0
+                && rest[..index]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+            rest = &rest[index + marker.len()..];
+            if preceded_by_path {
+                continue;
+            }
+            for path in use_tree_paths(rest) {
+                let full = if base.is_empty() {
+                    path
+                } else {
+                    format!("{base}::{path}")
+                };
+                let mut candidate = full.as_str();
+                loop {
+                    if known.contains(candidate) {
+                        found.insert(candidate.to_owned());
+                        break;
+                    }
+                    match candidate.rsplit_once("::") {
+                        Some((shorter, _)) => candidate = shorter,
+                        None => break,
+                    }
+                }
+            }
+        }
+    }
+    found.remove(module);
+    found
+}
+
+struct Graph {
+    /// Module → (file, the modules it refers to).
+    edges: BTreeMap<String, (PathBuf, BTreeSet<String>)>,
+}
+
+fn graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeMap<String, PathBuf> = files
+        .iter()
+        .filter_map(|file| module_of(&src, file).map(|module| (module, file.clone())))
+        .collect();
+    let known: BTreeSet<String> = modules.keys().cloned().collect();
+    let edges = modules
+        .into_iter()
+        .map(|(module, file)| {
+            let code = code_of(&fs::read_to_string(&file).expect("a readable source file"));
+            let refs = references(&code, &module, &known);
+            (module, (file, refs))
+        })
+        .collect();
+    Graph { edges }
+}
+
+#[test]
+fn every_top_level_module_has_a_layer() {
+    let graph = graph();
+    let unplaced: BTreeSet<&str> = graph
+        .edges
+        .keys()
+        .map(|m| top(m))
+        .filter(|m| layer_of(m).is_none())
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "give these modules a layer in tests/architecture.rs: {unplaced:?}"
+    );
+}
+
+#[test]
+fn dependencies_point_one_way() {
+    let graph = graph();
+    let mut broken = Vec::new();
+    for (module, (file, refs)) in &graph.edges {
+        let Some(own) = layer_of(module) else {
+            continue;
+        };
+        for target in refs {
+            if top(target) == top(module) {
+                continue;
+            }
+            let Some(theirs) = layer_of(target) else {
+                continue;
+            };
+            if theirs >= own {
+                broken.push(format!(
+                    "{} ({module}, layer {own}) uses {target} (layer {theirs})",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "dependencies must point to lower layers only:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_domain_is_pure() {
+    let graph = graph();
+    let mut impure = Vec::new();
+    for (module, (file, _)) in graph.edges.iter().filter(|(m, _)| top(m) == "domain") {
+        let code = code_of(&fs::read_to_string(file).expect("a readable source file"));
+        for name in IMPURE_CRATES {
+            let used = code.match_indices(&format!("{name}::")).any(|(index, _)| {
+                index == 0
+                    || !code[..index]
+                        .chars()
+                        .last()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            });
+            if used {
+                impure.push(format!("{} ({module}) uses {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        impure.is_empty(),
+        "the domain is free of I/O:\n{}",
+        impure.join("\n")
+    );
+}
+
+#[test]
+fn no_module_depends_on_itself_through_others() {
+    let graph = graph();
+    let mut cycles = BTreeSet::new();
+    for start in graph.edges.keys() {
+        // Depth-first search for a path back to `start`.
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((module, path)) = stack.pop() {
+            let Some((_, refs)) = graph.edges.get(&module) else {
+                continue;
+            };
+            for next in refs {
+                if next == start {
+                    let mut cycle = path.clone();
+                    cycle.push(start.clone());
+                    let smallest = cycle[..cycle.len() - 1]
+                        .iter()
+                        .min()
+                        .expect("a cycle has members")
+                        .clone();
+                    if smallest == *start {
+                        cycles.insert(cycle.join(" → "));
+                    }
+                } else if seen.insert(next.clone()) {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push((next.clone(), longer));
+                }
+            }
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "import cycles between modules:\n{}",
+        cycles.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn the_checks_see_what_they_check() {
+    assert_eq!(
+        use_tree_paths("{ledger::cost, store::{self, rollups}};"),
+        vec!["ledger::cost", "store", "store::rollups"]
+    );
+    let known: BTreeSet<String> = ["http::cost", "ledger::cost", "store", "store::rollups"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let code = "use crate::ledger::cost::{CostOf, month_cost};\nlet x = crate::store::rollups::compact(pool);";
+    assert_eq!(
+        references(code, "http::cost", &known),
+        ["ledger::cost", "store::rollups"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    );
+    let graph = graph();
+    let (_, refs) = &graph.edges["http::cost"];
+    assert!(refs.contains("ledger::cost"), "{refs:?}");
+}
