@@ -26,12 +26,21 @@ const LAYERS: [(&str, u8); 9] = [
 
 /// Crates the pure domain must not touch.
 const IMPURE_CRATES: [&str; 7] = [
-    "sqlx", "axum", "tokio", "tower", "tower_http", "reqwest", "hyper",
+    "sqlx",
+    "axum",
+    "tokio",
+    "tower",
+    "tower_http",
+    "reqwest",
+    "hyper",
 ];
 
 fn layer_of(module: &str) -> Option<u8> {
     let top = module.split("::").next()?;
-    LAYERS.iter().find(|(name, _)| *name == top).map(|(_, l)| *l)
+    LAYERS
+        .iter()
+        .find(|(name, _)| *name == top)
+        .map(|(_, l)| *l)
 }
 
 fn top(module: &str) -> &str {

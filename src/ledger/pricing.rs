@@ -18,10 +18,10 @@ use crate::store::contracts::{ContractFields, ContractRow, OVERLAP_CONSTRAINT};
 use crate::store::fx_rates::FxRateRow;
 
 /// What a price change must re-rate.
-enum Rerate {
+enum Rerate<'a> {
     /// Every record a contract with these terms could price over the span.
     Contract {
-        fields: ContractFields,
+        fields: &'a ContractFields,
         span: (DateTime<Utc>, Option<DateTime<Utc>>),
     },
     /// What the month's rate from one currency into another converts.
@@ -37,7 +37,7 @@ enum Rerate {
 async fn rerate_and_commit(
     mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
     pool: &PgPool,
-    rerate: Rerate,
+    rerate: Rerate<'_>,
     settings: &Settings,
 ) -> LedgerResult<()> {
     let tz = settings.timezone;
@@ -161,7 +161,16 @@ pub async fn create_contract(
     let mut tx = pool.begin().await?;
     let row = store_contract(&mut tx, pool, &fields, None).await?;
     let span = (fields.valid_from, fields.valid_until);
-    rerate_and_commit(tx, pool, Rerate::Contract { fields, span }, settings).await?;
+    rerate_and_commit(
+        tx,
+        pool,
+        Rerate::Contract {
+            fields: &fields,
+            span,
+        },
+        settings,
+    )
+    .await?;
     Ok(row)
 }
 
@@ -184,7 +193,7 @@ pub async fn update_contract(
     let row = store_contract(&mut tx, pool, &new, Some(id)).await?;
     let until = old.valid_until.zip(new.valid_until).map(|(a, b)| a.max(b));
     let span = (old.valid_from.min(new.valid_from), until);
-    rerate_and_commit(tx, pool, Rerate::Contract { fields: new, span }, settings).await?;
+    rerate_and_commit(tx, pool, Rerate::Contract { fields: &new, span }, settings).await?;
     Ok(row)
 }
 
@@ -197,7 +206,7 @@ pub async fn delete_contract(pool: &PgPool, id: Uuid, settings: &Settings) -> Le
         .fields();
     store::contracts::delete(&mut tx, id).await?;
     let span = (old.valid_from, old.valid_until);
-    rerate_and_commit(tx, pool, Rerate::Contract { fields: old, span }, settings).await
+    rerate_and_commit(tx, pool, Rerate::Contract { fields: &old, span }, settings).await
 }
 
 /// Sets the rate of one month and currency pair; re-rates what it converts.
