@@ -19,7 +19,7 @@ pub struct NewAlert {
     pub fired_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct AlertRow {
     pub project_id: String,
     pub id: Uuid,
@@ -34,30 +34,29 @@ pub struct AlertRow {
     pub fired_at: DateTime<Utc>,
 }
 
-const ALERT_COLUMNS: &str =
-    "project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, forecast, fired_at";
-
 /// Fires an alert unless its `(project, month, threshold, kind)` already fired; `None` then.
 /// Runs in the caller's transaction, so the event and its outbox row commit together.
 pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Option<AlertRow>> {
-    sqlx::query_as::<_, AlertRow>(&format!(
+    sqlx::query_as!(
+        AlertRow,
         "INSERT INTO alert_events (project_id, id, month, threshold, kind, currency, spend, \
                                    budget, burn_pct, forecast, fired_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT ON CONSTRAINT alert_events_once DO NOTHING \
-         RETURNING {ALERT_COLUMNS}"
-    ))
-    .bind(&alert.project_id)
-    .bind(Uuid::new_v4())
-    .bind(alert.month)
-    .bind(alert.threshold)
-    .bind(alert.kind)
-    .bind(&alert.currency)
-    .bind(alert.spend)
-    .bind(alert.budget)
-    .bind(alert.burn_pct)
-    .bind(alert.forecast)
-    .bind(alert.fired_at)
+         RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                   forecast, fired_at",
+        alert.project_id,
+        Uuid::new_v4(),
+        alert.month,
+        alert.threshold,
+        alert.kind,
+        alert.currency,
+        alert.spend,
+        alert.budget,
+        alert.burn_pct,
+        alert.forecast,
+        alert.fired_at,
+    )
     .fetch_optional(conn)
     .await
 }
@@ -69,19 +68,19 @@ pub async fn enqueue_delivery(
     url: &str,
     body: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO alert_deliveries (project_id, alert_id, url, body) VALUES ($1, $2, $3, $4)",
+        alert.project_id,
+        alert.id,
+        url,
+        body,
     )
-    .bind(&alert.project_id)
-    .bind(alert.id)
-    .bind(url)
-    .bind(body)
     .execute(conn)
     .await?;
     Ok(())
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct DueDelivery {
     pub project_id: String,
     pub alert_id: Uuid,
@@ -94,7 +93,8 @@ pub struct DueDelivery {
 /// Claims one due delivery for the caller's transaction. `SKIP LOCKED` lets several
 /// replicas work the outbox at once without ever sending the same alert together.
 pub async fn claim_due(conn: &mut PgConnection) -> sqlx::Result<Option<DueDelivery>> {
-    sqlx::query_as::<_, DueDelivery>(
+    sqlx::query_as!(
+        DueDelivery,
         "SELECT project_id, alert_id, url, body, attempts, created_at FROM alert_deliveries \
          WHERE state = 'pending' AND next_attempt_at <= now() \
          ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED",
@@ -119,18 +119,18 @@ pub async fn record_attempt(
     attempt: &Attempt,
     next: NextStep,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO alert_delivery_attempts \
              (project_id, alert_id, attempt, attempted_at, status_code, error, duration_ms) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        delivery.project_id,
+        delivery.alert_id,
+        delivery.attempts + 1,
+        attempt.attempted_at,
+        attempt.status_code,
+        attempt.error,
+        attempt.duration_ms,
     )
-    .bind(&delivery.project_id)
-    .bind(delivery.alert_id)
-    .bind(delivery.attempts + 1)
-    .bind(attempt.attempted_at)
-    .bind(attempt.status_code)
-    .bind(&attempt.error)
-    .bind(attempt.duration_ms)
     .execute(&mut *conn)
     .await?;
     let (state, next_attempt_at) = match next {
@@ -138,16 +138,16 @@ pub async fn record_attempt(
         NextStep::RetryAt(at) => ("pending", Some(at)),
         NextStep::GiveUp => ("gave_up", None),
     };
-    sqlx::query(
+    sqlx::query!(
         "UPDATE alert_deliveries SET attempts = attempts + 1, state = $3, \
              next_attempt_at = COALESCE($4, next_attempt_at), \
              finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END \
          WHERE project_id = $1 AND alert_id = $2",
+        delivery.project_id,
+        delivery.alert_id,
+        state,
+        next_attempt_at,
     )
-    .bind(&delivery.project_id)
-    .bind(delivery.alert_id)
-    .bind(state)
-    .bind(next_attempt_at)
     .execute(conn)
     .await?;
     Ok(())
@@ -160,7 +160,7 @@ pub enum NextStep {
     GiveUp,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct DeliveryRow {
     pub project_id: String,
     pub alert_id: Uuid,
@@ -171,7 +171,7 @@ pub struct DeliveryRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct AttemptRow {
     pub project_id: String,
     pub alert_id: Uuid,
@@ -191,40 +191,45 @@ pub async fn list(
     before: Option<(DateTime<Utc>, Uuid)>,
     limit: i64,
 ) -> sqlx::Result<(Vec<AlertRow>, Vec<DeliveryRow>, Vec<AttemptRow>)> {
-    let alerts = sqlx::query_as::<_, AlertRow>(&format!(
-        "SELECT {ALERT_COLUMNS} FROM alert_events \
+    let alerts = sqlx::query_as!(
+        AlertRow,
+        "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                forecast, fired_at \
+         FROM alert_events \
          WHERE ($1::text[] IS NULL OR project_id = ANY($1)) AND ($2::date IS NULL OR month = $2) \
            AND ($3::timestamptz IS NULL OR (fired_at, id) < ($3, $4)) \
-         ORDER BY fired_at DESC, id DESC LIMIT $5"
-    ))
-    .bind(projects)
-    .bind(month)
-    .bind(before.map(|(at, _)| at))
-    .bind(before.map(|(_, id)| id))
-    .bind(limit)
+         ORDER BY fired_at DESC, id DESC LIMIT $5",
+        projects as Option<&[String]>,
+        month,
+        before.map(|(at, _)| at),
+        before.map(|(_, id)| id),
+        limit,
+    )
     .fetch_all(pool)
     .await?;
     let projects: Vec<String> = alerts.iter().map(|a| a.project_id.clone()).collect();
     let ids: Vec<Uuid> = alerts.iter().map(|a| a.id).collect();
-    let deliveries = sqlx::query_as::<_, DeliveryRow>(
+    let deliveries = sqlx::query_as!(
+        DeliveryRow,
         "SELECT d.project_id, d.alert_id, d.url, d.state, d.attempts, d.next_attempt_at, \
                 d.finished_at \
          FROM UNNEST($1::text[], $2::uuid[]) AS k(p, a) \
          JOIN alert_deliveries d ON d.project_id = k.p AND d.alert_id = k.a",
+        &projects,
+        &ids,
     )
-    .bind(&projects)
-    .bind(&ids)
     .fetch_all(pool)
     .await?;
-    let attempts = sqlx::query_as::<_, AttemptRow>(
+    let attempts = sqlx::query_as!(
+        AttemptRow,
         "SELECT t.project_id, t.alert_id, t.attempt, t.attempted_at, t.status_code, t.error, \
                 t.duration_ms \
          FROM UNNEST($1::text[], $2::uuid[]) AS k(p, a) \
          JOIN alert_delivery_attempts t ON t.project_id = k.p AND t.alert_id = k.a \
          ORDER BY t.attempt",
+        &projects,
+        &ids,
     )
-    .bind(&projects)
-    .bind(&ids)
     .fetch_all(pool)
     .await?;
     Ok((alerts, deliveries, attempts))
@@ -236,12 +241,15 @@ pub async fn fired_in_month(
     project: &str,
     month: NaiveDate,
 ) -> sqlx::Result<Vec<AlertRow>> {
-    sqlx::query_as::<_, AlertRow>(&format!(
-        "SELECT {ALERT_COLUMNS} FROM alert_events WHERE project_id = $1 AND month = $2 \
-         ORDER BY kind, threshold"
-    ))
-    .bind(project)
-    .bind(month)
+    sqlx::query_as!(
+        AlertRow,
+        "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                forecast, fired_at \
+         FROM alert_events WHERE project_id = $1 AND month = $2 \
+         ORDER BY kind, threshold",
+        project,
+        month,
+    )
     .fetch_all(pool)
     .await
 }

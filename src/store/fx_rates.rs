@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 
 use crate::domain::rating::FxRates;
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct FxRateRow {
     pub month: NaiveDate,
     pub from_currency: String,
@@ -17,8 +17,6 @@ pub struct FxRateRow {
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "month, from_currency, to_currency, rate, updated_at";
-
 pub async fn put(
     conn: &mut PgConnection,
     month: NaiveDate,
@@ -26,16 +24,17 @@ pub async fn put(
     to: &str,
     rate: Decimal,
 ) -> sqlx::Result<FxRateRow> {
-    sqlx::query_as::<_, FxRateRow>(&format!(
+    sqlx::query_as!(
+        FxRateRow,
         "INSERT INTO fx_rates (month, from_currency, to_currency, rate) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (month, from_currency, to_currency) \
          DO UPDATE SET rate = EXCLUDED.rate, updated_at = now() \
-         RETURNING {COLUMNS}"
-    ))
-    .bind(month)
-    .bind(from)
-    .bind(to)
-    .bind(rate)
+         RETURNING month, from_currency, to_currency, rate, updated_at",
+        month,
+        from,
+        to,
+        rate,
+    )
     .fetch_one(conn)
     .await
 }
@@ -47,13 +46,15 @@ pub async fn delete(
     from: &str,
     to: &str,
 ) -> sqlx::Result<bool> {
-    sqlx::query("DELETE FROM fx_rates WHERE month = $1 AND from_currency = $2 AND to_currency = $3")
-        .bind(month)
-        .bind(from)
-        .bind(to)
-        .execute(conn)
-        .await
-        .map(|done| done.rows_affected() > 0)
+    sqlx::query!(
+        "DELETE FROM fx_rates WHERE month = $1 AND from_currency = $2 AND to_currency = $3",
+        month,
+        from,
+        to,
+    )
+    .execute(conn)
+    .await
+    .map(|done| done.rows_affected() > 0)
 }
 
 /// Rates in `(month, from, to)` order after `after`.
@@ -62,15 +63,16 @@ pub async fn list(
     after: Option<&(NaiveDate, String, String)>,
     limit: i64,
 ) -> sqlx::Result<Vec<FxRateRow>> {
-    sqlx::query_as::<_, FxRateRow>(&format!(
-        "SELECT {COLUMNS} FROM fx_rates \
+    sqlx::query_as!(
+        FxRateRow,
+        "SELECT month, from_currency, to_currency, rate, updated_at FROM fx_rates \
          WHERE $1::date IS NULL OR (month, from_currency, to_currency) > ($1, $2::text, $3::text) \
-         ORDER BY month, from_currency, to_currency LIMIT $4"
-    ))
-    .bind(after.map(|a| a.0))
-    .bind(after.map(|a| a.1.clone()))
-    .bind(after.map(|a| a.2.clone()))
-    .bind(limit)
+         ORDER BY month, from_currency, to_currency LIMIT $4",
+        after.map(|a| a.0),
+        after.map(|a| a.1.as_str()),
+        after.map(|a| a.2.as_str()),
+        limit,
+    )
     .fetch_all(conn)
     .await
 }
@@ -82,13 +84,13 @@ pub async fn table(
     last: NaiveDate,
     to_currencies: &[String],
 ) -> sqlx::Result<RateTable> {
-    let rows = sqlx::query_as::<_, FxRateRow>(&format!(
-        "SELECT {COLUMNS} FROM fx_rates \
-         WHERE month BETWEEN $1 AND $2 AND to_currency = ANY($3)"
-    ))
-    .bind(first)
-    .bind(last)
-    .bind(to_currencies)
+    let rows = sqlx::query!(
+        "SELECT month, from_currency, to_currency, rate FROM fx_rates \
+         WHERE month BETWEEN $1 AND $2 AND to_currency = ANY($3)",
+        first,
+        last,
+        to_currencies as &[String],
+    )
     .fetch_all(conn)
     .await?;
     Ok(RateTable(

@@ -9,13 +9,14 @@ pub async fn get_or_create(
     key: &str,
     generate: impl FnOnce() -> String,
 ) -> sqlx::Result<String> {
-    sqlx::query("INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING")
-        .bind(key)
-        .bind(generate())
-        .execute(pool)
-        .await?;
-    sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
-        .bind(key)
+    sqlx::query!(
+        "INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
+        key,
+        generate(),
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query_scalar!("SELECT value FROM settings WHERE key = $1", key)
         .fetch_one(pool)
         .await
 }

@@ -63,10 +63,10 @@ pub async fn list(pool: &PgPool, after: Option<Uuid>, limit: i64) -> sqlx::Resul
 
 /// Revokes a token; false when there is no such active token.
 pub async fn revoke(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    let result = sqlx::query(
+    let result = sqlx::query!(
         "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+        id,
     )
-    .bind(id)
     .execute(pool)
     .await?;
     Ok(result.rows_affected() == 1)
@@ -74,14 +74,14 @@ pub async fn revoke(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
 
 /// Makes sure an active admin token with this secret exists (the bootstrap token).
 pub async fn ensure_admin(pool: &PgPool, name: &str, secret_sha256: &[u8]) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
          VALUES ($1, $2, 'admin', '{}', $3) \
          ON CONFLICT (secret_sha256) DO UPDATE SET role = 'admin', projects = '{}', revoked_at = NULL",
+        Uuid::new_v4(),
+        name,
+        secret_sha256,
     )
-    .bind(Uuid::new_v4())
-    .bind(name)
-    .bind(secret_sha256)
     .execute(pool)
     .await?;
     Ok(())
@@ -94,7 +94,7 @@ pub async fn create_first_admin(
     secret_sha256: &[u8],
 ) -> sqlx::Result<Option<TokenRow>> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('taskledger.first_admin_token'))")
+    sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('taskledger.first_admin_token'))")
         .execute(&mut *tx)
         .await?;
     let row = sqlx::query_as::<_, TokenRow>(&format!(
