@@ -21,6 +21,7 @@ use uuid::Uuid;
 use crate::domain::access::Principal;
 use crate::domain::commitment::unused_commitment;
 use crate::domain::csv_cell::text_cell;
+use crate::domain::figures::SUM_SCALE;
 use crate::domain::ledger_time::{SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::domain::values::{Currency, Month};
@@ -30,7 +31,6 @@ use crate::http::extract::ApiPath;
 use crate::http::state::AppState;
 use crate::store;
 use crate::store::contracts::ContractRow;
-use crate::store::cost::SUM_SCALE;
 use crate::store::exports::{Commitment, ContractUsage};
 
 pub fn router() -> OpenApiRouter<AppState> {
