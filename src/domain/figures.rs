@@ -54,6 +54,10 @@ impl Grouping {
     }
 }
 
+/// Decimal places of every sum read from the rollups: 10^-20 of a currency unit or
+/// GPU-second.
+pub const SUM_SCALE: u32 = 20;
+
 /// Sums of the rated segments of one group, outcome, model, unrated reason and output unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentSums {

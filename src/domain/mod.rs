@@ -5,6 +5,7 @@ pub mod burn;
 pub mod commitment;
 pub mod csv_cell;
 pub mod figures;
+pub mod focus;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;

@@ -10,12 +10,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::domain::commitment::unused_commitment;
-use crate::domain::figures::{FigureSums, Figures, Grouping};
+use crate::domain::figures::{FigureSums, Figures, Grouping, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::ledger::LedgerResult;
 use crate::store;
-use crate::store::cost::SUM_SCALE;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct GroupView {

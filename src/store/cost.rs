@@ -15,12 +15,9 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::figures::{Grouping, RecordCounts, SegmentSums};
+use crate::domain::figures::{Grouping, RecordCounts, SUM_SCALE, SegmentSums};
 use crate::domain::rating::Outcome;
 use crate::store::rollups::PeriodSplit;
-
-/// Decimal places of every sum read here: 10^-20 of a currency unit or GPU-second.
-pub const SUM_SCALE: u32 = 20;
 
 /// Sums of segments of one group and kind.
 #[derive(Debug, Clone, sqlx::FromRow)]

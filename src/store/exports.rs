@@ -7,8 +7,8 @@ use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::domain::figures::SUM_SCALE;
 use crate::store::contracts::ContractRow;
-use crate::store::cost::SUM_SCALE;
 use crate::store::rollups::PeriodSplit;
 
 /// A read-only transaction on one snapshot, so that the parts of an export agree with each
