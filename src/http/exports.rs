@@ -654,7 +654,7 @@ pub async fn get_focus_export(
     let period = month_bounds(month.first_day(), tz);
     let accrues_until = period.1.min(state.settings.clock.now());
     let accrual = (accrues_until > period.0).then_some((period.0, accrues_until));
-    let mut snapshot = store::exports::snapshot(&state.pool).await?;
+    let mut snapshot = store::snapshot(&state.pool).await?;
     let data = month_data(&mut snapshot, period, accrual, month.first_day(), tz).await?;
     snapshot.commit().await?;
     let charges = charges(&data, period, accrues_until, month.first_day(), tz)?;
