@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::commitment::unused_commitment;
@@ -16,7 +16,7 @@ use crate::domain::rating::FxRates;
 use crate::ledger::LedgerResult;
 use crate::store;
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct GroupView {
     /// The day, month, model, mode, outcome or label value; null for what has none (records
     /// without the label, or unused commitment when grouping by outcome or label).

@@ -20,7 +20,7 @@ use crate::store::fx_rates::RateTable;
 /// unused commitment accrues up to now.
 pub async fn export(pool: &PgPool, month: Month, settings: &Settings) -> LedgerResult<Vec<u8>> {
     let period = BillingPeriod::new(month, settings.clock.now(), settings.timezone);
-    let mut snapshot = store::exports::snapshot(pool).await?;
+    let mut snapshot = store::snapshot(pool).await?;
     let (data, fx) = month_data(&mut snapshot, &period).await?;
     snapshot.commit().await?;
     Ok(focus::month_csv(&period, &data, &fx).map_err(anyhow::Error::from)?)

@@ -1,7 +1,7 @@
 //! Closed months and their frozen reports.
 
 use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -13,11 +13,11 @@ pub struct CloseRow {
 }
 
 /// Every closed month, oldest first.
-pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<CloseRow>> {
+pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<CloseRow>> {
     sqlx::query_as::<_, CloseRow>(
         "SELECT month, closed_at, closed_by, report_json FROM month_closes ORDER BY month",
     )
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await
 }
 

@@ -4,22 +4,12 @@
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::figures::SUM_SCALE;
 use crate::store::contracts::ContractRow;
 use crate::store::rollups::PeriodSplit;
-
-/// A read-only transaction on one snapshot, so that the parts of an export agree with each
-/// other even while records are being rated.
-pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
-}
 
 /// GPU time of one project under one contract in a period: rated (no `unrated_reason`), or
 /// unrated for want of a contract or of an FX rate.

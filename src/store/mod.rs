@@ -14,9 +14,19 @@ pub mod rollups;
 pub mod settings;
 pub mod tokens;
 
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 pub type Pool = PgPool;
+
+/// A read-only transaction on one snapshot, so that the parts of an export or a report agree
+/// with each other even while records are being rated.
+pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
 
 /// Whether a database error is a violation of the named constraint.
 pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {

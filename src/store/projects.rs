@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProjectRow {
@@ -159,9 +159,10 @@ pub async fn list_budgets(pool: &PgPool, project: &str) -> sqlx::Result<Vec<Budg
     .await
 }
 
-/// The budget of a month: its own, else the project's default.
+/// The budget of a month: its own, else the project's default. Read on its own by alert
+/// evaluation, and inside a snapshot by the monthly report.
 pub async fn budget_for(
-    pool: &PgPool,
+    executor: impl PgExecutor<'_>,
     project: &ProjectRow,
     month: NaiveDate,
 ) -> sqlx::Result<Option<Decimal>> {
@@ -169,7 +170,7 @@ pub async fn budget_for(
         sqlx::query_scalar("SELECT amount FROM budgets WHERE project_id = $1 AND month = $2")
             .bind(&project.id)
             .bind(month)
-            .fetch_optional(pool)
+            .fetch_optional(executor)
             .await?;
     Ok(own.or(project.default_monthly_budget))
 }
@@ -188,8 +189,8 @@ pub async fn budgeted_in(pool: &PgPool, month: NaiveDate) -> sqlx::Result<Vec<St
 }
 
 /// Every project, in id order (reports cover them all).
-pub async fn all(pool: &PgPool) -> sqlx::Result<Vec<ProjectRow>> {
+pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<ProjectRow>> {
     sqlx::query_as::<_, ProjectRow>(&format!("SELECT {COLUMNS} FROM projects ORDER BY id"))
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await
 }

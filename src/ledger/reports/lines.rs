@@ -1,0 +1,161 @@
+//! The lines of a month as the rated data says: one per project, and one per currency for the
+//! unused commitment of reserved contracts scoped to no project.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{Amounts, ProjectLine, SharedContract, SharedLine};
+use crate::config::Settings;
+use crate::domain::commitment::unused_commitment;
+use crate::domain::figures::Grouping;
+use crate::domain::ledger_time::month_bounds;
+use crate::domain::summary::burn_pct;
+use crate::domain::values::Month;
+use crate::ledger::LedgerResult;
+use crate::ledger::cost::{CostOf, month_cost};
+use crate::store;
+
+/// Who owns a line: a project, or the shared commitment (`None`), in a currency.
+pub(super) type LineKey = (Option<String>, String);
+
+/// The project lines and shared lines of a month, with unused commitment accrued up to `as_of`.
+pub(super) async fn month_lines(
+    conn: &mut PgConnection,
+    month: Month,
+    grouping: Grouping,
+    as_of: DateTime<Utc>,
+    settings: &Settings,
+) -> LedgerResult<(Vec<ProjectLine>, Vec<SharedLine>)> {
+    let tz = settings.timezone;
+    let mut projects = Vec::new();
+    for project in store::projects::all(conn).await? {
+        let of = CostOf {
+            project: &project.id,
+            currency: &project.currency,
+        };
+        let cost = month_cost(conn, of, month.first_day(), grouping.clone(), as_of, tz).await?;
+        let budget = store::projects::budget_for(&mut *conn, &project, month.first_day()).await?;
+        let burn_pct = budget.and_then(|b| burn_pct(cost.figures.total, b).map(|p| p.normalize()));
+        projects.push(ProjectLine {
+            project: project.id,
+            name: project.name,
+            team: project.team,
+            currency: project.currency,
+            figures: cost.figures,
+            budget: budget.map(|b| b.normalize()),
+            burn_pct,
+            groups: cost.groups,
+        });
+    }
+    let shared = shared_lines(conn, month, as_of, settings).await?;
+    Ok((projects, shared))
+}
+
+/// Unused commitment of unscoped reserved contracts up to `as_of`, in each contract's
+/// currency: it belongs to no project, so no project's currency applies.
+async fn shared_lines(
+    conn: &mut PgConnection,
+    month: Month,
+    as_of: DateTime<Utc>,
+    settings: &Settings,
+) -> LedgerResult<Vec<SharedLine>> {
+    let tz = settings.timezone;
+    let (start, _) = month_bounds(month.first_day(), tz);
+    if as_of <= start {
+        return Ok(Vec::new());
+    }
+    let contracts = store::contracts::shared_commitments(conn, start, as_of).await?;
+    if contracts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = contracts.iter().map(|c| c.id).collect();
+    let usage = store::cost::contract_usage_all_projects(conn, (start, as_of), &ids).await?;
+    let empty = BTreeMap::new();
+    let mut by_currency: BTreeMap<String, SharedLine> = BTreeMap::new();
+    for row in &contracts {
+        let contract = row.to_domain();
+        let charges = unused_commitment(
+            &contract,
+            usage.get(&row.id).unwrap_or(&empty),
+            start,
+            as_of,
+            tz,
+        );
+        let hours: Decimal = charges.iter().map(|c| c.unused_gpu_hours).sum();
+        let cost: Decimal = charges.iter().map(|c| c.cost).sum();
+        let line = by_currency
+            .entry(contract.currency.clone())
+            .or_insert_with(|| SharedLine {
+                currency: contract.currency.clone(),
+                unused_commitment: Decimal::ZERO,
+                unused_gpu_hours: Decimal::ZERO,
+                contracts: Vec::new(),
+            });
+        line.unused_commitment += cost;
+        line.unused_gpu_hours += hours;
+        line.contracts.push(SharedContract {
+            id: row.id,
+            name: row.name.clone(),
+            gpu_model: contract.gpu_model.clone(),
+            unused_gpu_hours: hours.normalize(),
+            unused_commitment: cost.normalize(),
+        });
+    }
+    Ok(by_currency
+        .into_values()
+        .map(|mut line| {
+            line.unused_commitment = line.unused_commitment.normalize();
+            line.unused_gpu_hours = line.unused_gpu_hours.normalize();
+            line
+        })
+        .collect())
+}
+
+/// The amounts of every line of a month as the rated data says now.
+pub(super) async fn current_amounts(
+    conn: &mut PgConnection,
+    month: Month,
+    settings: &Settings,
+) -> LedgerResult<BTreeMap<LineKey, Amounts>> {
+    let (_, end) = month_bounds(month.first_day(), settings.timezone);
+    let (projects, shared) = month_lines(conn, month, Grouping::Whole, end, settings).await?;
+    Ok(amounts_by_line(&projects, &shared))
+}
+
+/// The amounts of each line, by who owns it: a project line's total and breakdown, and the
+/// shared line's unused commitment (which is all of its total).
+pub(super) fn amounts_by_line(
+    projects: &[ProjectLine],
+    shared: &[SharedLine],
+) -> BTreeMap<LineKey, Amounts> {
+    let mut amounts = BTreeMap::new();
+    for line in projects {
+        let b = &line.figures.breakdown;
+        amounts.insert(
+            (Some(line.project.clone()), line.currency.clone()),
+            Amounts {
+                total: line.figures.total,
+                productive: b.productive,
+                idle: b.idle,
+                unmeasured: b.unmeasured,
+                failed: b.failed,
+                unused_commitment: b.unused_commitment,
+            },
+        );
+    }
+    for line in shared {
+        amounts.insert(
+            (None, line.currency.clone()),
+            Amounts {
+                total: line.unused_commitment,
+                unused_commitment: line.unused_commitment,
+                ..Amounts::default()
+            },
+        );
+    }
+    amounts
+}
