@@ -154,12 +154,36 @@ fn use_tree_paths(text: &str) -> Vec<String> {
     out
 }
 
-/// The modules a file refers to through `crate::` and `super::` paths, resolved to the
-/// longest known module.
+/// The child modules a file declares (`mod lines;`), which it may name by a bare path.
+fn declared_children(code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let rest = line.strip_prefix("pub ").unwrap_or(line);
+            let rest = rest.strip_prefix("pub(crate) ").unwrap_or(rest);
+            let name = rest.strip_prefix("mod ")?.strip_suffix(';')?;
+            Some(name.trim().to_owned())
+        })
+        .collect()
+}
+
+/// The modules a file refers to through `crate::`, `super::`, `self::` and child-module
+/// paths, resolved to the longest known module.
 fn references(code: &str, module: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
     let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+    let children: Vec<(String, String)> = declared_children(code)
+        .into_iter()
+        .map(|child| (format!("{child}::"), format!("{module}::{child}")))
+        .collect();
+    let mut markers: Vec<(&str, &str)> =
+        vec![("crate::", ""), ("super::", parent), ("self::", module)];
+    markers.extend(
+        children
+            .iter()
+            .map(|(marker, base)| (marker.as_str(), base.as_str())),
+    );
     let mut found = BTreeSet::new();
-    for (marker, base) in [("crate::", ""), ("super::", parent)] {
+    for (marker, base) in markers {
         let mut rest = code;
         while let Some(index) = rest.find(marker) {
             let preceded_by_path = index > 0
@@ -171,11 +195,21 @@ fn references(code: &str, module: &str, known: &BTreeSet<String>) -> BTreeSet<St
             if preceded_by_path {
                 continue;
             }
-            for path in use_tree_paths(rest) {
-                let full = if base.is_empty() {
-                    path
-                } else {
-                    format!("{base}::{path}")
+            let paths = use_tree_paths(rest);
+            // A child's bare path names at least the child itself.
+            let paths = if marker.ends_with("::")
+                && !["crate::", "super::", "self::"].contains(&marker)
+                && paths.is_empty()
+            {
+                vec![String::new()]
+            } else {
+                paths
+            };
+            for path in paths {
+                let full = match (base.is_empty(), path.is_empty()) {
+                    (true, _) => path,
+                    (false, true) => base.to_owned(),
+                    (false, false) => format!("{base}::{path}"),
                 };
                 let mut candidate = full.as_str();
                 loop {
@@ -347,6 +381,20 @@ fn the_checks_see_what_they_check() {
             .into_iter()
             .map(str::to_owned)
             .collect()
+    );
+    let known: BTreeSet<String> = ["ledger::reports", "ledger::reports::lines"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let parent = "mod lines;\nlet x = lines::month_lines(conn);";
+    assert_eq!(
+        references(parent, "ledger::reports", &known),
+        BTreeSet::from(["ledger::reports::lines".to_owned()])
+    );
+    let child = "use super::{MonthlyReport};";
+    assert_eq!(
+        references(child, "ledger::reports::lines", &known),
+        BTreeSet::from(["ledger::reports".to_owned()])
     );
     let graph = graph();
     let (_, refs) = &graph.edges["http::cost"];

@@ -1,5 +1,5 @@
-//! The SQL layer: one file per aggregate. Handlers call these functions; nothing else
-//! speaks SQL.
+//! The SQL layer: one file per aggregate. The use cases in `ledger` call these functions;
+//! nothing else speaks SQL.
 
 pub mod alerts;
 pub mod closes;

@@ -9,7 +9,7 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
 use super::lines::{LineKey, amounts_by_line, current_amounts};
-use super::{AdjustmentLine, Amounts, MonthlyReport};
+use super::model::{AdjustmentLine, Amounts, MonthlyReport};
 use crate::config::Settings;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
@@ -104,40 +104,6 @@ fn changes(
             })
         })
         .collect()
-}
-
-impl Amounts {
-    fn from_values(values: [Decimal; 6]) -> Self {
-        let [
-            total,
-            productive,
-            idle,
-            unmeasured,
-            failed,
-            unused_commitment,
-        ] = values;
-        Self {
-            total,
-            productive,
-            idle,
-            unmeasured,
-            failed,
-            unused_commitment,
-        }
-    }
-
-    fn combine(&self, other: &Amounts, sign: Decimal) -> Amounts {
-        let (a, b) = (self.values(), other.values());
-        Amounts::from_values(std::array::from_fn(|i| a[i] + sign * b[i]))
-    }
-
-    fn is_zero(&self) -> bool {
-        self.values().iter().all(Decimal::is_zero)
-    }
-
-    fn normalized(self) -> Amounts {
-        Amounts::from_values(self.values().map(|v| v.normalize()))
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use rust_decimal::{Decimal, RoundingStrategy};
 
-use super::{AdjustmentLine, MonthlyReport, ProjectLine, SharedLine, TotalLine};
+use super::model::{AdjustmentLine, MonthlyReport, ProjectLine, SharedLine, TotalLine};
 use crate::domain::csv_cell::text_cell;
 use crate::domain::figures::Figures;
 use crate::domain::values::Currency;

@@ -8,7 +8,7 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Amounts, ProjectLine, SharedContract, SharedLine};
+use super::model::{Amounts, ProjectLine, SharedContract, SharedLine};
 use crate::config::Settings;
 use crate::domain::commitment::unused_commitment;
 use crate::domain::figures::Grouping;

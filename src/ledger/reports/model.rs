@@ -1,0 +1,349 @@
+//! What a monthly report is made of: its lines, their amounts and totals. The same types
+//! are written when a month closes and read back from its frozen JSON.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::domain::figures::Figures;
+use crate::domain::values::Month;
+use crate::ledger::LedgerResult;
+use crate::ledger::cost::GroupView;
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MonthlyReport {
+    #[schema(value_type = String, example = "2026-11")]
+    pub month: Month,
+    /// A closed month's report never changes.
+    pub closed: bool,
+    pub closed_at: Option<DateTime<Utc>>,
+    /// Unused commitment is accrued up to this instant: now, or the month's end once it ended.
+    pub as_of: DateTime<Utc>,
+    pub projects: Vec<ProjectLine>,
+    /// Unused commitment of reserved contracts scoped to no project, per currency.
+    pub shared: Vec<SharedLine>,
+    /// Changes to closed months booked here, each with the month it belongs to.
+    pub adjustments: Vec<AdjustmentLine>,
+    pub totals: Vec<TotalLine>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProjectLine {
+    pub project: String,
+    pub name: String,
+    pub team: Option<String>,
+    pub currency: String,
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// The month's budget (its own, else the project's default).
+    #[schema(value_type = Option<String>)]
+    pub budget: Option<Decimal>,
+    #[schema(value_type = Option<String>)]
+    pub burn_pct: Option<Decimal>,
+    /// With `group_by`: the project's figures per group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupView>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SharedLine {
+    pub currency: String,
+    #[schema(value_type = String)]
+    pub unused_commitment: Decimal,
+    #[schema(value_type = String)]
+    pub unused_gpu_hours: Decimal,
+    pub contracts: Vec<SharedContract>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SharedContract {
+    pub id: Uuid,
+    pub name: String,
+    pub gpu_model: String,
+    #[schema(value_type = String)]
+    pub unused_gpu_hours: Decimal,
+    #[schema(value_type = String)]
+    pub unused_commitment: Decimal,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AdjustmentLine {
+    /// The project; null for the shared unused commitment.
+    pub project: Option<String>,
+    /// The closed month the change belongs to.
+    #[schema(value_type = String, example = "2026-10")]
+    pub belongs_to: Month,
+    pub currency: String,
+    #[serde(flatten)]
+    pub amounts: Amounts,
+}
+
+/// The money figures of a line; adjustments carry their differences.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Amounts {
+    #[schema(value_type = String)]
+    pub total: Decimal,
+    #[schema(value_type = String)]
+    pub productive: Decimal,
+    #[schema(value_type = String)]
+    pub idle: Decimal,
+    #[schema(value_type = String)]
+    pub unmeasured: Decimal,
+    #[schema(value_type = String)]
+    pub failed: Decimal,
+    #[schema(value_type = String)]
+    pub unused_commitment: Decimal,
+}
+
+impl Amounts {
+    /// The amounts in the order of the CSV's money columns.
+    pub(super) fn values(&self) -> [Decimal; 6] {
+        [
+            self.total,
+            self.productive,
+            self.idle,
+            self.unmeasured,
+            self.failed,
+            self.unused_commitment,
+        ]
+    }
+
+    pub(super) fn from_values(values: [Decimal; 6]) -> Self {
+        let [
+            total,
+            productive,
+            idle,
+            unmeasured,
+            failed,
+            unused_commitment,
+        ] = values;
+        Self {
+            total,
+            productive,
+            idle,
+            unmeasured,
+            failed,
+            unused_commitment,
+        }
+    }
+
+    /// `self + sign × other`, amount by amount.
+    pub(super) fn combine(&self, other: &Amounts, sign: Decimal) -> Amounts {
+        let (a, b) = (self.values(), other.values());
+        Amounts::from_values(std::array::from_fn(|i| a[i] + sign * b[i]))
+    }
+
+    pub(super) fn is_zero(&self) -> bool {
+        self.values().iter().all(Decimal::is_zero)
+    }
+
+    pub(super) fn normalized(self) -> Amounts {
+        Amounts::from_values(self.values().map(|v| v.normalize()))
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TotalLine {
+    pub currency: String,
+    /// The projects' totals.
+    #[schema(value_type = String)]
+    pub projects: Decimal,
+    #[schema(value_type = String)]
+    pub shared: Decimal,
+    #[schema(value_type = String)]
+    pub adjustments: Decimal,
+    /// projects + shared + adjustments.
+    #[schema(value_type = String)]
+    pub total: Decimal,
+}
+
+/// The report of a month: the frozen JSON of a closed month, or the live figures of an open
+/// one (`group_by` adds per-group figures to open months only).
+pub enum Report {
+    Frozen(String),
+    Live(MonthlyReport),
+}
+
+impl Report {
+    pub fn to_json(&self) -> LedgerResult<String> {
+        match self {
+            Report::Frozen(json) => Ok(json.clone()),
+            Report::Live(report) => Ok(serde_json::to_string(report).map_err(anyhow::Error::from)?),
+        }
+    }
+}
+
+/// Grand totals per currency: the projects' totals, the shared unused commitment and the
+/// adjustments, each summed unrounded.
+pub(super) fn totals(
+    projects: &[ProjectLine],
+    shared: &[SharedLine],
+    adjustments: &[AdjustmentLine],
+) -> Vec<TotalLine> {
+    fn entry<'a>(totals: &'a mut BTreeMap<String, TotalLine>, currency: &str) -> &'a mut TotalLine {
+        totals
+            .entry(currency.to_owned())
+            .or_insert_with(|| TotalLine {
+                currency: currency.to_owned(),
+                projects: Decimal::ZERO,
+                shared: Decimal::ZERO,
+                adjustments: Decimal::ZERO,
+                total: Decimal::ZERO,
+            })
+    }
+    let mut totals: BTreeMap<String, TotalLine> = BTreeMap::new();
+    for line in projects {
+        entry(&mut totals, &line.currency).projects += line.figures.total;
+    }
+    for line in shared {
+        entry(&mut totals, &line.currency).shared += line.unused_commitment;
+    }
+    for line in adjustments {
+        entry(&mut totals, &line.currency).adjustments += line.amounts.total;
+    }
+    totals
+        .into_values()
+        .map(|mut line| {
+            line.total = (line.projects + line.shared + line.adjustments).normalize();
+            line.projects = line.projects.normalize();
+            line.shared = line.shared.normalize();
+            line.adjustments = line.adjustments.normalize();
+            line
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::domain::figures::{FigureSums, RecordCounts, SegmentSums};
+    use crate::domain::rating::Outcome;
+
+    fn d(raw: &str) -> Decimal {
+        raw.parse().unwrap()
+    }
+
+    /// Figures with every kind of field set: counts, unrated time, output and amounts carried
+    /// to 20 decimal places.
+    fn figures() -> Figures {
+        let mut sums = FigureSums::default();
+        sums.add_segments(&SegmentSums {
+            outcome: Outcome::Completed,
+            gpu_model: "H100".to_owned(),
+            unrated_reason: None,
+            output_unit: Some("tokens".to_owned()),
+            gpu_seconds_held: d("7200"),
+            gpu_seconds_busy: d("5400.5"),
+            cost: d("84.60"),
+            productive: d("63.45"),
+            idle: d("21.15"),
+            unmeasured: Decimal::ZERO,
+            failed: Decimal::ZERO,
+            output_quantity: d("1000000"),
+        });
+        sums.add_segments(&SegmentSums {
+            outcome: Outcome::Failed,
+            gpu_model: "A100".to_owned(),
+            unrated_reason: Some("no_contract".to_owned()),
+            output_unit: None,
+            gpu_seconds_held: d("3600"),
+            gpu_seconds_busy: Decimal::ZERO,
+            cost: Decimal::ZERO,
+            productive: Decimal::ZERO,
+            idle: Decimal::ZERO,
+            unmeasured: Decimal::ZERO,
+            failed: Decimal::ZERO,
+            output_quantity: Decimal::ZERO,
+        });
+        sums.add_records(&RecordCounts {
+            retries: 2,
+            failures: 1,
+            tasks_completed: 3,
+            tasks_failed: 1,
+        });
+        sums.add_unused_commitment(d("0.33333333333333333333"));
+        sums.figures()
+    }
+
+    fn frozen_report() -> MonthlyReport {
+        let closed_at = Utc.with_ymd_and_hms(2026, 12, 2, 9, 30, 0).unwrap();
+        let figures = figures();
+        MonthlyReport {
+            month: Month::parse("2026-11").unwrap(),
+            closed: true,
+            closed_at: Some(closed_at),
+            as_of: Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap(),
+            projects: vec![ProjectLine {
+                project: "vision".to_owned(),
+                name: "Vision".to_owned(),
+                team: None,
+                currency: "USD".to_owned(),
+                budget: Some(d("1000")),
+                burn_pct: Some(d("8.493333333333333333")),
+                groups: vec![
+                    GroupView {
+                        key: Some("H100".to_owned()),
+                        figures: figures.clone(),
+                    },
+                    GroupView {
+                        key: None,
+                        figures: figures.clone(),
+                    },
+                ],
+                figures,
+            }],
+            shared: vec![SharedLine {
+                currency: "EUR".to_owned(),
+                unused_commitment: d("1430"),
+                unused_gpu_hours: d("715"),
+                contracts: vec![SharedContract {
+                    id: Uuid::nil(),
+                    name: "pool".to_owned(),
+                    gpu_model: "H100".to_owned(),
+                    unused_gpu_hours: d("715"),
+                    unused_commitment: d("1430"),
+                }],
+            }],
+            adjustments: vec![AdjustmentLine {
+                project: None,
+                belongs_to: Month::parse("2026-10").unwrap(),
+                currency: "EUR".to_owned(),
+                amounts: Amounts {
+                    total: d("-2.5"),
+                    unused_commitment: d("-2.5"),
+                    ..Amounts::default()
+                },
+            }],
+            totals: vec![TotalLine {
+                currency: "USD".to_owned(),
+                projects: d("84.93333333333333333333"),
+                shared: Decimal::ZERO,
+                adjustments: Decimal::ZERO,
+                total: d("84.93333333333333333333"),
+            }],
+        }
+    }
+
+    /// The flattened figures hold integers (task counts), which serde_json's
+    /// `arbitrary_precision` could not read through `#[serde(flatten)]` before 1.0.75; the
+    /// decimals must come back with every digit and their scale.
+    #[test]
+    fn a_frozen_report_reads_back_as_it_was_written() {
+        let written = frozen_report();
+        let json = serde_json::to_string(&written).unwrap();
+        let read: MonthlyReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(read.projects[0].figures, written.projects[0].figures);
+        assert_eq!(read.projects[0].figures.tasks_completed, 3);
+        assert_eq!(read.projects[0].figures.tasks_failed, 1);
+        assert_eq!(read.projects[0].groups[1].figures.retries, 2);
+        assert_eq!(read.adjustments[0].amounts, written.adjustments[0].amounts);
+        assert_eq!(serde_json::to_string(&read).unwrap(), json);
+    }
+}
