@@ -12,3 +12,5 @@ mod import;
 mod ingest;
 mod reports;
 mod rollups;
+#[path = "../support/mod.rs"]
+mod support;
