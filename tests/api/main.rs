@@ -6,6 +6,7 @@ mod common;
 mod contracts;
 mod cost;
 mod dashboard;
+mod fixtures;
 mod focus;
 mod foundation;
 mod import;

@@ -9,6 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
+use rust_decimal::Decimal;
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
@@ -330,6 +331,32 @@ impl TestResponse {
     }
 }
 
+/// A decimal the API sends as a JSON string.
+pub fn dec(value: &Value) -> Decimal {
+    Decimal::from_str(
+        value
+            .as_str()
+            .unwrap_or_else(|| panic!("not a decimal string: {value}")),
+    )
+    .unwrap()
+}
+
+/// Compares amounts as numbers, so that "84.6" is "84.60".
+pub fn assert_money(value: &Value, expected: &str) {
+    assert_eq!(
+        dec(value),
+        Decimal::from_str(expected).unwrap(),
+        "{value} is not {expected}"
+    );
+}
+
+/// The cost view at `path`, read as admin.
+pub async fn cost(app: &TestApp, path: &str) -> Value {
+    let response = app.get(path, &app.admin).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    response.json()
+}
+
 /// Requests a receiver saw: headers and body.
 pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
 
@@ -414,8 +441,10 @@ impl Drop for Receiver {
 }
 
 impl TestApp {
-    /// Posts job records through `POST /v1/job-records` as admin; they are rated on the way in.
-    pub async fn ingest(&self, records: Value) {
+    /// Posts job records (a JSON array, or [`crate::fixtures::Record`]s) through
+    /// `POST /v1/job-records` as admin; they are rated on the way in.
+    pub async fn ingest(&self, records: impl serde::Serialize) {
+        let records = serde_json::to_value(records).unwrap();
         let response = self.post("/v1/job-records", &self.admin, records).await;
         assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     }
