@@ -20,8 +20,11 @@ use tower::ServiceExt;
 
 use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use taskledger::domain::access::{Role, generate_secret, hash_secret};
+use taskledger::domain::access::Role;
 use taskledger::http::state::AppState;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 const PROJECTS: i64 = 200;
 const RUNS: usize = 40;
@@ -167,21 +170,7 @@ fn percentile(sorted: &[Duration], pct: usize) -> Duration {
 
 async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     let database = format!("bench_{records}");
-    let mut admin = PgConnection::connect(&cluster.url("postgres"))
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    sqlx::query(&format!("CREATE DATABASE {database}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let pool = taskledger::db::connect(&cluster.url(&database), 4)
-        .await
-        .unwrap();
-    taskledger::db::migrate(&pool).await.unwrap();
+    let pool = support::create_migrated_database(|name| cluster.url(name), &database, 4).await;
 
     let started = Instant::now();
     load(&mut pool.acquire().await.unwrap(), records).await;
@@ -195,10 +184,7 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     .await
     .unwrap();
 
-    let secret = generate_secret();
-    taskledger::store::tokens::insert(&pool, "bench", Role::Admin, &[], &hash_secret(&secret))
-        .await
-        .unwrap();
+    let secret = support::insert_token(&pool, "bench", Role::Admin, &[]).await;
     let router = taskledger::http::app(AppState::new(pool.clone(), Settings::default()));
     for group_by in ["", "&group_by=day"] {
         let mut timings = Vec::with_capacity(RUNS);
@@ -232,6 +218,9 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
         );
     }
     pool.close().await;
+    let mut admin = PgConnection::connect(&cluster.url("postgres"))
+        .await
+        .unwrap();
     sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))
         .execute(&mut admin)
         .await
@@ -239,7 +228,6 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
 }
 
 fn main() {
-    use std::os::unix::fs::PermissionsExt;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -247,14 +235,13 @@ fn main() {
     runtime.block_on(async {
         let dir = tempfile::Builder::new()
             .prefix("taskledger-bench-")
-            .permissions(std::fs::Permissions::from_mode(0o711))
             .tempdir()
             .unwrap();
         let options = EmbeddedOptions {
             durable: false,
             max_connections: 20,
         };
-        let cluster = EmbeddedPostgres::start(dir.path(), options).await.unwrap();
+        let cluster = support::start_cluster(dir.path(), options).await.unwrap();
         for records in [1_000_000, 10_000_000] {
             measure(&cluster, records).await;
         }

@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -33,12 +32,15 @@ use tokio::sync::oneshot;
 
 use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
-use taskledger::domain::access::{Role, generate_secret, hash_secret};
+use taskledger::domain::access::Role;
 use taskledger::domain::rating::{BillingMode, Outcome};
 use taskledger::domain::record::{JobRecord, Output, RecordKey, duration_seconds, format_time};
 use taskledger::http::state::AppState;
 use taskledger::server::Application;
 use taskledger::store;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 const DEFAULT_RECORDS: usize = 1_000_000;
 const RECORDS_ENV: &str = "TASKLEDGER_BENCH_RECORDS";
@@ -86,9 +88,6 @@ fn main() {
         .prefix("taskledger-bench-")
         .tempdir()
         .expect("creating the benchmark's temp dir");
-    // PostgreSQL runs as an unprivileged user when we are root; it must enter the dir.
-    std::fs::set_permissions(data_dir.path(), std::fs::Permissions::from_mode(0o711))
-        .expect("opening the temp dir to the cluster's user");
     let setup = bounded(
         &server_runtime,
         SETUP_TIMEOUT,
@@ -210,7 +209,7 @@ struct Setup {
 
 impl Setup {
     async fn start(data_dir: &std::path::Path) -> Self {
-        let cluster = EmbeddedPostgres::start(
+        let cluster = support::start_cluster(
             data_dir,
             EmbeddedOptions {
                 durable: true,
@@ -224,16 +223,13 @@ impl Setup {
         let http_pool = migrated_database(&cluster, HTTP_DATABASE, SERVER_POOL_SIZE).await;
         let copy_pool = migrated_database(&cluster, COPY_DATABASE, 1).await;
         copy_pool.close().await;
-        let token = generate_secret();
-        store::tokens::insert(
+        let token = support::insert_token(
             &http_pool,
             "bench ingest",
             Role::Ingest,
             &[PROJECT.to_owned()],
-            &hash_secret(&token),
         )
-        .await
-        .expect("creating the ingest token");
+        .await;
         Self {
             cluster,
             http_url,
@@ -308,16 +304,10 @@ impl Server {
     }
 }
 
+/// A migrated database holding the benchmark's project.
 async fn migrated_database(cluster: &EmbeddedPostgres, name: &str, pool_size: u32) -> PgPool {
-    taskledger::db::create_database_if_missing(&cluster.url("postgres"), name)
-        .await
-        .unwrap_or_else(|error| panic!("creating database {name}: {error:#}"));
-    let pool = taskledger::db::connect(&cluster.url(name), pool_size)
-        .await
-        .unwrap_or_else(|error| panic!("connecting to database {name}: {error:#}"));
-    taskledger::db::migrate(&pool)
-        .await
-        .unwrap_or_else(|error| panic!("migrating database {name}: {error:#}"));
+    let pool =
+        support::create_migrated_database(|database| cluster.url(database), name, pool_size).await;
     store::projects::insert(
         &pool,
         &store::projects::NewProject {

@@ -12,6 +12,7 @@ use taskledger::config::{Clock, Settings};
 use taskledger::workers::webhooks::{DeliveryPolicy, SIGNATURE_HEADER, Webhooks, sign};
 
 use crate::common::{Receiver, TestApp};
+use crate::fixtures::{contract, record};
 
 const SECRET: &str = "burn-test-secret";
 
@@ -38,22 +39,10 @@ async fn budgeted_project(app: &TestApp, webhook: &str) {
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
-    let contract = app
-        .post(
-            "/v1/contracts",
-            &app.admin,
-            json!({"name": "H100 list price", "gpu_model": "H100", "billing_mode": "on_demand",
-                   "price_per_gpu_hour": "10", "currency": "USD",
-                   "valid_from": "2026-01-01T00:00:00Z"}),
-        )
+    contract("H100", "on_demand", "10")
+        .named("H100 list price")
+        .create(app)
         .await;
-    assert_eq!(contract.status, StatusCode::CREATED, "{}", contract.text());
-}
-
-/// A completed record of `gpus` H100s over `[from, to)`.
-fn record(task: &str, gpus: u32, from: &str, to: &str) -> Value {
-    json!({"project": "vision", "task_id": task, "gpu_model": "H100", "gpu_count": gpus,
-           "started_at": from, "ended_at": to, "outcome": "completed"})
 }
 
 async fn post(app: &TestApp, records: Value) -> Value {
@@ -91,7 +80,7 @@ async fn thresholds_and_forecast_fire_once_each_as_records_push_spend_up() {
     let receiver = Receiver::start(0).await;
     budgeted_project(&app, &receiver.url).await;
 
-    let r1 = record("r1", 4, "2026-11-10T00:00:00Z", "2026-11-10T13:00:00Z");
+    let r1 = record("r1", "2026-11-10T00:00:00Z", "2026-11-10T13:00:00Z").gpu_count(4);
     post(&app, json!([r1])).await;
     assert_eq!(
         fired(&app).await,
@@ -99,7 +88,7 @@ async fn thresholds_and_forecast_fire_once_each_as_records_push_spend_up() {
         "520 of 1000 spent"
     );
 
-    let r2 = record("r2", 2, "2026-11-11T00:00:00Z", "2026-11-11T09:00:00Z");
+    let r2 = record("r2", "2026-11-11T00:00:00Z", "2026-11-11T09:00:00Z").gpu_count(2);
     post(&app, json!([r2])).await;
     assert_eq!(
         fired(&app).await,
@@ -107,7 +96,7 @@ async fn thresholds_and_forecast_fire_once_each_as_records_push_spend_up() {
         "700 spent: the run rate reaches 1105"
     );
 
-    let r3 = record("r3", 1, "2026-11-12T00:00:00Z", "2026-11-12T12:00:00Z");
+    let r3 = record("r3", "2026-11-12T00:00:00Z", "2026-11-12T12:00:00Z");
     post(&app, json!([r3])).await;
     assert_eq!(
         fired(&app).await,
@@ -116,7 +105,7 @@ async fn thresholds_and_forecast_fire_once_each_as_records_push_spend_up() {
 
     let replay = post(&app, json!([r1, r2, r3])).await;
     assert_eq!(replay["duplicates"], 3);
-    let r4 = record("r4", 1, "2026-11-13T00:00:00Z", "2026-11-13T03:00:00Z");
+    let r4 = record("r4", "2026-11-13T00:00:00Z", "2026-11-13T03:00:00Z");
     post(&app, json!([r4])).await;
     let raised = app
         .put(
@@ -206,9 +195,9 @@ async fn twenty_concurrent_ingests_that_cross_80_percent_fire_one_alert() {
         clients.push(tokio::spawn(async move {
             // 4.5 GPU-hours: 45 USD each, 900 in all.
             let task = format!("c{client}");
-            let body = json!([{"project": "vision", "task_id": task, "gpu_model": "H100",
-                "gpu_count": "1.5", "started_at": "2026-11-01T10:00:00Z",
-                "ended_at": "2026-11-01T13:00:00Z", "outcome": "completed"}]);
+            let body = json!([
+                record(&task, "2026-11-01T10:00:00Z", "2026-11-01T13:00:00Z").gpu_count("1.5")
+            ]);
             let response = app.post("/v1/job-records", &app.admin, body).await;
             assert_eq!(response.status, StatusCode::OK, "{}", response.text());
         }));
@@ -236,16 +225,13 @@ async fn the_periodic_check_fires_on_accrued_unused_commitment_alone() {
     let app = app_at("2026-11-20T00:00:00Z").await;
     let receiver = Receiver::start(0).await;
     budgeted_project(&app, &receiver.url).await;
-    let reserved = app
-        .post(
-            "/v1/contracts",
-            &app.admin,
-            json!({"name": "two owned A100s", "gpu_model": "A100", "billing_mode": "reserved",
-                   "price_per_gpu_hour": "1", "currency": "USD", "project": "vision",
-                   "committed_gpus": 2, "valid_from": "2026-11-01T00:00:00Z"}),
-        )
+    contract("A100", "reserved", "1")
+        .named("two owned A100s")
+        .project("vision")
+        .committed_gpus(2)
+        .valid_from("2026-11-01T00:00:00Z")
+        .create(&app)
         .await;
-    assert_eq!(reserved.status, StatusCode::CREATED, "{}", reserved.text());
     sqlx::query("DELETE FROM alert_deliveries")
         .execute(&app.pool)
         .await
@@ -286,8 +272,8 @@ async fn burn_answers_as_of_an_earlier_time_and_checks_its_parameters() {
     post(
         &app,
         json!([
-            record("a", 1, "2026-11-05T00:00:00Z", "2026-11-05T10:00:00Z"),
-            record("b", 1, "2026-11-15T00:00:00Z", "2026-11-15T10:00:00Z")
+            record("a", "2026-11-05T00:00:00Z", "2026-11-05T10:00:00Z"),
+            record("b", "2026-11-15T00:00:00Z", "2026-11-15T10:00:00Z")
         ]),
     )
     .await;

@@ -4,11 +4,12 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use crate::common::TestApp;
-use crate::cost::contract;
+use crate::fixtures::{Contract, contract};
 
-fn on_demand_h100(valid_from: &str) -> serde_json::Value {
-    json!({"name": "list price", "gpu_model": "H100", "billing_mode": "on_demand",
-           "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": valid_from})
+fn list_price(valid_from: &str) -> Contract {
+    contract("H100", "on_demand", "2.50")
+        .named("list price")
+        .valid_from(valid_from)
 }
 
 #[tokio::test]
@@ -20,7 +21,7 @@ async fn finance_manages_contracts_and_others_may_not() {
         .post(
             "/v1/contracts",
             &finance,
-            on_demand_h100("2026-01-01T01:00:00+01:00"),
+            list_price("2026-01-01T01:00:00+01:00").into(),
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
@@ -43,7 +44,7 @@ async fn finance_manages_contracts_and_others_may_not() {
         app.post(
             "/v1/contracts",
             &token,
-            on_demand_h100("2027-01-01T00:00:00Z"),
+            list_price("2027-01-01T00:00:00Z").into(),
         )
         .await
         .problem(StatusCode::FORBIDDEN);
@@ -63,15 +64,16 @@ async fn finance_manages_contracts_and_others_may_not() {
 async fn an_equally_specific_overlap_is_a_conflict_naming_the_other() {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
-    let mut first = on_demand_h100("2026-01-01T00:00:00Z");
-    first["valid_until"] = json!("2026-07-01T00:00:00Z");
-    let first_id = contract(&app, first).await;
+    let first_id = list_price("2026-01-01T00:00:00Z")
+        .valid_until("2026-07-01T00:00:00Z")
+        .create(&app)
+        .await;
 
     let overlapping = app
         .post(
             "/v1/contracts",
             &app.admin,
-            on_demand_h100("2026-06-30T00:00:00Z"),
+            list_price("2026-06-30T00:00:00Z").into(),
         )
         .await;
     let problem = overlapping.problem(StatusCode::CONFLICT);
@@ -81,12 +83,10 @@ async fn an_equally_specific_overlap_is_a_conflict_naming_the_other() {
     );
 
     // Back to back is no overlap; a narrower scope is not equally specific.
-    let next_id = contract(&app, on_demand_h100("2026-07-01T00:00:00Z")).await;
-    let mut scoped = on_demand_h100("2026-03-01T00:00:00Z");
-    scoped["project"] = json!("vision");
-    contract(&app, scoped.clone()).await;
-    scoped["provider"] = json!("acme");
-    contract(&app, scoped).await;
+    let next_id = list_price("2026-07-01T00:00:00Z").create(&app).await;
+    let scoped = list_price("2026-03-01T00:00:00Z").project("vision");
+    scoped.clone().create(&app).await;
+    scoped.provider("acme").create(&app).await;
 
     // Stretching the first one over the next is refused too, and changes nothing.
     let stretched = app
@@ -112,7 +112,7 @@ async fn concurrent_overlapping_creates_cannot_both_succeed() {
         app.post(
             "/v1/contracts",
             &app.admin,
-            on_demand_h100("2026-01-01T00:00:00Z"),
+            list_price("2026-01-01T00:00:00Z").into(),
         )
     });
     let statuses: Vec<StatusCode> = futures::future::join_all(attempts)
@@ -142,10 +142,14 @@ async fn invalid_fields_are_named_by_pointer() {
         .post(
             "/v1/contracts",
             &app.admin,
-            json!({"name": " ", "gpu_model": "H100", "billing_mode": "on_demand",
-                   "price_per_gpu_hour": "-1", "currency": "usd",
-                   "valid_from": "2026-01-01T00:00:00", "project": "nope",
-                   "region": "x".repeat(101), "committed_gpus": 2}),
+            contract("H100", "on_demand", "-1")
+                .named(" ")
+                .currency("usd")
+                .valid_from("2026-01-01T00:00:00")
+                .project("nope")
+                .region(&"x".repeat(101))
+                .committed_gpus(2)
+                .into(),
         )
         .await;
     response.problem(StatusCode::UNPROCESSABLE_ENTITY);
@@ -165,10 +169,11 @@ async fn invalid_fields_are_named_by_pointer() {
         .post(
             "/v1/contracts",
             &app.admin,
-            json!({"name": "n", "gpu_model": "H100", "billing_mode": "on_demand",
-                   "price_per_gpu_hour": 0.5, "currency": "USD",
-                   "valid_from": "2026-01-01T00:00:00Z", "valid_until": "2025-01-01T00:00:00Z",
-                   "committed_gpus": 2}),
+            contract("H100", "on_demand", 0.5)
+                .named("n")
+                .valid_until("2025-01-01T00:00:00Z")
+                .committed_gpus(2)
+                .into(),
         )
         .await;
     response.problem(StatusCode::UNPROCESSABLE_ENTITY);
@@ -178,15 +183,13 @@ async fn invalid_fields_are_named_by_pointer() {
         .post(
             "/v1/contracts",
             &app.admin,
-            json!({"name": "n", "gpu_model": "H100", "billing_mode": "hourly",
-                   "price_per_gpu_hour": "1", "currency": "USD",
-                   "valid_from": "2026-01-01T00:00:00Z"}),
+            contract("H100", "hourly", "1").named("n").into(),
         )
         .await;
     response.problem(StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(response.pointers(), ["/billing_mode"]);
 
-    let id = contract(&app, on_demand_h100("2026-01-01T00:00:00Z")).await;
+    let id = list_price("2026-01-01T00:00:00Z").create(&app).await;
     let response = app
         .patch(
             &format!("/v1/contracts/{id}"),

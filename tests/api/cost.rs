@@ -7,96 +7,8 @@ use axum::http::StatusCode;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
-use crate::common::TestApp;
-
-pub fn dec(value: &Value) -> Decimal {
-    Decimal::from_str(
-        value
-            .as_str()
-            .unwrap_or_else(|| panic!("not a decimal string: {value}")),
-    )
-    .unwrap()
-}
-
-pub fn assert_money(value: &Value, expected: &str) {
-    assert_eq!(
-        dec(value),
-        Decimal::from_str(expected).unwrap(),
-        "{value} is not {expected}"
-    );
-}
-
-/// Creates a contract as admin and returns its id.
-pub async fn contract(app: &TestApp, body: Value) -> String {
-    let response = app.post("/v1/contracts", &app.admin, body).await;
-    assert_eq!(response.status, StatusCode::CREATED, "{}", response.text());
-    response.json()["id"].as_str().unwrap().to_owned()
-}
-
-/// The contracts and records of COST_MODEL.md's worked example; returns C1..C4's ids.
-pub async fn worked_example(app: &TestApp) -> [String; 4] {
-    app.create_project("vision", "USD").await;
-    let c1 = contract(
-        app,
-        json!({"name": "C1", "gpu_model": "H100", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
-    )
-    .await;
-    let c2 = contract(
-        app,
-        json!({"name": "C2", "gpu_model": "H100", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "2.00", "currency": "USD", "valid_from": "2026-11-15T00:00:00Z",
-        "project": "vision"}),
-    )
-    .await;
-    let c3 = contract(
-        app,
-        json!({"name": "C3", "gpu_model": "H100", "billing_mode": "spot",
-        "price_per_gpu_hour": 1.20, "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
-    )
-    .await;
-    let c4 = contract(
-        app,
-        json!({"name": "C4", "gpu_model": "A100", "billing_mode": "reserved",
-        "price_per_gpu_hour": "1.00", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z",
-        "valid_until": "2026-12-01T00:00:00Z", "committed_gpus": 2}),
-    )
-    .await;
-    app.ingest(json!([
-        {"project": "vision", "task_id": "t1", "gpu_model": "H100", "gpu_count": 4,
-         "started_at": "2026-11-14T22:00:00Z", "ended_at": "2026-11-15T02:00:00Z",
-         "gpu_seconds_busy": 43200, "outcome": "completed",
-         "output": {"quantity": "2000000", "unit": "tokens"}, "labels": {"team": "perception"}},
-        {"project": "vision", "task_id": "t2", "gpu_model": "H100", "gpu_count": 8,
-         "billing_mode": "spot", "started_at": "2026-11-20T10:00:00Z",
-         "ended_at": "2026-11-20T11:30:00Z", "outcome": "preempted", "failures": 1,
-         "labels": {"team": "perception"}},
-        {"project": "vision", "task_id": "t2", "attempt": 2, "gpu_model": "H100", "gpu_count": 8,
-         "billing_mode": "spot", "started_at": "2026-11-20T12:00:00Z",
-         "ended_at": "2026-11-20T14:00:00Z", "outcome": "completed", "retries": 1,
-         "output": {"quantity": "1000000", "unit": "tokens"}, "labels": {"team": "perception"}},
-        {"project": "vision", "task_id": "t3", "gpu_model": "A100", "gpu_count": 1,
-         "billing_mode": "reserved", "started_at": "2026-11-10T00:00:00Z",
-         "ended_at": "2026-11-10T10:00:00Z", "gpu_seconds_busy": 36000, "outcome": "completed",
-         "output": {"quantity": "500", "unit": "samples"}, "labels": {"team": "search"}},
-        {"project": "vision", "task_id": "t4", "gpu_model": "B200", "gpu_count": 1,
-         "started_at": "2026-11-21T00:00:00Z", "ended_at": "2026-11-21T01:00:00Z",
-         "outcome": "failed"},
-        {"project": "vision", "task_id": "t5", "gpu_model": "H100", "gpu_count": 2,
-         "started_at": "2026-10-31T23:00:00Z", "ended_at": "2026-11-01T01:00:00Z",
-         "outcome": "completed"},
-    ]))
-    .await;
-    [c1, c2, c3, c4]
-}
-
-pub const NOVEMBER: &str = "/v1/projects/vision/cost?month=2026-11&as_of=2027-01-01T00:00:00Z";
-
-pub async fn cost(app: &TestApp, path: &str) -> Value {
-    let response = app.get(path, &app.admin).await;
-    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
-    response.json()
-}
+use crate::common::{TestApp, assert_money, cost, dec};
+use crate::fixtures::{NOVEMBER, contract, record, worked_example, worked_example_records};
 
 #[tokio::test]
 async fn the_worked_example_to_the_cent() {
@@ -167,12 +79,11 @@ async fn the_worked_example_to_the_cent() {
 async fn adding_the_missing_contract_rates_the_unrated_seconds() {
     let app = TestApp::spawn().await;
     worked_example(&app).await;
-    contract(
-        &app,
-        json!({"name": "B200", "gpu_model": "B200", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "3.00", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z"}),
-    )
-    .await;
+    contract("B200", "on_demand", "3.00")
+        .named("B200")
+        .valid_from("2026-11-01T00:00:00Z")
+        .create(&app)
+        .await;
     let november = cost(&app, NOVEMBER).await;
     assert_money(&november["unrated_gpu_seconds"], "0");
     assert_eq!(november["unrated"], json!([]));
@@ -242,18 +153,15 @@ async fn deleting_a_contract_unrates_what_it_priced() {
 async fn foreign_prices_convert_at_the_months_rate() {
     let app = TestApp::spawn().await;
     app.create_project("speech", "USD").await;
-    contract(
-        &app,
-        json!({"name": "EU", "gpu_model": "L40S", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "2.00", "currency": "EUR", "valid_from": "2026-01-01T00:00:00Z"}),
-    )
-    .await;
-    app.ingest(
-        json!([{"project": "speech", "task_id": "a", "gpu_model": "L40S", "gpu_count": 1,
-        "started_at": "2026-11-02T00:00:00Z", "ended_at": "2026-11-02T03:00:00Z",
-        "outcome": "completed"}]),
-    )
-    .await;
+    contract("L40S", "on_demand", "2.00")
+        .named("EU")
+        .currency("EUR")
+        .create(&app)
+        .await;
+    app.ingest([record("a", "2026-11-02T00:00:00Z", "2026-11-02T03:00:00Z")
+        .project("speech")
+        .gpu_model("L40S")])
+        .await;
     let path = "/v1/projects/speech/cost?month=2026-11&as_of=2027-01-01T00:00:00Z";
     let unconverted = cost(&app, path).await;
     assert_money(&unconverted["total"], "0");
@@ -335,13 +243,14 @@ async fn groups_add_up_to_the_total_for_every_dimension() {
     let app = TestApp::spawn().await;
     worked_example(&app).await;
     // A project-scoped commitment, so that unused commitment is spread over groups too.
-    contract(
-        &app,
-        json!({"name": "own", "gpu_model": "A100", "billing_mode": "reserved",
-        "price_per_gpu_hour": "1.00", "currency": "USD", "valid_from": "2026-11-10T00:00:00Z",
-        "valid_until": "2026-11-12T00:00:00Z", "committed_gpus": 2, "project": "vision"}),
-    )
-    .await;
+    contract("A100", "reserved", "1.00")
+        .named("own")
+        .valid_from("2026-11-10T00:00:00Z")
+        .valid_until("2026-11-12T00:00:00Z")
+        .committed_gpus(2)
+        .project("vision")
+        .create(&app)
+        .await;
     for group_by in [
         "day",
         "month",
@@ -397,19 +306,17 @@ async fn groups_add_up_to_the_total_for_every_dimension() {
 async fn unused_commitment_accrues_up_to_as_of() {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
-    contract(
-        &app,
-        json!({"name": "own", "gpu_model": "A100", "billing_mode": "reserved",
-        "price_per_gpu_hour": "1.50", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z",
-        "committed_gpus": 2, "project": "vision"}),
-    )
-    .await;
-    app.ingest(
-        json!([{"project": "vision", "task_id": "x", "gpu_model": "A100", "gpu_count": 1,
-        "billing_mode": "reserved", "started_at": "2026-11-01T01:00:00Z",
-        "ended_at": "2026-11-01T03:00:00Z", "outcome": "completed"}]),
-    )
-    .await;
+    contract("A100", "reserved", "1.50")
+        .named("own")
+        .valid_from("2026-11-01T00:00:00Z")
+        .committed_gpus(2)
+        .project("vision")
+        .create(&app)
+        .await;
+    app.ingest([record("x", "2026-11-01T01:00:00Z", "2026-11-01T03:00:00Z")
+        .gpu_model("A100")
+        .billing_mode("reserved")])
+        .await;
     let at = |as_of: &str| format!("/v1/projects/vision/cost?month=2026-11&as_of={as_of}");
     // 10 committed hours × 2 GPUs, of which 2 GPU-hours used: 18 unused GPU-hours × 1.50.
     let early = cost(&app, &at("2026-11-01T10:00:00Z")).await;
@@ -484,13 +391,8 @@ async fn a_corrected_record_is_re_rated_and_its_task_recounted() {
     let app = TestApp::spawn().await;
     worked_example(&app).await;
     let before = cost(&app, NOVEMBER).await;
-    let r3 = |outcome: &str| {
-        json!({"gpu_model": "H100", "gpu_count": 8, "billing_mode": "spot",
-               "started_at": "2026-11-20T12:00:00Z", "ended_at": "2026-11-20T14:00:00Z",
-               "outcome": outcome, "retries": 1,
-               "output": {"quantity": "1000000", "unit": "tokens"},
-               "labels": {"team": "perception"}})
-    };
+    let [_, _, r3, ..] = worked_example_records();
+    let r3 = |outcome: &str| r3.clone().outcome(outcome).correction();
     let path = "/v1/projects/vision/job-records/t2/2";
     let corrected = app.put(path, &app.admin, r3("failed")).await;
     assert_eq!(corrected.status, StatusCode::OK, "{}", corrected.text());

@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use crate::common::TestApp;
-use crate::cost::worked_example;
+use crate::fixtures::worked_example;
 
 /// Renders `url` in headless Chromium and returns the DOM once its scripts have run.
 fn rendered_dom(url: &str) -> String {

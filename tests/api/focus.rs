@@ -12,7 +12,7 @@ use serde_json::json;
 use taskledger::config::{Clock, Settings};
 
 use crate::common::TestApp;
-use crate::cost::{contract, worked_example};
+use crate::fixtures::{contract, record, worked_example};
 
 /// After November 2026, so that its commitment has accrued in full.
 async fn app() -> TestApp {
@@ -227,14 +227,15 @@ async fn focus_the_worked_example_as_focus_rows() {
 async fn focus_a_project_scoped_commitment_is_charged_to_its_project_in_its_currency() {
     let app = app().await;
     app.create_project("search", "EUR").await;
-    contract(
-        &app,
-        json!({"name": "Owned", "gpu_model": "A100", "billing_mode": "reserved",
-        "price_per_gpu_hour": "2.00", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z",
-        "valid_until": "2026-11-02T00:00:00Z", "committed_gpus": 1, "project": "search",
-        "provider": "on-prem"}),
-    )
-    .await;
+    contract("A100", "reserved", "2.00")
+        .named("Owned")
+        .valid_from("2026-11-01T00:00:00Z")
+        .valid_until("2026-11-02T00:00:00Z")
+        .committed_gpus(1)
+        .project("search")
+        .provider("on-prem")
+        .create(&app)
+        .await;
     let rate = app
         .put(
             "/v1/fx-rates/2026-11/USD/EUR",
@@ -243,12 +244,12 @@ async fn focus_a_project_scoped_commitment_is_charged_to_its_project_in_its_curr
         )
         .await;
     assert_eq!(rate.status, StatusCode::OK, "{}", rate.text());
-    app.ingest(json!([
-        {"project": "search", "task_id": "a", "gpu_model": "A100", "gpu_count": 1,
-         "billing_mode": "reserved", "provider": "on-prem", "started_at": "2026-11-01T00:00:00Z",
-         "ended_at": "2026-11-01T04:00:00Z", "outcome": "completed"},
-    ]))
-    .await;
+    app.ingest([record("a", "2026-11-01T00:00:00Z", "2026-11-01T04:00:00Z")
+        .project("search")
+        .gpu_model("A100")
+        .billing_mode("reserved")
+        .provider("on-prem")])
+        .await;
     let (_, rows) = parse(&export(&app, "2026-11").await);
     assert_eq!(rows.len(), 2, "{rows:#?}");
     let used = row(&rows, "projects/search", "Owned", "Used");
@@ -298,19 +299,18 @@ async fn focus_names_cannot_become_formulas() {
         )
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
-    contract(
-        &app,
-        json!({"name": "+SUM(1)", "gpu_model": "H100", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "2.00", "currency": "USD", "valid_from": "2026-11-01T00:00:00Z",
-        "provider": "@provider", "region": "-1"}),
-    )
-    .await;
-    app.ingest(json!([
-        {"project": "evil", "task_id": "t", "gpu_model": "H100", "gpu_count": 1,
-         "provider": "@provider", "region": "-1", "started_at": "2026-11-03T00:00:00Z", "ended_at": "2026-11-03T01:00:00Z",
-         "outcome": "completed"},
-    ]))
-    .await;
+    contract("H100", "on_demand", "2.00")
+        .named("+SUM(1)")
+        .valid_from("2026-11-01T00:00:00Z")
+        .provider("@provider")
+        .region("-1")
+        .create(&app)
+        .await;
+    app.ingest([record("t", "2026-11-03T00:00:00Z", "2026-11-03T01:00:00Z")
+        .project("evil")
+        .provider("@provider")
+        .region("-1")])
+        .await;
     let body = export(&app, "2026-11").await;
     let (_, rows) = parse(&body);
     let r = row(&rows, "projects/evil", "'+SUM(1)", "");

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use crate::common::TestApp;
+use crate::fixtures;
 
 fn write(dir: &tempfile::TempDir, name: &str, content: &str) -> PathBuf {
     let path = dir.path().join(name);
@@ -13,12 +14,11 @@ fn write(dir: &tempfile::TempDir, name: &str, content: &str) -> PathBuf {
 }
 
 fn record(task: &str) -> serde_json::Value {
-    json!({
-        "project": "vision", "task_id": task, "gpu_model": "A100", "gpu_count": 1,
-        "started_at": "2026-11-10T00:00:00Z", "ended_at": "2026-11-10T10:00:00Z",
-        "gpu_seconds_busy": 36000, "outcome": "completed",
-        "output": {"quantity": 500, "unit": "samples"}
-    })
+    fixtures::record(task, "2026-11-10T00:00:00Z", "2026-11-10T10:00:00Z")
+        .gpu_model("A100")
+        .gpu_seconds_busy(36000)
+        .output(500, "samples")
+        .into()
 }
 
 const CSV: &str = "\

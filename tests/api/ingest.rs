@@ -5,16 +5,22 @@ use axum::http::{Method, Request, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::common::TestApp;
+use crate::fixtures;
 
-fn record(project: &str, task: &str, attempt: i64) -> Value {
-    json!({
-        "project": project, "task_id": task, "attempt": attempt, "gpu_model": "H100",
-        "gpu_count": 8, "billing_mode": "spot", "provider": "aws", "region": "us-east-1",
-        "started_at": "2026-11-20T10:00:00Z", "ended_at": "2026-11-20T11:30:00Z",
-        "gpu_seconds_busy": "30100", "outcome": "completed",
-        "output": {"quantity": "1000000", "unit": "tokens"},
-        "labels": {"team": "perception", "pipeline": "nightly"}
-    })
+/// A record as a scheduler reports one: with provider, region, busy time, output and labels.
+fn record(project: &str, task: &str, attempt: u32) -> Value {
+    fixtures::record(task, "2026-11-20T10:00:00Z", "2026-11-20T11:30:00Z")
+        .project(project)
+        .attempt(attempt)
+        .gpu_count(8)
+        .billing_mode("spot")
+        .provider("aws")
+        .region("us-east-1")
+        .gpu_seconds_busy("30100")
+        .output("1000000", "tokens")
+        .label("team", "perception")
+        .label("pipeline", "nightly")
+        .into()
 }
 
 fn batch(project: &str, tasks: std::ops::Range<usize>) -> Value {

@@ -6,9 +6,12 @@ mod common;
 mod contracts;
 mod cost;
 mod dashboard;
+mod fixtures;
 mod focus;
 mod foundation;
 mod import;
 mod ingest;
 mod reports;
 mod rollups;
+#[path = "../support/mod.rs"]
+mod support;

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use taskledger::config::{Clock, Settings};
 
-use crate::common::{TestApp, TestResponse};
-use crate::cost::{assert_money, worked_example};
+use crate::common::{TestApp, TestResponse, assert_money};
+use crate::fixtures::{contract, record, worked_example};
 
 /// December 2nd: October and November have ended.
 async fn app_in_december() -> TestApp {
@@ -102,22 +102,13 @@ async fn totals_are_rounded_from_unrounded_sums() {
     app.post(
         "/v1/contracts",
         &app.admin,
-        json!({"name": "odd", "gpu_model": "H100", "billing_mode": "on_demand",
-               "price_per_gpu_hour": "0.015", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+        contract("H100", "on_demand", "0.015").named("odd").into(),
     )
     .await;
     // Each project: one GPU-hour at 0.015 → 0.015, shown 0.02 (half-even); 3 × 0.015 = 0.045 → 0.04.
     for id in ["a", "b", "c"] {
-        let response = app
-            .post(
-                "/v1/job-records",
-                &app.admin,
-                json!([{"project": id, "task_id": "t", "gpu_model": "H100", "gpu_count": 1,
-                        "started_at": "2026-11-03T00:00:00Z", "ended_at": "2026-11-03T01:00:00Z",
-                        "outcome": "completed"}]),
-            )
+        app.ingest([record("t", "2026-11-03T00:00:00Z", "2026-11-03T01:00:00Z").project(id)])
             .await;
-        assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     }
     let rows = csv_rows(&report(&app, "/v1/reports/monthly/2026-11?format=csv").await);
     assert_eq!(row(&rows, "project", "a")[8], "0.02");
@@ -142,20 +133,13 @@ async fn formula_like_names_and_labels_arrive_as_text() {
     app.post(
         "/v1/contracts",
         &app.admin,
-        json!({"name": "list", "gpu_model": "H100", "billing_mode": "on_demand",
-               "price_per_gpu_hour": "2", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
+        contract("H100", "on_demand", "2").named("list").into(),
     )
     .await;
-    let posted = app
-        .post(
-            "/v1/job-records",
-            &app.admin,
-            json!([{"project": "evil", "task_id": "t", "gpu_model": "H100", "gpu_count": 1,
-                    "started_at": "2026-11-03T00:00:00Z", "ended_at": "2026-11-03T01:00:00Z",
-                    "outcome": "completed", "labels": {"pipeline": "=HYPERLINK(\"x\")"}}]),
-        )
+    app.ingest([record("t", "2026-11-03T00:00:00Z", "2026-11-03T01:00:00Z")
+        .project("evil")
+        .label("pipeline", "=HYPERLINK(\"x\")")])
         .await;
-    assert_eq!(posted.status, StatusCode::OK, "{}", posted.text());
     let csv = report(
         &app,
         "/v1/reports/monthly/2026-11?format=csv&group_by=label:pipeline",
@@ -233,9 +217,7 @@ async fn closing_october_freezes_it_and_a_late_record_becomes_a_november_adjustm
         .post(
             "/v1/job-records",
             &app.admin,
-            json!([{"project": "vision", "task_id": "late", "gpu_model": "H100", "gpu_count": 2,
-                    "started_at": "2026-10-20T10:00:00Z", "ended_at": "2026-10-20T11:00:00Z",
-                    "outcome": "completed"}]),
+            json!([record("late", "2026-10-20T10:00:00Z", "2026-10-20T11:00:00Z").gpu_count(2)]),
         )
         .await;
     assert_eq!(

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use taskledger::config::Settings;
 use taskledger::store::rollups;
 
-use crate::common::TestApp;
-use crate::cost::{NOVEMBER, contract, cost, dec, worked_example};
+use crate::common::{TestApp, cost, dec};
+use crate::fixtures::{NOVEMBER, record, worked_example, worked_example_contracts};
 
 const NEW_YORK: chrono_tz::Tz = chrono_tz::America::New_York;
 
@@ -137,17 +137,13 @@ async fn any_period_reads_the_same_figures_as_its_segments() {
     .await;
     worked_example(&app).await;
     // Hours and days before October and days after it, for the period that holds them all.
-    app.ingest(json!([
-        {"project": "vision", "task_id": "t6", "gpu_model": "H100", "gpu_count": 2,
-         "started_at": "2026-09-29T10:00:00Z", "ended_at": "2026-09-30T03:00:00Z",
-         "gpu_seconds_busy": 100000, "outcome": "completed"},
-        {"project": "vision", "task_id": "t7", "gpu_model": "H100", "gpu_count": 1,
-         "started_at": "2026-09-27T10:00:00Z", "ended_at": "2026-09-27T20:00:00Z",
-         "outcome": "failed"},
-        {"project": "vision", "task_id": "t8", "gpu_model": "H100", "gpu_count": 1,
-         "started_at": "2026-11-02T12:00:00Z", "ended_at": "2026-11-02T15:00:00Z",
-         "outcome": "completed"},
-    ]))
+    app.ingest([
+        record("t6", "2026-09-29T10:00:00Z", "2026-09-30T03:00:00Z")
+            .gpu_count(2)
+            .gpu_seconds_busy(100000),
+        record("t7", "2026-09-27T10:00:00Z", "2026-09-27T20:00:00Z").outcome("failed"),
+        record("t8", "2026-11-02T12:00:00Z", "2026-11-02T15:00:00Z"),
+    ])
     .await;
     assert_periods_match_segments(&app).await;
 
@@ -318,23 +314,21 @@ async fn daily_and_monthly_rollups_are_rebuilt_for_another_ledger_time_zone() {
 async fn attempts_of_one_task_rated_concurrently_count_the_task_once() {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
-    contract(
-        &app,
-        json!({"name": "C1", "gpu_model": "H100", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
-    )
-    .await;
+    let [c1, ..] = worked_example_contracts();
+    c1.create(&app).await;
     // Eight batches, each holding one completed attempt of every one of 50 tasks.
     let batches: Vec<Value> = (1..=8)
         .map(|attempt| {
             Value::Array(
                 (0..50)
                     .map(|task| {
-                        json!({"project": "vision", "task_id": format!("t{task}"),
-                               "attempt": attempt, "gpu_model": "H100", "gpu_count": 1,
-                               "started_at": format!("2026-11-03T{:02}:00:00Z", attempt),
-                               "ended_at": format!("2026-11-03T{:02}:30:00Z", attempt),
-                               "outcome": "completed"})
+                        record(
+                            &format!("t{task}"),
+                            &format!("2026-11-03T{attempt:02}:00:00Z"),
+                            &format!("2026-11-03T{attempt:02}:30:00Z"),
+                        )
+                        .attempt(attempt)
+                        .into()
                     })
                     .collect(),
             )
@@ -490,11 +484,7 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
         .await;
     assert_eq!(patched.status, StatusCode::OK, "{}", patched.text());
     upgraded
-        .ingest(json!([
-            {"project": "vision", "task_id": "t1", "attempt": 2, "gpu_model": "H100",
-             "gpu_count": 1, "started_at": "2026-11-16T00:00:00Z",
-             "ended_at": "2026-11-16T01:00:00Z", "outcome": "completed"},
-        ]))
+        .ingest([record("t1", "2026-11-16T00:00:00Z", "2026-11-16T01:00:00Z").attempt(2)])
         .await;
     let view = cost(&upgraded, NOVEMBER).await;
     assert_eq!(
@@ -512,12 +502,8 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
 async fn compaction_racing_writers_loses_nothing() {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
-    contract(
-        &app,
-        json!({"name": "C1", "gpu_model": "H100", "billing_mode": "on_demand",
-        "price_per_gpu_hour": "2.50", "currency": "USD", "valid_from": "2026-01-01T00:00:00Z"}),
-    )
-    .await;
+    let [c1, ..] = worked_example_contracts();
+    c1.create(&app).await;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let compactor = {
         let pool = app.pool.clone();
@@ -538,11 +524,16 @@ async fn compaction_racing_writers_loses_nothing() {
         async move {
             let records: Vec<Value> = (0..40)
                 .map(|i| {
-                    json!({"project": "vision", "task_id": format!("b{batch}-{i}"),
-                           "gpu_model": "H100", "gpu_count": 1 + i % 3,
-                           "started_at": format!("2026-11-{:02}T{:02}:00:00Z", 3 + i % 4, i % 20),
-                           "ended_at": format!("2026-11-{:02}T{:02}:30:00Z", 3 + i % 4, i % 20 + 2),
-                           "outcome": if i % 5 == 0 { "failed" } else { "completed" }})
+                    let day = 3 + i % 4;
+                    let hour = i % 20;
+                    record(
+                        &format!("b{batch}-{i}"),
+                        &format!("2026-11-{day:02}T{hour:02}:00:00Z"),
+                        &format!("2026-11-{day:02}T{:02}:30:00Z", hour + 2),
+                    )
+                    .gpu_count(1 + i % 3)
+                    .outcome(if i % 5 == 0 { "failed" } else { "completed" })
+                    .into()
                 })
                 .collect();
             let response = app

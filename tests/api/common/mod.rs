@@ -2,7 +2,6 @@
 //! PostgreSQL — the server of `DATABASE_URL` when set, else an embedded cluster started once
 //! for the whole test process — and drives the real router.
 
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
@@ -10,6 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
+use rust_decimal::Decimal;
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
@@ -17,8 +17,10 @@ use tower::ServiceExt;
 
 use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
-use taskledger::domain::access::{Role, generate_secret, hash_secret};
+use taskledger::domain::access::{Role, hash_secret};
 use taskledger::http::state::AppState;
+
+use crate::support::{create_migrated_database, insert_token, start_cluster};
 
 /// The PostgreSQL server of this test process.
 struct Server {
@@ -70,28 +72,19 @@ async fn start_embedded_cluster() -> EmbeddedPostgres {
         "taskledger-test-cluster-{}",
         nix::unistd::geteuid()
     ));
-    match EmbeddedPostgres::start(&reachable_dir(shared), options()).await {
+    match start_cluster(&shared, options()).await {
         Ok(cluster) => cluster,
         Err(EmbeddedError::InUse { .. }) => {
             let own = std::env::temp_dir().join(format!(
                 "taskledger-test-cluster-{}",
                 uuid::Uuid::new_v4().simple()
             ));
-            EmbeddedPostgres::start(&reachable_dir(own), options())
+            start_cluster(&own, options())
                 .await
                 .expect("starting the embedded PostgreSQL for tests")
         }
         Err(error) => panic!("starting the embedded PostgreSQL for tests: {error}"),
     }
-}
-
-/// A directory the unprivileged user that runs PostgreSQL under root can enter.
-fn reachable_dir(dir: PathBuf) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(&dir).expect("creating the test cluster dir");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-        .expect("opening the test cluster dir to the cluster's user");
-    dir
 }
 
 fn with_database(base: &str, database: &str) -> String {
@@ -123,20 +116,10 @@ async fn prepare_template(url_for: &(dyn Fn(&str) -> String + Send + Sync)) -> S
             .unwrap();
     if !exists {
         let building = format!("{template}_building");
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"))
-            .execute(&mut admin)
+        create_migrated_database(url_for, &building, 1)
             .await
-            .unwrap();
-        sqlx::query(&format!("CREATE DATABASE {building}"))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        let mut connection = PgConnection::connect(&url_for(&building)).await.unwrap();
-        taskledger::db::MIGRATOR
-            .run_direct(&mut connection)
-            .await
-            .expect("migrating the template database");
-        connection.close().await.unwrap();
+            .close()
+            .await;
         sqlx::query(&format!("ALTER DATABASE {building} RENAME TO {template}"))
             .execute(&mut admin)
             .await
@@ -187,21 +170,12 @@ impl TestApp {
         admin.close().await.unwrap();
         let database_url = (server.url_for)(&database);
         let pool = taskledger::db::connect(&database_url, 8).await.unwrap();
-        let secret = generate_secret();
-        taskledger::store::tokens::insert(
-            &pool,
-            "test admin",
-            Role::Admin,
-            &[],
-            &hash_secret(&secret),
-        )
-        .await
-        .unwrap();
+        let admin_secret = insert_token(&pool, "test admin", Role::Admin, &[]).await;
         let state = AppState::new(pool.clone(), settings);
         Self {
             router: taskledger::http::app(state),
             pool,
-            admin: secret,
+            admin: admin_secret,
             database,
             database_url,
         }
@@ -357,6 +331,32 @@ impl TestResponse {
     }
 }
 
+/// A decimal the API sends as a JSON string.
+pub fn dec(value: &Value) -> Decimal {
+    Decimal::from_str(
+        value
+            .as_str()
+            .unwrap_or_else(|| panic!("not a decimal string: {value}")),
+    )
+    .unwrap()
+}
+
+/// Compares amounts as numbers, so that "84.6" is "84.60".
+pub fn assert_money(value: &Value, expected: &str) {
+    assert_eq!(
+        dec(value),
+        Decimal::from_str(expected).unwrap(),
+        "{value} is not {expected}"
+    );
+}
+
+/// The cost view at `path`, read as admin.
+pub async fn cost(app: &TestApp, path: &str) -> Value {
+    let response = app.get(path, &app.admin).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    response.json()
+}
+
 /// Requests a receiver saw: headers and body.
 pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
 
@@ -441,8 +441,10 @@ impl Drop for Receiver {
 }
 
 impl TestApp {
-    /// Posts job records through `POST /v1/job-records` as admin; they are rated on the way in.
-    pub async fn ingest(&self, records: Value) {
+    /// Posts job records (a JSON array, or [`crate::fixtures::Record`]s) through
+    /// `POST /v1/job-records` as admin; they are rated on the way in.
+    pub async fn ingest(&self, records: impl serde::Serialize) {
+        let records = serde_json::to_value(records).unwrap();
         let response = self.post("/v1/job-records", &self.admin, records).await;
         assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     }
