@@ -4,7 +4,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct CloseRow {
     pub month: NaiveDate,
     pub closed_at: DateTime<Utc>,
@@ -14,7 +14,8 @@ pub struct CloseRow {
 
 /// Every closed month, oldest first.
 pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<CloseRow>> {
-    sqlx::query_as::<_, CloseRow>(
+    sqlx::query_as!(
+        CloseRow,
         "SELECT month, closed_at, closed_by, report_json FROM month_closes ORDER BY month",
     )
     .fetch_all(conn)
@@ -29,14 +30,14 @@ pub async fn close(
     closed_by: Uuid,
     report_json: &str,
 ) -> sqlx::Result<bool> {
-    let result = sqlx::query(
+    let result = sqlx::query!(
         "INSERT INTO month_closes (month, closed_at, closed_by, report_json) \
          VALUES ($1, $2, $3, $4) ON CONFLICT (month) DO NOTHING",
+        month,
+        closed_at,
+        closed_by,
+        report_json,
     )
-    .bind(month)
-    .bind(closed_at)
-    .bind(closed_by)
-    .bind(report_json)
     .execute(pool)
     .await?;
     Ok(result.rows_affected() == 1)

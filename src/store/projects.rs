@@ -4,7 +4,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ProjectRow {
     pub id: String,
     pub name: String,
@@ -38,40 +38,43 @@ pub struct ProjectChanges {
     pub webhook_url: Option<Option<String>>,
 }
 
-const COLUMNS: &str = "id, name, team, currency, default_monthly_budget, alert_thresholds, \
-                       webhook_url, created_at, updated_at";
-
 /// Inserts a project; `None` when the id is taken.
 pub async fn insert(pool: &PgPool, project: &NewProject) -> sqlx::Result<Option<ProjectRow>> {
-    sqlx::query_as::<_, ProjectRow>(&format!(
+    sqlx::query_as!(
+        ProjectRow,
         "INSERT INTO projects (id, name, team, currency, default_monthly_budget, \
                                alert_thresholds, webhook_url) \
          VALUES ($1, $2, $3, $4, $5, $6, $7) \
          ON CONFLICT (id) DO NOTHING \
-         RETURNING {COLUMNS}"
-    ))
-    .bind(&project.id)
-    .bind(&project.name)
-    .bind(&project.team)
-    .bind(&project.currency)
-    .bind(project.default_monthly_budget)
-    .bind(&project.alert_thresholds)
-    .bind(&project.webhook_url)
+         RETURNING id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                   webhook_url, created_at, updated_at",
+        project.id,
+        project.name,
+        project.team,
+        project.currency,
+        project.default_monthly_budget,
+        &project.alert_thresholds,
+        project.webhook_url,
+    )
     .fetch_optional(pool)
     .await
 }
 
 pub async fn get(pool: &PgPool, id: &str) -> sqlx::Result<Option<ProjectRow>> {
-    sqlx::query_as::<_, ProjectRow>(&format!("SELECT {COLUMNS} FROM projects WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(pool)
-        .await
+    sqlx::query_as!(
+        ProjectRow,
+        "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                webhook_url, created_at, updated_at \
+         FROM projects WHERE id = $1",
+        id,
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// Which of `ids` exist.
 pub async fn existing_ids(pool: &PgPool, ids: &[String]) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar("SELECT id FROM projects WHERE id = ANY($1)")
-        .bind(ids)
+    sqlx::query_scalar!("SELECT id FROM projects WHERE id = ANY($1)", ids)
         .fetch_all(pool)
         .await
 }
@@ -83,14 +86,17 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> sqlx::Result<Vec<ProjectRow>> {
-    sqlx::query_as::<_, ProjectRow>(&format!(
-        "SELECT {COLUMNS} FROM projects \
+    sqlx::query_as!(
+        ProjectRow,
+        "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                webhook_url, created_at, updated_at \
+         FROM projects \
          WHERE ($1::text[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR id > $2) \
-         ORDER BY id LIMIT $3"
-    ))
-    .bind(scope)
-    .bind(after)
-    .bind(limit)
+         ORDER BY id LIMIT $3",
+        scope as Option<&[String]>,
+        after,
+        limit,
+    )
     .fetch_all(pool)
     .await
 }
@@ -100,7 +106,8 @@ pub async fn update(
     id: &str,
     changes: &ProjectChanges,
 ) -> sqlx::Result<Option<ProjectRow>> {
-    sqlx::query_as::<_, ProjectRow>(&format!(
+    sqlx::query_as!(
+        ProjectRow,
         "UPDATE projects SET \
            name = COALESCE($2, name), \
            team = CASE WHEN $3 THEN $4 ELSE team END, \
@@ -108,22 +115,24 @@ pub async fn update(
            alert_thresholds = COALESCE($7, alert_thresholds), \
            webhook_url = CASE WHEN $8 THEN $9 ELSE webhook_url END, \
            updated_at = now() \
-         WHERE id = $1 RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(&changes.name)
-    .bind(changes.team.is_some())
-    .bind(changes.team.clone().flatten())
-    .bind(changes.default_monthly_budget.is_some())
-    .bind(changes.default_monthly_budget.flatten())
-    .bind(&changes.alert_thresholds)
-    .bind(changes.webhook_url.is_some())
-    .bind(changes.webhook_url.clone().flatten())
+         WHERE id = $1 \
+         RETURNING id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                   webhook_url, created_at, updated_at",
+        id,
+        changes.name,
+        changes.team.is_some(),
+        changes.team.clone().flatten(),
+        changes.default_monthly_budget.is_some(),
+        changes.default_monthly_budget.flatten(),
+        changes.alert_thresholds.as_deref(),
+        changes.webhook_url.is_some(),
+        changes.webhook_url.clone().flatten(),
+    )
     .fetch_optional(pool)
     .await
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct BudgetRow {
     pub project_id: String,
     pub month: NaiveDate,
@@ -137,24 +146,26 @@ pub async fn put_budget(
     month: NaiveDate,
     amount: Decimal,
 ) -> sqlx::Result<BudgetRow> {
-    sqlx::query_as::<_, BudgetRow>(
+    sqlx::query_as!(
+        BudgetRow,
         "INSERT INTO budgets (project_id, month, amount) VALUES ($1, $2, $3) \
          ON CONFLICT (project_id, month) DO UPDATE SET amount = EXCLUDED.amount, updated_at = now() \
          RETURNING project_id, month, amount, updated_at",
+        project,
+        month,
+        amount,
     )
-    .bind(project)
-    .bind(month)
-    .bind(amount)
     .fetch_one(pool)
     .await
 }
 
 pub async fn list_budgets(pool: &PgPool, project: &str) -> sqlx::Result<Vec<BudgetRow>> {
-    sqlx::query_as::<_, BudgetRow>(
+    sqlx::query_as!(
+        BudgetRow,
         "SELECT project_id, month, amount, updated_at FROM budgets \
          WHERE project_id = $1 ORDER BY month",
+        project,
     )
-    .bind(project)
     .fetch_all(pool)
     .await
 }
@@ -166,31 +177,37 @@ pub async fn budget_for(
     project: &ProjectRow,
     month: NaiveDate,
 ) -> sqlx::Result<Option<Decimal>> {
-    let own: Option<Decimal> =
-        sqlx::query_scalar("SELECT amount FROM budgets WHERE project_id = $1 AND month = $2")
-            .bind(&project.id)
-            .bind(month)
-            .fetch_optional(executor)
-            .await?;
+    let own = sqlx::query_scalar!(
+        "SELECT amount FROM budgets WHERE project_id = $1 AND month = $2",
+        project.id,
+        month,
+    )
+    .fetch_optional(executor)
+    .await?;
     Ok(own.or(project.default_monthly_budget))
 }
 
 /// Projects with a budget for `month` (their own or a default): those the periodic burn check
 /// evaluates.
 pub async fn budgeted_in(pool: &PgPool, month: NaiveDate) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT id FROM projects p WHERE default_monthly_budget IS NOT NULL \
             OR EXISTS (SELECT 1 FROM budgets b WHERE b.project_id = p.id AND b.month = $1) \
          ORDER BY id",
+        month,
     )
-    .bind(month)
     .fetch_all(pool)
     .await
 }
 
 /// Every project, in id order (reports cover them all).
 pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<ProjectRow>> {
-    sqlx::query_as::<_, ProjectRow>(&format!("SELECT {COLUMNS} FROM projects ORDER BY id"))
-        .fetch_all(conn)
-        .await
+    sqlx::query_as!(
+        ProjectRow,
+        "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                webhook_url, created_at, updated_at \
+         FROM projects ORDER BY id",
+    )
+    .fetch_all(conn)
+    .await
 }
