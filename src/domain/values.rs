@@ -224,6 +224,18 @@ pub fn webhook_url(raw: &str) -> Result<String, String> {
     Ok(url.to_string())
 }
 
+/// A webhook URL as a non-admin sees it: scheme and host only, since the path and query of
+/// many webhooks (Slack's, for one) are the secret that lets anyone post to them.
+pub fn masked_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(url) => match url.host_str() {
+            Some(host) => format!("{}://{host}/…", url.scheme()),
+            None => "…".to_owned(),
+        },
+        Err(_) => "…".to_owned(),
+    }
+}
+
 fn truncate_for_message(raw: &str) -> String {
     raw.chars().take(64).collect()
 }
@@ -271,5 +283,15 @@ mod tests {
         assert!(alert_thresholds(&[50, 1001]).is_err());
         assert!(alert_thresholds(&[80, 50]).is_err());
         assert!(alert_thresholds(&[50, 50]).is_err());
+    }
+
+    #[test]
+    fn a_masked_url_keeps_only_scheme_and_host() {
+        assert_eq!(
+            masked_url("https://hooks.slack.com/services/T000/B000/XXXX?x=1"),
+            "https://hooks.slack.com/…"
+        );
+        assert_eq!(masked_url("http://127.0.0.1:9/hook"), "http://127.0.0.1/…");
+        assert_eq!(masked_url("not a url"), "…");
     }
 }

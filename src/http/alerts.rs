@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::domain::access::{Principal, Role};
 use crate::domain::validation::Violations;
-use crate::domain::values::{Month, parse_instant};
+use crate::domain::values::{Month, masked_url, parse_instant};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
@@ -41,7 +41,8 @@ pub struct DeliveryAttempt {
 pub struct AlertView {
     #[serde(flatten)]
     pub event: AlertEvent,
-    /// The webhook it goes to; null when the project had none when it fired.
+    /// The webhook it goes to; null when the project had none when it fired. Admin tokens
+    /// see it whole; other tokens see only its scheme and host.
     pub webhook_url: Option<String>,
     /// `pending`, `delivered` or `gave_up`; null without a webhook.
     pub delivery_state: Option<String>,
@@ -113,7 +114,7 @@ pub async fn list_alerts(
     .await?;
     let views = alerts
         .iter()
-        .map(|alert| view(alert, &deliveries, &attempts))
+        .map(|alert| view(alert, &deliveries, &attempts, principal.is_admin()))
         .collect::<ApiResult<Vec<_>>>()?;
     Ok(axum::Json(Page::from_rows(
         views,
@@ -127,13 +128,17 @@ fn view(
     alert: &AlertRow,
     deliveries: &[DeliveryRow],
     attempts: &[AttemptRow],
+    whole_urls: bool,
 ) -> ApiResult<AlertView> {
     let delivery = deliveries
         .iter()
         .find(|d| d.project_id == alert.project_id && d.alert_id == alert.id);
     Ok(AlertView {
         event: AlertEvent::from_row(alert)?,
-        webhook_url: delivery.map(|d| d.url.clone()),
+        webhook_url: delivery.map(|d| match whole_urls {
+            true => d.url.clone(),
+            false => masked_url(&d.url),
+        }),
         delivery_state: delivery.map(|d| d.state.clone()),
         next_attempt_at: delivery
             .filter(|d| d.state == "pending")

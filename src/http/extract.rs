@@ -138,6 +138,15 @@ where
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
+        // PostgreSQL cannot store a NUL character, so no stored value can match one.
+        if let Some((name, _)) = form_urlencoded::parse(query.as_bytes())
+            .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+        {
+            return Err(ApiError::invalid(
+                format!("query:{}", name.replace('\0', "")),
+                "must not contain a NUL character",
+            ));
+        }
         let deserializer =
             serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
         serde_path_to_error::deserialize(deserializer)
@@ -169,6 +178,10 @@ where
         parts: &mut axum::http::request::Parts,
         state: &S,
     ) -> Result<Self, Self::Rejection> {
+        // A NUL character names nothing PostgreSQL could have stored.
+        if parts.uri.path().contains("%00") {
+            return Err(ApiError::NotFound("no such resource".to_owned()));
+        }
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(value)| ApiPath(value))

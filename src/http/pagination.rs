@@ -78,5 +78,9 @@ fn decode_cursor<T: DeserializeOwned>(raw: &str) -> Result<T, ApiError> {
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(raw)
         .map_err(|_| invalid())?;
+    // No cursor this service writes holds a NUL character, which PostgreSQL cannot store.
+    if bytes.windows(6).any(|w| w == br"\u0000") {
+        return Err(invalid());
+    }
     serde_json::from_slice(&bytes).map_err(|_| invalid())
 }

@@ -41,9 +41,22 @@ pub struct ProjectView {
     pub default_monthly_budget: Option<Decimal>,
     /// Percentages of the monthly budget at which an alert fires.
     pub alert_thresholds: Vec<i32>,
+    /// Where alerts are POSTed. Admin tokens see it whole; other tokens see only its scheme
+    /// and host (`https://hooks.example.com/…`), since a webhook's path often is its secret.
     pub webhook_url: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+impl ProjectView {
+    /// The project as `principal` may see it.
+    fn seen_by(row: ProjectRow, principal: &Principal) -> Self {
+        let mut view = Self::from(row);
+        if !principal.is_admin() {
+            view.webhook_url = view.webhook_url.as_deref().map(values::masked_url);
+        }
+        view
+    }
 }
 
 impl From<ProjectRow> for ProjectView {
@@ -196,7 +209,7 @@ pub async fn list_projects(
         rows,
         limit,
         |row| row.id.clone(),
-        ProjectView::from,
+        |row| ProjectView::seen_by(row, &principal),
     )))
 }
 
@@ -228,7 +241,7 @@ pub async fn get_project(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<axum::Json<ProjectView>> {
     let row = readable_project(&state, &principal, &id).await?;
-    Ok(axum::Json(row.into()))
+    Ok(axum::Json(ProjectView::seen_by(row, &principal)))
 }
 
 /// Change a project (admin).

@@ -9,6 +9,7 @@ mod dashboard;
 mod fixtures;
 mod focus;
 mod foundation;
+mod hostile;
 mod import;
 mod ingest;
 mod reports;

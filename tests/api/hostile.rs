@@ -1,0 +1,128 @@
+//! Hostile input: values PostgreSQL cannot store (NUL bytes) and secrets in what readers see.
+
+use axum::http::StatusCode;
+use base64::Engine;
+use serde_json::json;
+
+use crate::common::TestApp;
+use crate::fixtures::record;
+
+#[tokio::test]
+async fn a_nul_byte_in_a_path_is_no_such_resource() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    for path in [
+        "/v1/projects/vis%00ion",
+        "/v1/projects/vision/job-records/t%00/1",
+        "/v1/projects/vision/cost%00",
+    ] {
+        let response = app.get(path, &app.admin).await;
+        response.problem(StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test]
+async fn a_nul_byte_in_a_query_value_is_named() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let response = app
+        .get("/v1/projects/vision/job-records?task_id=a%00b", &app.admin)
+        .await;
+    let problem = response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["errors"][0]["pointer"], "query:task_id");
+
+    let response = app
+        .get(
+            "/v1/projects/vision/cost?month=2026-11&group_by=label:te%00am",
+            &app.admin,
+        )
+        .await;
+    let problem = response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["errors"][0]["pointer"], "query:group_by");
+}
+
+#[tokio::test]
+async fn a_nul_byte_in_a_cursor_is_not_a_cursor() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let project_cursor = engine.encode(r#""vis\u0000ion""#);
+    let records_cursor = engine.encode(r#"["2026-11-01T00:00:00Z","t\u0000",1]"#);
+    for path in [
+        format!("/v1/projects?cursor={project_cursor}"),
+        format!("/v1/projects/vision/job-records?cursor={records_cursor}"),
+    ] {
+        let response = app.get(&path, &app.admin).await;
+        let problem = response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(problem["errors"][0]["pointer"], "query:cursor", "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_nul_byte_in_a_label_value_is_refused_with_its_pointer() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let posted = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!(
+                [record("t1", "2026-11-20T10:00:00Z", "2026-11-20T11:00:00Z")
+                    .label("team", "a\u{0}b")]
+            ),
+        )
+        .await;
+    let problem = posted.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["errors"][0]["pointer"], "/0/labels/team");
+}
+
+const SLACK_HOOK: &str = "https://hooks.slack.com/services/T0001/B0001/s3cr3tT0k3n";
+
+#[tokio::test]
+async fn only_admins_see_a_webhook_url_whole() {
+    let app = TestApp::spawn().await;
+    let created = app
+        .post(
+            "/v1/projects",
+            &app.admin,
+            json!({"id": "vision", "name": "Vision", "currency": "USD",
+                   "default_monthly_budget": "100", "webhook_url": SLACK_HOOK}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
+    assert_eq!(created.json()["webhook_url"], SLACK_HOOK);
+
+    let reader = app.token("reader", &["vision"]).await;
+    let finance = app.token("finance", &[]).await;
+    for token in [&reader, &finance] {
+        let project = app.get("/v1/projects/vision", token).await.json();
+        assert_eq!(project["webhook_url"], "https://hooks.slack.com/…");
+        let listed = app.get("/v1/projects", token).await.json();
+        assert_eq!(
+            listed["items"][0]["webhook_url"],
+            "https://hooks.slack.com/…"
+        );
+    }
+    let project = app.get("/v1/projects/vision", &app.admin).await.json();
+    assert_eq!(project["webhook_url"], SLACK_HOOK);
+
+    // Spend past 50 % of the budget fires an alert bound for the webhook.
+    crate::fixtures::contract("H100", "on_demand", "80")
+        .create(&app)
+        .await;
+    app.ingest(json!([record(
+        "t1",
+        "2026-11-20T10:00:00Z",
+        "2026-11-20T11:00:00Z"
+    )]))
+    .await;
+    let alerts = app.get("/v1/alerts?project=vision", &reader).await.json();
+    let alert = &alerts["items"][0];
+    assert!(alert.is_object(), "an alert fired: {alerts}");
+    assert_eq!(alert["webhook_url"], "https://hooks.slack.com/…");
+    let alerts = app
+        .get("/v1/alerts?project=vision", &app.admin)
+        .await
+        .json();
+    assert_eq!(alerts["items"][0]["webhook_url"], SLACK_HOOK);
+}
