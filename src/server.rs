@@ -175,6 +175,12 @@ async fn bootstrap_admin(pool: &sqlx::PgPool) -> anyhow::Result<()> {
         tokens::Bootstrap::Configured => {
             tracing::info!("bootstrap admin token from TASKLEDGER_BOOTSTRAP_TOKEN is active");
         }
+        tokens::Bootstrap::ConfiguredButRevoked => {
+            tracing::warn!(
+                "the token of TASKLEDGER_BOOTSTRAP_TOKEN was revoked and stays revoked; \
+                 set a new secret to get a bootstrap admin token"
+            );
+        }
         tokens::Bootstrap::FirstAdmin { id, secret } => {
             println!("first start: created admin token {id} — it is shown only this once:");
             println!("{secret}");

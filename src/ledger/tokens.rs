@@ -11,6 +11,7 @@ use crate::domain::validation::Violations;
 use crate::domain::values::{self, ProjectId};
 use crate::ledger::LedgerResult;
 use crate::store;
+use crate::store::tokens::BootstrapToken;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CreatedToken {
@@ -100,8 +101,10 @@ pub async fn issue(pool: &PgPool, request: TokenRequest) -> LedgerResult<Created
 
 /// How the service makes sure someone can log in.
 pub enum Bootstrap {
-    /// The admin token with the configured secret exists.
+    /// The admin token with the configured secret is active.
     Configured,
+    /// The configured secret's token was revoked; it stays revoked until the secret changes.
+    ConfiguredButRevoked,
     /// The database had no token: this admin token was created, its secret shown only now.
     FirstAdmin { id: Uuid, secret: String },
     /// Tokens exist and no secret is configured: nothing to do.
@@ -109,13 +112,16 @@ pub enum Bootstrap {
 }
 
 /// The admin token of `TASKLEDGER_BOOTSTRAP_TOKEN` (`configured`), or else a first admin
-/// token when the database has no token at all.
+/// token when the database has no token at all. A revoked bootstrap token stays revoked; a
+/// new secret replaces the previous one.
 pub async fn bootstrap_admin(pool: &PgPool, configured: Option<&str>) -> LedgerResult<Bootstrap> {
     match configured {
-        Some(secret) => {
-            store::tokens::ensure_admin(pool, "bootstrap", &hash_secret(secret)).await?;
-            Ok(Bootstrap::Configured)
-        }
+        Some(secret) => Ok(
+            match store::tokens::install_bootstrap(pool, &hash_secret(secret)).await? {
+                BootstrapToken::Active => Bootstrap::Configured,
+                BootstrapToken::Revoked => Bootstrap::ConfiguredButRevoked,
+            },
+        ),
         None => {
             let secret = generate_secret();
             Ok(

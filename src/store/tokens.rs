@@ -72,19 +72,65 @@ pub async fn revoke(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
     Ok(result.rows_affected() == 1)
 }
 
-/// Makes sure an active admin token with this secret exists (the bootstrap token).
-pub async fn ensure_admin(pool: &PgPool, name: &str, secret_sha256: &[u8]) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
-         VALUES ($1, $2, 'admin', '{}', $3) \
-         ON CONFLICT (secret_sha256) DO UPDATE SET role = 'admin', projects = '{}', revoked_at = NULL",
-        Uuid::new_v4(),
-        name,
+/// What became of the configured bootstrap secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootstrapToken {
+    /// Its admin token is active (created now, or already there).
+    Active,
+    /// Its token was revoked, and revocation sticks: a new secret is needed.
+    Revoked,
+}
+
+/// Makes sure the admin token of the bootstrap secret exists, once. A token revoked through
+/// the API stays revoked however often the service restarts with its secret; a new secret
+/// creates a new token and revokes the previous bootstrap token (kept in `settings`).
+/// Serialised by an advisory lock so that replicas starting together agree.
+pub async fn install_bootstrap(
+    pool: &PgPool,
+    secret_sha256: &[u8],
+) -> sqlx::Result<BootstrapToken> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('taskledger.bootstrap_token'))")
+        .execute(&mut *tx)
+        .await?;
+    let existing = sqlx::query!(
+        "SELECT id, revoked_at FROM api_tokens WHERE secret_sha256 = $1",
         secret_sha256,
     )
-    .execute(pool)
+    .fetch_optional(&mut *tx)
     .await?;
-    Ok(())
+    let (id, outcome) = match existing {
+        Some(token) if token.revoked_at.is_some() => return Ok(BootstrapToken::Revoked),
+        Some(token) => (token.id, BootstrapToken::Active),
+        None => {
+            let id = Uuid::new_v4();
+            sqlx::query!(
+                "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
+                 VALUES ($1, 'bootstrap', 'admin', '{}', $2)",
+                id,
+                secret_sha256,
+            )
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query!(
+                "UPDATE api_tokens SET revoked_at = now() \
+                 WHERE revoked_at IS NULL AND id = (SELECT value::uuid FROM settings \
+                                                    WHERE key = 'bootstrap_token_id')",
+            )
+            .execute(&mut *tx)
+            .await?;
+            (id, BootstrapToken::Active)
+        }
+    };
+    sqlx::query!(
+        "INSERT INTO settings (key, value) VALUES ('bootstrap_token_id', $1) \
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        id.to_string(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(outcome)
 }
 
 /// Creates an admin token only when the database has no token at all. Serialised by an

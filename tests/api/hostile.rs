@@ -1,8 +1,11 @@
-//! Hostile input: values PostgreSQL cannot store (NUL bytes) and secrets in what readers see.
+//! Hostile input and operator mistakes: values PostgreSQL cannot store (NUL bytes), secrets
+//! in what readers see, and bootstrap tokens that must not come back.
 
 use axum::http::StatusCode;
 use base64::Engine;
 use serde_json::json;
+
+use taskledger::ledger::tokens::Bootstrap;
 
 use crate::common::TestApp;
 use crate::fixtures::record;
@@ -125,4 +128,70 @@ async fn only_admins_see_a_webhook_url_whole() {
         .await
         .json();
     assert_eq!(alerts["items"][0]["webhook_url"], SLACK_HOOK);
+}
+
+async fn bootstrap(app: &TestApp, secret: &str) -> Bootstrap {
+    taskledger::ledger::tokens::bootstrap_admin(&app.pool, Some(secret))
+        .await
+        .unwrap()
+}
+
+async fn admits(app: &TestApp, secret: &str) -> bool {
+    app.get("/v1/tokens", secret).await.status == StatusCode::OK
+}
+
+#[tokio::test]
+async fn a_revoked_bootstrap_token_stays_revoked_across_restarts() {
+    let app = TestApp::spawn().await;
+    assert!(matches!(
+        bootstrap(&app, "first-secret").await,
+        Bootstrap::Configured
+    ));
+    assert!(admits(&app, "first-secret").await);
+    let tokens = app.get("/v1/tokens", &app.admin).await.json();
+    let id = tokens["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "bootstrap")
+        .expect("the bootstrap token is listed")["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let revoked = app.delete(&format!("/v1/tokens/{id}"), &app.admin).await;
+    assert_eq!(revoked.status, StatusCode::NO_CONTENT);
+
+    // A restart with the same secret does not bring it back.
+    assert!(matches!(
+        bootstrap(&app, "first-secret").await,
+        Bootstrap::ConfiguredButRevoked
+    ));
+    assert!(!admits(&app, "first-secret").await);
+    // A new secret gives a new admin token.
+    assert!(matches!(
+        bootstrap(&app, "second-secret").await,
+        Bootstrap::Configured
+    ));
+    assert!(admits(&app, "second-secret").await);
+    assert!(!admits(&app, "first-secret").await);
+}
+
+#[tokio::test]
+async fn a_new_bootstrap_secret_replaces_the_old_one() {
+    let app = TestApp::spawn().await;
+    bootstrap(&app, "old-secret").await;
+    assert!(admits(&app, "old-secret").await);
+    bootstrap(&app, "new-secret").await;
+    assert!(admits(&app, "new-secret").await);
+    assert!(
+        !admits(&app, "old-secret").await,
+        "the old secret stops working"
+    );
+    // Starting again with the new secret changes nothing.
+    bootstrap(&app, "new-secret").await;
+    assert!(admits(&app, "new-secret").await);
+    assert!(
+        admits(&app, &app.admin).await,
+        "other admin tokens are untouched"
+    );
 }
