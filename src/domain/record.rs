@@ -665,6 +665,34 @@ fn text_within(text: &str, max: usize) -> Result<String, String> {
 
 /// A number or a decimal string, exact (never through a float); overflow, NaN and infinities
 /// are refused.
+/// `-?digits(.digits)?((e|E)(+|-)?digits)?`: what JSON writes a number as. Looser spellings
+/// that `Decimal` would also read (`1_000`, `+1`, `.5`, `5.`) are refused, so that a value
+/// means the same to every reader of the record.
+fn is_plain_decimal(raw: &str) -> bool {
+    fn digits(text: &str) -> usize {
+        text.bytes().take_while(u8::is_ascii_digit).count()
+    }
+    let rest = raw.strip_prefix('-').unwrap_or(raw);
+    let whole = digits(rest);
+    if whole == 0 {
+        return false;
+    }
+    let mut rest = &rest[whole..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let count = digits(fraction);
+        if count == 0 {
+            return false;
+        }
+        rest = &fraction[count..];
+    }
+    if let Some(exponent) = rest.strip_prefix(['e', 'E']) {
+        let exponent = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
+        let count = digits(exponent);
+        return count > 0 && count == exponent.len();
+    }
+    rest.is_empty()
+}
+
 pub fn parse_decimal(value: &Value) -> Result<Decimal, String> {
     let raw = match value {
         Value::Number(number) => number.to_string(),
@@ -674,6 +702,12 @@ pub fn parse_decimal(value: &Value) -> Result<Decimal, String> {
     let lowered = raw.to_ascii_lowercase();
     if lowered.contains("nan") || lowered.contains("inf") {
         return Err(format!("`{raw}` is not a finite number"));
+    }
+    if !is_plain_decimal(&raw) {
+        return Err(format!(
+            "`{}` is not a decimal number (digits, an optional leading `-`, `.` and exponent)",
+            truncate(&raw)
+        ));
     }
     let parsed = if lowered.contains('e') {
         Decimal::from_scientific(&raw)
@@ -913,6 +947,18 @@ mod tests {
             assert_eq!(hex::encode(record.content_hash()), hash, "{value}");
             let canonical = serde_json::to_vec(&record.canonical_json()).unwrap();
             assert_eq!(hex::encode(Sha256::digest(canonical)), hash, "{value}");
+        }
+    }
+
+    #[test]
+    fn decimals_are_spelled_as_json_numbers() {
+        for good in ["0", "8", "-2.5", "0.142857", "1e3", "1.5E-2", "12e+1"] {
+            assert!(parse_decimal(&Value::from(good)).is_ok(), "{good}");
+        }
+        for bad in [
+            "1_000", "+1", ".5", "5.", "1e", "e5", "1.2.3", "--1", "0x10", "",
+        ] {
+            assert!(parse_decimal(&Value::from(bad)).is_err(), "{bad}");
         }
     }
 }

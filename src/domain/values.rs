@@ -47,15 +47,21 @@ impl fmt::Display for ProjectId {
 pub struct Currency(iso_currency::Currency);
 
 impl Currency {
+    /// A currency money can be kept in: ISO 4217 codes without a minor unit (`XXX`, `XTS`,
+    /// precious metals, special drawing rights) are refused.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        iso_currency::Currency::from_code(raw)
-            .map(Self)
-            .ok_or_else(|| {
-                format!(
-                    "`{}` is not an ISO 4217 currency code",
-                    truncate_for_message(raw)
-                )
-            })
+        let currency = iso_currency::Currency::from_code(raw).ok_or_else(|| {
+            format!(
+                "`{}` is not an ISO 4217 currency code",
+                truncate_for_message(raw)
+            )
+        })?;
+        if currency.exponent().is_none() {
+            return Err(format!(
+                "`{raw}` is an ISO 4217 code without a minor unit, not a currency to keep money in"
+            ));
+        }
+        Ok(Self(currency))
     }
 
     pub fn code(&self) -> &'static str {
@@ -293,5 +299,15 @@ mod tests {
         );
         assert_eq!(masked_url("http://127.0.0.1:9/hook"), "http://127.0.0.1/…");
         assert_eq!(masked_url("not a url"), "…");
+    }
+
+    #[test]
+    fn only_currencies_with_a_minor_unit_keep_money() {
+        for good in ["USD", "EUR", "JPY", "BHD", "XAF", "XOF", "CNY"] {
+            assert!(Currency::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["XXX", "XTS", "XAU", "XDR", "usd", "ABC"] {
+            assert!(Currency::parse(bad).is_err(), "{bad}");
+        }
     }
 }

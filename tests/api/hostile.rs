@@ -195,3 +195,32 @@ async fn a_new_bootstrap_secret_replaces_the_old_one() {
         "other admin tokens are untouched"
     );
 }
+
+#[tokio::test]
+async fn loose_numbers_and_non_currencies_are_refused() {
+    let app = TestApp::spawn().await;
+    let project = app
+        .post(
+            "/v1/projects",
+            &app.admin,
+            json!({"id": "vision", "name": "Vision", "currency": "XXX"}),
+        )
+        .await;
+    let problem = project.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["errors"][0]["pointer"], "/currency");
+
+    app.create_project("vision", "USD").await;
+    for count in ["1_000", "+1", ".5"] {
+        let posted = app
+            .post(
+                "/v1/job-records",
+                &app.admin,
+                json!([
+                    record("t1", "2026-11-20T10:00:00Z", "2026-11-20T11:00:00Z").gpu_count(count)
+                ]),
+            )
+            .await;
+        let problem = posted.problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(problem["errors"][0]["pointer"], "/0/gpu_count", "{count}");
+    }
+}
