@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool};
 
 use embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
 
@@ -87,6 +87,20 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
     let options = PgConnectOptions::from_str(url)
         .context("DATABASE_URL is not a valid PostgreSQL URL")?
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2));
+    // One direct attempt first, so that a server that is down or refuses us is reported at
+    // once with its cause, instead of as a pool timeout after the acquire timeout.
+    tokio::time::timeout(FIRST_CONNECT_TIMEOUT, options.connect())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {}: no answer within {} s",
+                redact(url),
+                FIRST_CONNECT_TIMEOUT.as_secs()
+            )
+        })?
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?
+        .close()
+        .await?;
     PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(30))
@@ -118,13 +132,52 @@ pub async fn create_database_if_missing(admin_url: &str, name: &str) -> anyhow::
     Ok(())
 }
 
-/// The URL without its password, for messages.
+/// How long the first connection of a start may take before the start fails.
+const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The URL without its password, in the user part or as a `password` parameter, for
+/// messages.
 fn redact(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        _ => url.to_owned(),
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "(an unparsable URL)".to_owned();
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    let hides_password = parsed
+        .query_pairs()
+        .any(|(name, _)| name.eq_ignore_ascii_case("password"));
+    if hides_password {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if name.eq_ignore_ascii_case("password") {
+                    "***".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_reach_a_message() {
+        assert_eq!(
+            redact("postgres://u:hunter2@db:5432/x"),
+            "postgres://u:***@db:5432/x"
+        );
+        let redacted = redact("postgres://u@db/x?sslmode=require&password=hunter2");
+        assert!(!redacted.contains("hunter2"), "{redacted}");
+        assert!(redacted.contains("sslmode=require"), "{redacted}");
+        assert_eq!(redact("postgres://u@db/x"), "postgres://u@db/x");
+        assert!(!redact("not a url hunter2").contains("hunter2"));
     }
 }

@@ -224,3 +224,21 @@ async fn loose_numbers_and_non_currencies_are_refused() {
         assert_eq!(problem["errors"][0]["pointer"], "/0/gpu_count", "{count}");
     }
 }
+
+#[tokio::test]
+async fn a_database_that_refuses_is_reported_at_once_without_its_password() {
+    // Nothing listens on port 1 of the loopback address.
+    let url = "postgres://taskledger@127.0.0.1:1/taskledger?password=hunter2";
+    let started = std::time::Instant::now();
+    let error = taskledger::db::connect(url, 1)
+        .await
+        .expect_err("nothing listens there");
+    let message = format!("{error:#}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(message.contains("Connection refused"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+}
