@@ -145,6 +145,33 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// Makes every error answer a problem document, including those that code outside the API
+/// produces (a missing page of the API reference, say) with a body of its own.
+pub async fn errors_as_problems(response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/problem+json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let title = status.canonical_reason().unwrap_or("Error").to_owned();
+    let problem = Problem {
+        problem_type: format!("/problems/http-{}", status.as_u16()),
+        detail: title.to_lowercase(),
+        title,
+        status: status.as_u16(),
+        errors: Vec::new(),
+    };
+    let mut rewritten = (status, axum::Json(problem)).into_response();
+    rewritten.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    rewritten
+}
+
 impl From<Violations> for ApiError {
     fn from(violations: Violations) -> Self {
         Self::Validation(violations.into_vec())

@@ -103,6 +103,7 @@ pub fn app(state: AppState) -> Router {
         .layer(
             ServiceBuilder::new()
                 .layer(TraceLayer::new_for_http())
+                .layer(axum::middleware::map_response(error::errors_as_problems))
                 .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
                     ApiError::Timeout
                 }))

@@ -242,3 +242,12 @@ async fn a_database_that_refuses_is_reported_at_once_without_its_password() {
     assert!(message.contains("Connection refused"), "{message}");
     assert!(!message.contains("hunter2"), "{message}");
 }
+
+#[tokio::test]
+async fn pages_outside_the_api_answer_errors_as_problems() {
+    let app = TestApp::spawn().await;
+    let missing = app
+        .call(axum::http::Method::GET, "/docs/no-such-page", None, None)
+        .await;
+    missing.problem(StatusCode::NOT_FOUND);
+}
