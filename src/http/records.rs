@@ -22,7 +22,8 @@ use crate::domain::values::parse_day_or_instant;
 use crate::http::auth::project_not_found;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{
-    ApiJson, ApiPath, ApiQuery, body_rejection, classify_json_error, require_json_content_type,
+    ApiJson, ApiPath, ApiQuery, body_rejection, classify_json_error, repeated_key,
+    require_json_content_type,
 };
 use crate::http::pagination::{Page, PageParams};
 use crate::http::projects::readable_project;
@@ -256,6 +257,10 @@ impl<S: Send + Sync> FromRequest<S> for RecordBatch {
 
 fn parse_array(body: &[u8]) -> Result<Vec<Value>, ApiError> {
     match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(_)) if let Some(pointer) = repeated_key(body) => Err(ApiError::invalid(
+            pointer,
+            "this key appears more than once",
+        )),
         Ok(Value::Array(records)) => Ok(records),
         Ok(_) => Err(ApiError::invalid(
             "",
@@ -274,6 +279,12 @@ fn parse_ndjson(body: &[u8]) -> Result<Vec<Value>, ApiError> {
         let value = serde_json::from_slice::<Value>(line).map_err(|error| {
             ApiError::BadRequest(format!("line {} is not valid JSON: {error}", number + 1))
         })?;
+        if let Some(pointer) = repeated_key(line) {
+            return Err(ApiError::invalid(
+                format!("/{}{pointer}", records.len()),
+                "this key appears more than once",
+            ));
+        }
         records.push(value);
         if records.len() > MAX_RECORDS_PER_REQUEST {
             break;

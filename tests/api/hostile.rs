@@ -251,3 +251,44 @@ async fn pages_outside_the_api_answer_errors_as_problems() {
         .await;
     missing.problem(StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_key_repeated_in_a_job_record_is_refused_with_its_pointer() {
+    use axum::body::Body;
+    use axum::http::{Request, header};
+
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let one = serde_json::to_string(&serde_json::Value::from(record(
+        "t1",
+        "2026-11-20T10:00:00Z",
+        "2026-11-20T11:00:00Z",
+    )))
+    .unwrap();
+    let repeated = one.replacen('{', r#"{"gpu_count": 64, "#, 1);
+    for (content_type, body, pointer) in [
+        (
+            "application/json",
+            format!("[{one}, {repeated}]"),
+            "/1/gpu_count",
+        ),
+        (
+            "application/x-ndjson",
+            format!("{one}\n{repeated}\n"),
+            "/1/gpu_count",
+        ),
+    ] {
+        let request = Request::post("/v1/job-records")
+            .header(header::AUTHORIZATION, format!("Bearer {}", app.admin))
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(body))
+            .unwrap();
+        let problem = app
+            .send(request)
+            .await
+            .problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(problem["errors"][0]["pointer"], pointer, "{content_type}");
+    }
+    let stored = app.get("/v1/projects/vision/job-records", &app.admin).await;
+    assert_eq!(stored.json()["items"], json!([]), "nothing was written");
+}
