@@ -103,7 +103,7 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
         .await?;
     PgPoolOptions::new()
         .max_connections(pool_size)
-        .acquire_timeout(Duration::from_secs(30))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))
@@ -131,6 +131,10 @@ pub async fn create_database_if_missing(admin_url: &str, name: &str) -> anyhow::
     }
     Ok(())
 }
+
+/// How long a request waits for a connection before it answers 503: during an outage every
+/// attempt fails at once, and a client is better told so than kept waiting.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long the first connection of a start may take before the start fails.
 const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -47,7 +47,7 @@ pub enum ApiError {
     #[error("the service is not ready: {0}")]
     Unavailable(String),
     #[error(transparent)]
-    Internal(#[from] anyhow::Error),
+    Internal(anyhow::Error),
 }
 
 impl ApiError {
@@ -116,9 +116,15 @@ impl ApiError {
     }
 }
 
+impl From<anyhow::Error> for ApiError {
+    fn from(error: anyhow::Error) -> Self {
+        LedgerError::from(error).into()
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
-        Self::Internal(error.into())
+        LedgerError::from(error).into()
     }
 }
 
@@ -134,6 +140,11 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -144,6 +155,9 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// What a 503 asks a client to wait before it tries again.
+const RETRY_AFTER_SECONDS: u32 = 5;
 
 /// Makes every error answer a problem document, including those that code outside the API
 /// produces (a missing page of the API reference, say) with a body of its own.
@@ -184,6 +198,7 @@ impl From<LedgerError> for ApiError {
             LedgerError::Invalid(errors) => Self::Validation(errors),
             LedgerError::NotFound(detail) => Self::NotFound(detail),
             LedgerError::Conflict(detail, errors) => Self::Conflict(detail, errors),
+            LedgerError::Unavailable(cause) => Self::Unavailable(cause),
             LedgerError::Internal(cause) => Self::Internal(cause),
         }
     }

@@ -9,6 +9,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::error::{ApiError, ApiResult};
+use crate::store;
+
+/// How long readiness waits for the database before it answers 503.
+const READINESS_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
 use crate::http::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -40,11 +44,16 @@ pub async fn get_healthz() -> axum::Json<Health> {
         (status = 503, description = "Database unreachable or not migrated", body = crate::http::error::Problem, content_type = "application/problem+json"),
     ))]
 pub async fn get_readyz(State(state): State<AppState>) -> ApiResult<axum::Json<Health>> {
-    let applied: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(&state.pool)
-            .await
-            .map_err(|error| ApiError::Unavailable(format!("database unreachable: {error}")))?;
+    // A probe wants an answer now, not after the pool's acquire timeout.
+    let applied = tokio::time::timeout(READINESS_TIMEOUT, store::applied_migration(&state.pool))
+        .await
+        .map_err(|_| {
+            ApiError::Unavailable(format!(
+                "database unreachable: no connection within {} ms",
+                READINESS_TIMEOUT.as_millis()
+            ))
+        })?
+        .map_err(|error| ApiError::Unavailable(format!("database unreachable: {error}")))?;
     let expected = crate::db::latest_migration_version();
     if applied < Some(expected) {
         return Err(ApiError::Unavailable(format!(

@@ -2,6 +2,7 @@
 //! layer turns it into a problem document; the command line into one line of text.
 
 use crate::domain::validation::{FieldError, Violations};
+use crate::store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -13,9 +14,12 @@ pub enum LedgerError {
     /// The request contradicts what is stored; the field errors point at the cause.
     #[error("{0}")]
     Conflict(String, Vec<FieldError>),
+    /// The database cannot be reached just now; the same request may succeed later.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// Anything else; its cause chain is kept for the log, never shown to a client.
     #[error(transparent)]
-    Internal(#[from] anyhow::Error),
+    Internal(anyhow::Error),
 }
 
 pub type LedgerResult<T> = Result<T, LedgerError>;
@@ -38,6 +42,25 @@ impl From<Violations> for LedgerError {
 
 impl From<sqlx::Error> for LedgerError {
     fn from(error: sqlx::Error) -> Self {
-        Self::Internal(anyhow::Error::new(error).context("a database statement failed"))
+        if store::is_outage(&error) {
+            Self::Unavailable(error.to_string())
+        } else {
+            Self::Internal(anyhow::Error::new(error).context("a database statement failed"))
+        }
+    }
+}
+
+impl From<anyhow::Error> for LedgerError {
+    /// An outage anywhere in the cause chain is still an outage.
+    fn from(error: anyhow::Error) -> Self {
+        let outage = error
+            .chain()
+            .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
+            .find(|cause| store::is_outage(cause))
+            .map(ToString::to_string);
+        match outage {
+            Some(cause) => Self::Unavailable(cause),
+            None => Self::Internal(error),
+        }
     }
 }

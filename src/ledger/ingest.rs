@@ -174,7 +174,7 @@ pub async fn ingest(
                     .collect(),
             ),
             IngestError::Database(error) => error.into(),
-            IngestError::Rating(error) => LedgerError::Internal(error),
+            IngestError::Rating(error) => error.into(),
         })
 }
 

@@ -35,3 +35,19 @@ pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {
         _ => false,
     }
 }
+
+/// The newest migration applied successfully, if any.
+pub async fn applied_migration(pool: &PgPool) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        .fetch_one(pool)
+        .await
+}
+
+/// Whether a database error means the database cannot be reached (down, restarting, or
+/// every connection busy) rather than that a statement failed: worth retrying later.
+pub fn is_outage(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
+    )
+}

@@ -292,3 +292,47 @@ async fn a_key_repeated_in_a_job_record_is_refused_with_its_pointer() {
     let stored = app.get("/v1/projects/vision/job-records", &app.admin).await;
     assert_eq!(stored.json()["items"], json!([]), "nothing was written");
 }
+
+#[tokio::test]
+async fn a_database_outage_answers_503_soon_with_retry_after() {
+    use axum::body::Body;
+    use axum::http::{Request, header};
+    use tower::ServiceExt;
+
+    // A pool whose server is down: every connection attempt is refused.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(taskledger::db::ACQUIRE_TIMEOUT)
+        .connect_lazy("postgres://taskledger@127.0.0.1:1/taskledger")
+        .unwrap();
+    let router = taskledger::http::app(taskledger::http::state::AppState::new(
+        pool,
+        Default::default(),
+    ));
+    for (path, patience) in [("/readyz", 2), ("/v1/projects", 5)] {
+        let started = std::time::Instant::now();
+        let response = router
+            .clone()
+            .oneshot(
+                Request::get(path)
+                    .header(header::AUTHORIZATION, "Bearer some-token")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let waited = started.elapsed();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(
+            response.headers().contains_key(header::RETRY_AFTER),
+            "{path}"
+        );
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert!(
+            waited < std::time::Duration::from_secs(patience),
+            "{path} took {waited:?}"
+        );
+    }
+}
