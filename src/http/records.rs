@@ -246,28 +246,63 @@ impl<S: Send + Sync> FromRequest<S> for RecordBatch {
             parse_array(&body)?
         };
         if records.len() > MAX_RECORDS_PER_REQUEST {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "{} records in one request; the limit is {MAX_RECORDS_PER_REQUEST}, split the batch",
-                records.len()
-            )));
+            return Err(too_many_records());
         }
         Ok(RecordBatch(records))
     }
 }
 
+/// A JSON array of records, read element by element: one element past the limit ends the
+/// read, so memory stays proportional to the limit, not to the body.
 fn parse_array(body: &[u8]) -> Result<Vec<Value>, ApiError> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Array(_)) if let Some(pointer) = repeated_key(body) => Err(ApiError::invalid(
+    use serde::de::{Deserializer as _, SeqAccess, Visitor};
+
+    struct Records;
+
+    impl<'de> Visitor<'de> for Records {
+        type Value = Option<Vec<Value>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON array of job records")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut records = Vec::new();
+            while let Some(record) = seq.next_element::<Value>()? {
+                if records.len() == MAX_RECORDS_PER_REQUEST {
+                    // The rest is only skipped, so that a syntax error still tells.
+                    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                    return Ok(None);
+                }
+                records.push(record);
+            }
+            Ok(Some(records))
+        }
+    }
+
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    match deserializer.deserialize_seq(Records) {
+        Ok(None) => Err(too_many_records()),
+        Ok(Some(_)) if let Some(pointer) = repeated_key(body) => Err(ApiError::invalid(
             pointer,
             "this key appears more than once",
         )),
-        Ok(Value::Array(records)) => Ok(records),
-        Ok(_) => Err(ApiError::invalid(
+        Ok(Some(records)) => deserializer
+            .end()
+            .map(|()| records)
+            .map_err(|error| classify_json_error(String::new(), &error)),
+        Err(error) if error.is_data() => Err(ApiError::invalid(
             "",
             "the body must be a JSON array of job records",
         )),
         Err(error) => Err(classify_json_error(String::new(), &error)),
     }
+}
+
+fn too_many_records() -> ApiError {
+    ApiError::PayloadTooLarge(format!(
+        "more than {MAX_RECORDS_PER_REQUEST} records in one request; split the batch"
+    ))
 }
 
 fn parse_ndjson(body: &[u8]) -> Result<Vec<Value>, ApiError> {
