@@ -13,10 +13,10 @@ use uuid::Uuid;
 
 use crate::domain::ledger_time::{LedgerHour, first_of_month};
 use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
-use crate::domain::record::RecordKey;
-use crate::domain::task::{AttemptEnd, task_marks};
+use crate::domain::record::{RecordKey, duration_seconds};
+use crate::domain::task::{AttemptEnd, TaskStatus, task_marks, task_status};
 use crate::store::rollups::{self, Family, Level};
-use crate::store::{contracts, fx_rates};
+use crate::store::{contracts, fx_rates, tasks as task_ledger};
 
 /// How many records one re-rating call takes at a time.
 pub const RERATE_CHUNK: usize = 10_000;
@@ -31,6 +31,7 @@ struct RecordRow {
     billing_mode: BillingMode,
     provider: Option<String>,
     region: Option<String>,
+    queued_at: Option<DateTime<Utc>>,
     started_at: DateTime<Utc>,
     ended_at: DateTime<Utc>,
     gpu_seconds_held: Decimal,
@@ -45,6 +46,15 @@ struct RecordRow {
 }
 
 impl RecordRow {
+    fn to_end(&self) -> AttemptEnd {
+        AttemptEnd {
+            attempt: self.attempt,
+            outcome: self.outcome,
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+        }
+    }
+
     fn to_rate(&self) -> RecordToRate {
         RecordToRate {
             project: self.project_id.clone(),
@@ -192,19 +202,14 @@ struct RecordColumns {
     failures: Vec<i32>,
     completes_task: Vec<bool>,
     fails_task: Vec<bool>,
+    queue_wait_seconds: Vec<Option<Decimal>>,
 }
 
 impl RecordColumns {
-    /// Every attempt of one task, with the marks that count the task once (COST_MODEL §4).
-    fn push_task(&mut self, attempts: &[&RecordRow], tz: Tz) {
-        let ends: Vec<AttemptEnd> = attempts
-            .iter()
-            .map(|a| AttemptEnd {
-                attempt: a.attempt,
-                outcome: a.outcome,
-                ended_at: a.ended_at,
-            })
-            .collect();
+    /// Every attempt of one task, with the marks that count the task once (COST_MODEL §4);
+    /// returns the task's status.
+    fn push_task(&mut self, attempts: &[RecordRow], tz: Tz) -> Option<TaskStatus> {
+        let ends: Vec<AttemptEnd> = attempts.iter().map(RecordRow::to_end).collect();
         let marks = task_marks(&ends);
         for attempt in attempts {
             self.project_id.push(attempt.project_id.clone());
@@ -221,7 +226,13 @@ impl RecordColumns {
             self.completes_task
                 .push(marks.completes == Some(attempt.attempt));
             self.fails_task.push(marks.fails == Some(attempt.attempt));
+            self.queue_wait_seconds.push(
+                attempt
+                    .queued_at
+                    .map(|queued| duration_seconds(queued, attempt.started_at)),
+            );
         }
+        task_status(&ends)
     }
 }
 
@@ -242,13 +253,15 @@ impl RecordColumns {
             .bind(&self.failures)
             .bind(&self.completes_task)
             .bind(&self.fails_task)
+            .bind(&self.queue_wait_seconds)
     }
 }
 
 const NEW_RECORDS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::timestamptz[], \
-     $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bool[], $11::bool[]) \
+     $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bool[], $11::bool[], \
+     $12::numeric[]) \
      AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, retries, \
-          failures, completes_task, fails_task)";
+          failures, completes_task, fails_task, queue_wait_seconds)";
 
 /// (Re)rates the records with these keys from their current `job_records` rows.
 ///
@@ -293,7 +306,7 @@ pub async fn rate_records(
 
     let attempts = sqlx::query_as::<_, RecordRow>(
         "SELECT r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, r.provider, \
-                r.region, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
+                r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
                 r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, p.currency \
          FROM job_records r JOIN projects p ON p.id = r.project_id \
          WHERE (r.project_id, r.task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
@@ -316,9 +329,15 @@ pub async fn rate_records(
 
     let segments = rate_all(conn, &to_rate, tz).await?;
     let mut records = RecordColumns::default();
+    let mut statuses: Vec<((&str, &str), Option<TaskStatus>)> =
+        tasks.iter().map(|&task| (task, None)).collect();
     for task in attempts.chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
     {
-        records.push_task(&task.iter().collect::<Vec<_>>(), tz);
+        let status = records.push_task(task, tz);
+        let key = (task[0].project_id.as_str(), task[0].task_id.as_str());
+        if let Ok(i) = statuses.binary_search_by(|(t, _)| t.cmp(&key)) {
+            statuses[i].1 = status;
+        }
     }
 
     let key_projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
@@ -358,9 +377,11 @@ pub async fn rate_records(
                     min(tag.delta) \
              FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
              GROUP BY contract_id, hour, project_id \
-             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)) \
+             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)), \
+             {tasks} \
              SELECT count(*) FROM diff",
             levels = append_diff(Family::Cost, "$23"),
+            tasks = task_ledger::add_segment_changes("$23"),
         )))
         .bind(&key_projects)
         .bind(&key_tasks)
@@ -383,7 +404,7 @@ pub async fn rate_records(
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
             "WITH old AS ( \
                DELETE FROM rated_records \
-               WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($12::text[], $13::text[])) \
+               WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($13::text[], $14::text[])) \
                RETURNING *), \
              changes AS ( \
                SELECT -1 AS sign, * FROM old \
@@ -396,9 +417,11 @@ pub async fn rate_records(
                       sum(sign * fails_task::int) AS tasks_failed \
                FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
              tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             {levels} \
+             {levels}, \
+             {tasks} \
              SELECT count(*) FROM diff",
-            levels = append_diff(Family::Records, "$14"),
+            levels = append_diff(Family::Records, "$15"),
+            tasks = task_ledger::add_record_changes("$15"),
         )))
         .bind(&task_projects)
         .bind(&task_ids)
@@ -415,6 +438,8 @@ pub async fn rate_records(
         .fetch_one(&mut *conn)
         .await
         .context("storing per-record figures")?;
+
+    task_ledger::settle(conn, &statuses).await?;
     Ok(())
 }
 
