@@ -2,7 +2,7 @@
 //! up to. [`rate_records`] is the one way in; whatever changes a record, a
 //! contract or an FX rate calls it in the same transaction.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::Context;
 use chrono::{DateTime, Days, NaiveDate, Utc};
@@ -329,15 +329,24 @@ pub async fn rate_records(
 
     let segments = rate_all(conn, &to_rate, tz).await?;
     let mut records = RecordColumns::default();
-    let mut statuses: Vec<((&str, &str), Option<TaskStatus>)> =
-        tasks.iter().map(|&task| (task, None)).collect();
-    for task in attempts.chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
-    {
-        let status = records.push_task(task, tz);
-        let key = (task[0].project_id.as_str(), task[0].task_id.as_str());
-        if let Ok(i) = statuses.binary_search_by(|(t, _)| t.cmp(&key)) {
-            statuses[i].1 = status;
-        }
+    let mut settlement = task_ledger::Settlement::default();
+    let by_task: HashMap<(&str, &str), &[RecordRow]> = attempts
+        .chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
+        .map(|task| {
+            (
+                (task[0].project_id.as_str(), task[0].task_id.as_str()),
+                task,
+            )
+        })
+        .collect();
+    for &task in &tasks {
+        let task_attempts = by_task.get(&task).copied().unwrap_or_default();
+        let status = records.push_task(task_attempts, tz);
+        settlement.push(
+            task,
+            status,
+            task_attempts.iter().map(|a| a.gpu_model.as_str()),
+        );
     }
 
     let key_projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
@@ -345,7 +354,7 @@ pub async fn rate_records(
     let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
 
     // Old segments out, new ones in: their difference is appended to the rollups.
-    segments
+    let (old_segments,) = segments
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
             "WITH old AS ( \
                DELETE FROM rated_segments \
@@ -379,7 +388,7 @@ pub async fn rate_records(
              GROUP BY contract_id, hour, project_id \
              HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)), \
              {tasks} \
-             SELECT count(*) FROM diff",
+             SELECT count(*) FROM old",
             levels = append_diff(Family::Cost, "$23"),
             tasks = task_ledger::add_segment_changes("$23"),
         )))
@@ -400,7 +409,7 @@ pub async fn rate_records(
         .await
         .context("storing segments")?;
 
-    records
+    let (old_records,) = records
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
             "WITH old AS ( \
                DELETE FROM rated_records \
@@ -419,7 +428,7 @@ pub async fn rate_records(
              tag AS (SELECT nextval('rollup_deltas') AS delta), \
              {levels}, \
              {tasks} \
-             SELECT count(*) FROM diff",
+             SELECT count(*) FROM old",
             levels = append_diff(Family::Records, "$15"),
             tasks = task_ledger::add_record_changes("$15"),
         )))
@@ -429,17 +438,19 @@ pub async fn rate_records(
         .fetch_one(&mut *conn)
         .await
         .context("updating the record rollups")?;
+    settlement.replaced(old_segments > 0 || old_records > 0);
 
-    records
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {NEW_RECORDS} RETURNING 1) \
-             SELECT count(*) FROM stored"
-        )))
+    // With the tasks' status, and their rows left empty by the changes above deleted.
+    settlement
+        .bind(records.bind(sqlx::query_as::<_, (i64,)>(&format!(
+            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {NEW_RECORDS} RETURNING 1), \
+             {settle} \
+             SELECT count(*) FROM stored",
+            settle = task_ledger::Settlement::ctes(13),
+        ))))
         .fetch_one(&mut *conn)
         .await
-        .context("storing per-record figures")?;
-
-    task_ledger::settle(conn, &statuses).await?;
+        .context("storing per-record figures and settling the tasks")?;
     Ok(())
 }
 

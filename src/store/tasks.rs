@@ -4,7 +4,8 @@
 //! Every writer of a task holds the task's row in `tasks`, so its rows are updated in place:
 //! [`rate_records`](crate::store::rating::rate_records) adds the signed difference between
 //! a task's old and new segments and attempts, in the statements that update the project
-//! rollups, and [`settle`] then stores each task's status and deletes the rows left empty.
+//! rollups, and then stores each task's status and deletes the rows left empty
+//! ([`Settlement`]).
 //! They are rebuilt with the project rollups for another ledger time zone
 //! ([`crate::store::rollups::align_to_time_zone`]).
 //! A period is read like the project's cost (see [`PeriodSplit`]): whole months from
@@ -13,7 +14,6 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
@@ -169,57 +169,112 @@ pub fn add_record_changes(tz: &str) -> String {
         .join(", ")
 }
 
-/// Stores the status of each of `tasks` (`None` for one left without attempts) and deletes
-/// their daily and monthly rows nothing is left under, after their changes were added.
-pub async fn settle(
-    conn: &mut PgConnection,
-    tasks: &[((&str, &str), Option<TaskStatus>)],
-) -> anyhow::Result<()> {
-    let projects: Vec<&str> = tasks.iter().map(|((project, _), _)| *project).collect();
-    let task_ids: Vec<&str> = tasks.iter().map(|((_, task), _)| *task).collect();
-    let statuses: Vec<Option<&str>> = tasks
-        .iter()
-        .map(|(_, status)| status.map(|s| s.status.as_str()))
-        .collect();
-    let field = |get: fn(&TaskStatus) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
-        tasks
-            .iter()
-            .map(|(_, status)| status.as_ref().and_then(get))
-            .collect()
-    };
-    sqlx::query_as::<_, (i64,)>(
-        "WITH settled AS ( \
-           UPDATE tasks t \
-           SET status = s.status, completed_at = s.completed_at, \
-               first_started_at = s.first_started_at, last_ended_at = s.last_ended_at, \
-               gpu_models = ARRAY(SELECT DISTINCT r.gpu_model FROM job_records r \
-                                  WHERE (r.project_id, r.task_id) = (t.project_id, t.task_id) \
-                                  ORDER BY 1) \
-           FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], \
-                       $5::timestamptz[], $6::timestamptz[]) \
-                AS s(project_id, task_id, status, completed_at, first_started_at, last_ended_at) \
-           WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id) \
-           RETURNING 1), \
-         emptied_days AS ( \
-           DELETE FROM task_daily \
-           WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
-             AND segments = 0 AND attempts = 0), \
-         emptied_months AS ( \
-           DELETE FROM task_monthly \
-           WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
-             AND segments = 0 AND attempts = 0) \
-         SELECT count(*) FROM settled",
-    )
-    .bind(&projects)
-    .bind(&task_ids)
-    .bind(&statuses)
-    .bind(field(|s| s.completed_at))
-    .bind(field(|s| Some(s.first_started_at)))
-    .bind(field(|s| Some(s.last_ended_at)))
-    .fetch_one(conn)
-    .await
-    .context("settling the rated tasks")?;
-    Ok(())
+/// What the rating path settles for the tasks it rated once their changes are added: each
+/// task's status (`None` for one left without attempts) and GPU models, and which of their
+/// daily and monthly rows nothing is left under.
+#[derive(Default)]
+pub struct Settlement<'a> {
+    projects: Vec<&'a str>,
+    task_ids: Vec<&'a str>,
+    statuses: Vec<Option<&'static str>>,
+    completed_at: Vec<Option<DateTime<Utc>>>,
+    first_started_at: Vec<Option<DateTime<Utc>>>,
+    last_ended_at: Vec<Option<DateTime<Utc>>>,
+    model_projects: Vec<&'a str>,
+    model_tasks: Vec<&'a str>,
+    models: Vec<&'a str>,
+    /// Whether any task had rated data before: only then can a row have been emptied.
+    replaced: bool,
+}
+
+impl<'a> Settlement<'a> {
+    /// Adds a task, with the GPU models of its attempts.
+    pub fn push(
+        &mut self,
+        (project, task_id): (&'a str, &'a str),
+        status: Option<TaskStatus>,
+        models: impl IntoIterator<Item = &'a str>,
+    ) {
+        self.projects.push(project);
+        self.task_ids.push(task_id);
+        self.statuses.push(status.map(|s| s.status.as_str()));
+        self.completed_at.push(status.and_then(|s| s.completed_at));
+        self.first_started_at
+            .push(status.map(|s| s.first_started_at));
+        self.last_ended_at.push(status.map(|s| s.last_ended_at));
+        for model in models {
+            self.model_projects.push(project);
+            self.model_tasks.push(task_id);
+            self.models.push(model);
+        }
+    }
+
+    /// Notes that the call replaced rated data of some task.
+    pub fn replaced(&mut self, replaced: bool) {
+        self.replaced |= replaced;
+    }
+
+    /// CTEs storing the tasks' status and deleting their emptied rows, reading the
+    /// parameters [`Settlement::bind`] binds from `$first` on.
+    pub fn ctes(first: usize) -> String {
+        let p = |offset: usize| format!("${}", first + offset);
+        let tasks = format!("SELECT * FROM UNNEST({}::text[], {}::text[])", p(0), p(1));
+        format!(
+            "task_models AS ( \
+               SELECT project_id, task_id, array_agg(DISTINCT model ORDER BY model) AS models \
+               FROM UNNEST({model_projects}::text[], {model_tasks}::text[], {models}::text[]) \
+                    AS m(project_id, task_id, model) \
+               GROUP BY 1, 2), \
+             settled AS ( \
+               UPDATE tasks t \
+               SET status = s.status, completed_at = s.completed_at, \
+                   first_started_at = s.first_started_at, last_ended_at = s.last_ended_at, \
+                   gpu_models = coalesce(s.models, '{{}}') \
+               FROM (UNNEST({projects}::text[], {task_ids}::text[], {statuses}::text[], \
+                            {completed}::timestamptz[], {started}::timestamptz[], \
+                            {ended}::timestamptz[]) \
+                     AS u(project_id, task_id, status, completed_at, first_started_at, \
+                          last_ended_at) \
+                     LEFT JOIN task_models USING (project_id, task_id)) AS s \
+               WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id)), \
+             emptied_days AS ( \
+               DELETE FROM task_daily \
+               WHERE {replaced} AND (project_id, task_id) IN ({tasks}) \
+                 AND segments = 0 AND attempts = 0), \
+             emptied_months AS ( \
+               DELETE FROM task_monthly \
+               WHERE {replaced} AND (project_id, task_id) IN ({tasks}) \
+                 AND segments = 0 AND attempts = 0)",
+            projects = p(0),
+            task_ids = p(1),
+            statuses = p(2),
+            completed = p(3),
+            started = p(4),
+            ended = p(5),
+            model_projects = p(6),
+            model_tasks = p(7),
+            models = p(8),
+            replaced = p(9),
+        )
+    }
+
+    /// Binds the ten parameters [`Settlement::ctes`] reads, in its order.
+    pub fn bind<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.projects)
+            .bind(&self.task_ids)
+            .bind(&self.statuses)
+            .bind(&self.completed_at)
+            .bind(&self.first_started_at)
+            .bind(&self.last_ended_at)
+            .bind(&self.model_projects)
+            .bind(&self.model_tasks)
+            .bind(&self.models)
+            .bind(self.replaced)
+    }
 }
 
 #[derive(sqlx::FromRow)]
