@@ -176,13 +176,14 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
 
 /// CTEs appending the changes in the CTE `diff` to `family`'s rollup at every level, tagged
 /// with the delta number in the CTE `tag`; `tz` is the parameter holding the time zone.
-fn append_diff(family: Family, tz: &str) -> String {
+fn append_diff(family: Family, diff: &str, tz: &str) -> String {
     Level::ALL
         .iter()
         .enumerate()
         .map(|(i, &level)| {
-            let append = rollups::append_sql(family, level, tz, "diff, tag", "min(tag.delta)");
-            format!("append_{i} AS ({append})")
+            let source = format!("{diff}, tag");
+            let append = rollups::append_sql(family, level, tz, &source, "min(tag.delta)");
+            format!("{diff}_append_{i} AS ({append})")
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -257,11 +258,34 @@ impl RecordColumns {
     }
 }
 
-const NEW_RECORDS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::timestamptz[], \
-     $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bool[], $11::bool[], \
-     $12::numeric[]) \
-     AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, retries, \
-          failures, completes_task, fails_task, queue_wait_seconds)";
+/// New `rated_records` rows, bound by [`RecordColumns::bind`] from `$first` on.
+fn new_records(first: usize) -> String {
+    let types = [
+        "text",
+        "text",
+        "int",
+        "timestamptz",
+        "text",
+        "text",
+        "text",
+        "int",
+        "int",
+        "bool",
+        "bool",
+        "numeric",
+    ];
+    let columns = types
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| format!("${}::{kind}[]", first + i))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "UNNEST({columns}) \
+         AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, retries, \
+              failures, completes_task, fails_task, queue_wait_seconds)"
+    )
+}
 
 /// (Re)rates the records with these keys from their current `job_records` rows.
 ///
@@ -353,52 +377,78 @@ pub async fn rate_records(
     let key_tasks: Vec<&str> = keys.iter().map(|k| k.task_id.as_str()).collect();
     let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
 
-    // Old segments out, new ones in: their difference is appended to the rollups.
-    let (old_segments,) = segments
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH old AS ( \
-               DELETE FROM rated_segments \
-               WHERE (project_id, task_id, attempt) IN \
-                     (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
-               RETURNING *), \
-             changes AS ( \
-               SELECT -1 AS sign, * FROM old \
-               UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
-             diff AS ( \
-               SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                      unrated_reason, output_unit, \
-                      sum(sign) AS segments, \
-                      sum(sign * gpu_seconds_held) AS gpu_seconds_held, \
-                      sum(sign * coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
-                      sum(sign * coalesce(cost, 0)) AS cost, \
-                      sum(sign * productive) AS productive, sum(sign * idle) AS idle, \
-                      sum(sign * unmeasured) AS unmeasured, sum(sign * failed) AS failed, \
-                      sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
-               FROM changes \
-               GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                        unrated_reason, output_unit), \
-             tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             {levels}, \
-             usage AS ( \
-             INSERT INTO contract_usage_hourly \
-               (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
-             SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held), \
-                    min(tag.delta) \
-             FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
-             GROUP BY contract_id, hour, project_id \
-             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)), \
-             {tasks} \
-             SELECT count(*) FROM old",
-            levels = append_diff(Family::Cost, "$23"),
-            tasks = task_ledger::add_segment_changes("$23"),
-        )))
-        .bind(&key_projects)
-        .bind(&key_tasks)
-        .bind(&key_attempts)
-        .bind(tz.name())
+    // Old segments and per-record figures out, new ones in: their difference is appended
+    // to the rollups and added to the tasks' rows. The new rows are stored after it.
+    let sql = format!(
+        "WITH old AS ( \
+           DELETE FROM rated_segments \
+           WHERE (project_id, task_id, attempt) IN \
+                 (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
+           RETURNING *), \
+         changes AS ( \
+           SELECT -1 AS sign, * FROM old \
+           UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
+         diff AS ( \
+           SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                  unrated_reason, output_unit, \
+                  sum(sign) AS segments, \
+                  sum(sign * gpu_seconds_held) AS gpu_seconds_held, \
+                  sum(sign * coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                  sum(sign * coalesce(cost, 0)) AS cost, \
+                  sum(sign * productive) AS productive, sum(sign * idle) AS idle, \
+                  sum(sign * unmeasured) AS unmeasured, sum(sign * failed) AS failed, \
+                  sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
+           FROM changes \
+           GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                    unrated_reason, output_unit), \
+         tag AS (SELECT nextval('rollup_deltas') AS delta), \
+         {cost_levels}, \
+         usage AS ( \
+         INSERT INTO contract_usage_hourly \
+           (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
+         SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held), \
+                min(tag.delta) \
+         FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
+         GROUP BY contract_id, hour, project_id \
+         HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)), \
+         old_records AS ( \
+           DELETE FROM rated_records \
+           WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($36::text[], $37::text[])) \
+           RETURNING *), \
+         record_changes AS ( \
+           SELECT -1 AS sign, * FROM old_records \
+           UNION ALL SELECT 1, * FROM {new_records}), \
+         record_diff AS ( \
+           SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
+                  sum(sign) AS records, sum(sign * retries) AS retries, \
+                  sum(sign * failures) AS failures, \
+                  sum(sign * completes_task::int) AS tasks_completed, \
+                  sum(sign * fails_task::int) AS tasks_failed \
+           FROM record_changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
+         {record_levels}, \
+         {tasks} \
+         SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM old_records)",
+        cost_levels = append_diff(Family::Cost, "diff", "$23"),
+        new_records = new_records(24),
+        record_levels = append_diff(Family::Records, "record_diff", "$23"),
+        tasks = task_ledger::add_changes("$23", "changes", "record_changes"),
+    );
+    let query = sqlx::query_as::<_, (i64, i64)>(&sql);
+    let (old_segments, old_records) = records
+        .bind(
+            segments
+                .bind(query)
+                .bind(&key_projects)
+                .bind(&key_tasks)
+                .bind(&key_attempts)
+                .bind(tz.name()),
+        )
+        .bind(&task_projects)
+        .bind(&task_ids)
         .fetch_one(&mut *conn)
         .await
-        .context("updating the cost rollups")?;
+        .context("updating the rollups and the tasks")?;
+    settlement.replaced(old_segments > 0 || old_records > 0);
 
     segments
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
@@ -409,43 +459,13 @@ pub async fn rate_records(
         .await
         .context("storing segments")?;
 
-    let (old_records,) = records
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH old AS ( \
-               DELETE FROM rated_records \
-               WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($13::text[], $14::text[])) \
-               RETURNING *), \
-             changes AS ( \
-               SELECT -1 AS sign, * FROM old \
-               UNION ALL SELECT 1, * FROM {NEW_RECORDS}), \
-             diff AS ( \
-               SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
-                      sum(sign) AS records, sum(sign * retries) AS retries, \
-                      sum(sign * failures) AS failures, \
-                      sum(sign * completes_task::int) AS tasks_completed, \
-                      sum(sign * fails_task::int) AS tasks_failed \
-               FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
-             tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             {levels}, \
-             {tasks} \
-             SELECT count(*) FROM old",
-            levels = append_diff(Family::Records, "$15"),
-            tasks = task_ledger::add_record_changes("$15"),
-        )))
-        .bind(&task_projects)
-        .bind(&task_ids)
-        .bind(tz.name())
-        .fetch_one(&mut *conn)
-        .await
-        .context("updating the record rollups")?;
-    settlement.replaced(old_segments > 0 || old_records > 0);
-
     // With the tasks' status, and their rows left empty by the changes above deleted.
     settlement
         .bind(records.bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {NEW_RECORDS} RETURNING 1), \
+            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {new_records} RETURNING 1), \
              {settle} \
              SELECT count(*) FROM stored",
+            new_records = new_records(1),
             settle = task_ledger::Settlement::ctes(13),
         ))))
         .fetch_one(&mut *conn)

@@ -68,101 +68,81 @@ const RECORD_SUMS: [(&str, &str); 6] = [
     ),
 ];
 
-/// An upsert adding `sums` of `source` (rows with `project_id`, `task_id` and `hour`) per
-/// task and period of `level` into the level's table, with the output maps of `outputs`
-/// (rows with `project_id`, `task_id`, `period` and `output`) when it adds output. Groups
-/// that change nothing are left out.
-fn upsert_sql(
-    level: Level,
-    tz: &str,
-    source: &str,
-    sums: &[(&str, &str)],
-    outputs: Option<&str>,
-) -> String {
-    let period = level.column();
-    let names = sums.iter().map(|(name, _)| *name).collect::<Vec<_>>();
-    let totals = sums
+/// CTEs adding the changes of a rating call to every task's daily and monthly rows, one
+/// upsert per level, so that each row is written once per call: the segment changes in the
+/// CTE `segments` (`sign` and the `rated_segments` columns) in the period of their hour,
+/// and the per-record changes in the CTE `records` (`sign` and the `rated_records`
+/// columns) in the period holding each record's end. `tz` is the parameter holding the
+/// ledger time zone. Groups that change nothing are left out.
+pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
+    let names: Vec<&str> = SEGMENT_SUMS
         .iter()
-        .map(|(name, expression)| format!("sum({expression}) AS {name}"))
+        .chain(&RECORD_SUMS)
+        .map(|(name, _)| *name)
+        .collect();
+    let branch = |own: &[(&str, &str)]| {
+        SEGMENT_SUMS
+            .iter()
+            .chain(&RECORD_SUMS)
+            .map(
+                |(name, expression)| match own.iter().any(|(own, _)| own == name) {
+                    true => format!("{expression} AS {name}"),
+                    false => format!("0 AS {name}"),
+                },
+            )
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let columns = names.join(", ");
+    let totals = names
+        .iter()
+        .map(|name| format!("sum({name}) AS {name}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let zeros = vec!["0"; sums.len()].join(", ");
+    let zeros = vec!["0"; names.len()].join(", ");
     let updates = names
         .iter()
         .map(|name| format!("{name} = t.{name} + EXCLUDED.{name}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let columns = names.join(", ");
-    let sums = format!(
-        "(SELECT project_id, task_id, {of_hour} AS period, {totals} \
-          FROM {source} GROUP BY 1, 2, 3) AS sums",
-        of_hour = level.of_hour(tz),
-    );
-    let (rows, selected, inserted, changed, output_update) = match outputs {
-        Some(outputs) => (
-            format!("{sums} LEFT JOIN {outputs} AS outputs USING (project_id, task_id, period)"),
-            format!("{columns}, coalesce(outputs.output, '{{}}')"),
-            format!("{columns}, output"),
-            " OR outputs.output IS NOT NULL",
-            ", output = CASE WHEN EXCLUDED.output = '{}' THEN t.output \
-               ELSE add_quantities(t.output, EXCLUDED.output) END",
-        ),
-        None => (sums, columns.clone(), columns.clone(), "", ""),
-    };
-    format!(
-        "INSERT INTO {table} AS t (project_id, task_id, {period}, {inserted}) \
-         SELECT project_id, task_id, period, {selected} FROM {rows} \
-         WHERE ({columns}) <> ({zeros}){changed} \
-         ORDER BY 1, 2, 3 \
-         ON CONFLICT (project_id, {period}, task_id) DO UPDATE SET {updates}{output_update}",
-        table = table(level),
-    )
-}
-
-/// CTEs adding the segment changes in the CTE `changes` (`sign` and the `rated_segments`
-/// columns) to every task's daily and monthly rows; `tz` is the parameter holding the
-/// ledger time zone.
-pub fn add_segment_changes(tz: &str) -> String {
     LEVELS
         .iter()
         .map(|&level| {
+            let period = level.column();
+            let of_hour = level.of_hour(tz);
+            let changed = format!(
+                "SELECT project_id, task_id, {of_hour} AS period, {segment_columns} \
+                 FROM {segments} \
+                 UNION ALL \
+                 SELECT project_id, task_id, {of_hour} AS period, {record_columns} \
+                 FROM (SELECT *, end_hour AS hour FROM {records}) AS ended",
+                segment_columns = branch(&SEGMENT_SUMS),
+                record_columns = branch(&RECORD_SUMS),
+            );
             // Output per unit of each task and period, left out where it nets to zero.
             let outputs = format!(
-                "(SELECT project_id, task_id, period, jsonb_object_agg(output_unit, quantity) \
+                "SELECT project_id, task_id, period, jsonb_object_agg(output_unit, quantity) \
                         AS output \
-                  FROM (SELECT project_id, task_id, {of_hour} AS period, output_unit, \
-                               sum(sign * output_quantity) AS quantity \
-                        FROM changes WHERE output_quantity IS NOT NULL \
-                        GROUP BY 1, 2, 3, 4 HAVING sum(sign * output_quantity) <> 0) AS units \
-                  GROUP BY 1, 2, 3)",
-                of_hour = level.of_hour(tz),
-            );
-            let upsert = upsert_sql(level, tz, "changes", &SEGMENT_SUMS, Some(&outputs));
-            format!(
-                "task_segments_{period} AS ({upsert})",
-                period = level.column()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// CTEs adding the per-record changes in the CTE `changes` (`sign` and the `rated_records`
-/// columns) to every task's daily and monthly rows, in the period holding each record's end.
-pub fn add_record_changes(tz: &str) -> String {
-    LEVELS
-        .iter()
-        .map(|&level| {
-            let upsert = upsert_sql(
-                level,
-                tz,
-                "(SELECT *, end_hour AS hour FROM changes) AS ended",
-                &RECORD_SUMS,
-                None,
+                 FROM (SELECT project_id, task_id, {of_hour} AS period, output_unit, \
+                              sum(sign * output_quantity) AS quantity \
+                       FROM {segments} WHERE output_quantity IS NOT NULL \
+                       GROUP BY 1, 2, 3, 4 HAVING sum(sign * output_quantity) <> 0) AS units \
+                 GROUP BY 1, 2, 3"
             );
             format!(
-                "task_records_{period} AS ({upsert})",
-                period = level.column()
+                "task_changes_{period} AS ( \
+                   INSERT INTO {table} AS t (project_id, task_id, {period}, {columns}, output) \
+                   SELECT project_id, task_id, period, {columns}, \
+                          coalesce(outputs.output, '{{}}') \
+                   FROM (SELECT project_id, task_id, period, {totals} FROM ({changed}) AS changed \
+                         GROUP BY 1, 2, 3) AS sums \
+                   LEFT JOIN ({outputs}) AS outputs USING (project_id, task_id, period) \
+                   WHERE ({columns}) <> ({zeros}) OR outputs.output IS NOT NULL \
+                   ORDER BY 1, 2, 3 \
+                   ON CONFLICT (project_id, {period}, task_id) DO UPDATE SET {updates}, \
+                     output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
+                                   ELSE add_quantities(t.output, EXCLUDED.output) END)",
+                table = table(level),
             )
         })
         .collect::<Vec<_>>()
