@@ -105,9 +105,6 @@ CREATE TABLE task_monthly (
 );
 -- A project's tasks of a month, most expensive first, paged by (cost, task_id).
 CREATE INDEX task_monthly_by_cost ON task_monthly (project_id, month, cost DESC, task_id);
--- A task's rows, for its lifetime figures and for deleting emptied rows.
-CREATE INDEX task_daily_by_task ON task_daily (project_id, task_id);
-CREATE INDEX task_monthly_by_task ON task_monthly (project_id, task_id);
 
 INSERT INTO task_daily
 SELECT project_id, task_id, (hour AT TIME ZONE tz.name)::date,

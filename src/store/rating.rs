@@ -427,14 +427,15 @@ pub async fn rate_records(
            FROM record_changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
          {record_levels}, \
          {tasks} \
-         SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM old_records)",
+         SELECT {emptied}",
         cost_levels = append_diff(Family::Cost, "diff", "$23"),
         new_records = new_records(24),
         record_levels = append_diff(Family::Records, "record_diff", "$23"),
         tasks = task_ledger::add_changes("$23", "changes", "record_changes"),
+        emptied = task_ledger::emptied_rows(),
     );
-    let query = sqlx::query_as::<_, (i64, i64)>(&sql);
-    let (old_segments, old_records) = records
+    let query = sqlx::query_as::<_, (Vec<String>, Vec<String>)>(&sql);
+    let emptied = records
         .bind(
             segments
                 .bind(query)
@@ -448,7 +449,7 @@ pub async fn rate_records(
         .fetch_one(&mut *conn)
         .await
         .context("updating the rollups and the tasks")?;
-    settlement.replaced(old_segments > 0 || old_records > 0);
+    settlement.emptied(emptied);
 
     segments
         .bind(sqlx::query_as::<_, (i64,)>(&format!(

@@ -73,7 +73,8 @@ const RECORD_SUMS: [(&str, &str); 6] = [
 /// CTE `segments` (`sign` and the `rated_segments` columns) in the period of their hour,
 /// and the per-record changes in the CTE `records` (`sign` and the `rated_records`
 /// columns) in the period holding each record's end. `tz` is the parameter holding the
-/// ledger time zone. Groups that change nothing are left out.
+/// ledger time zone. Groups that change nothing are left out. [`emptied_rows`] names the
+/// rows nothing is left under.
 pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
     let names: Vec<&str> = SEGMENT_SUMS
         .iter()
@@ -141,8 +142,24 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
                    ORDER BY 1, 2, 3 \
                    ON CONFLICT (project_id, {period}, task_id) DO UPDATE SET {updates}, \
                      output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
-                                   ELSE add_quantities(t.output, EXCLUDED.output) END)",
+                                   ELSE add_quantities(t.output, EXCLUDED.output) END \
+                   RETURNING t.ctid::text AS row_id, (t.segments, t.attempts) = (0, 0) AS emptied)",
                 table = table(level),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The row ids of the daily and of the monthly rows [`add_changes`] left empty, as two
+/// `text[]` columns: [`Settlement`] deletes them.
+pub fn emptied_rows() -> String {
+    LEVELS
+        .iter()
+        .map(|level| {
+            format!(
+                "ARRAY(SELECT row_id FROM task_changes_{} WHERE emptied)",
+                level.column()
             )
         })
         .collect::<Vec<_>>()
@@ -163,8 +180,9 @@ pub struct Settlement<'a> {
     model_projects: Vec<&'a str>,
     model_tasks: Vec<&'a str>,
     models: Vec<&'a str>,
-    /// Whether any task had rated data before: only then can a row have been emptied.
-    replaced: bool,
+    /// Row ids of the daily and monthly rows left empty (see [`emptied_rows`]).
+    emptied_days: Vec<String>,
+    emptied_months: Vec<String>,
 }
 
 impl<'a> Settlement<'a> {
@@ -189,16 +207,16 @@ impl<'a> Settlement<'a> {
         }
     }
 
-    /// Notes that the call replaced rated data of some task.
-    pub fn replaced(&mut self, replaced: bool) {
-        self.replaced |= replaced;
+    /// Notes the rows the changes left empty, as [`emptied_rows`] names them.
+    pub fn emptied(&mut self, (days, months): (Vec<String>, Vec<String>)) {
+        self.emptied_days = days;
+        self.emptied_months = months;
     }
 
     /// CTEs storing the tasks' status and deleting their emptied rows, reading the
     /// parameters [`Settlement::bind`] binds from `$first` on.
     pub fn ctes(first: usize) -> String {
         let p = |offset: usize| format!("${}", first + offset);
-        let tasks = format!("SELECT * FROM UNNEST({}::text[], {}::text[])", p(0), p(1));
         format!(
             "task_models AS ( \
                SELECT project_id, task_id, array_agg(DISTINCT model ORDER BY model) AS models \
@@ -219,11 +237,11 @@ impl<'a> Settlement<'a> {
                WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id)), \
              emptied_days AS ( \
                DELETE FROM task_daily \
-               WHERE {replaced} AND (project_id, task_id) IN ({tasks}) \
+               WHERE ctid = ANY({emptied_days}::text[]::tid[]) \
                  AND segments = 0 AND attempts = 0), \
              emptied_months AS ( \
                DELETE FROM task_monthly \
-               WHERE {replaced} AND (project_id, task_id) IN ({tasks}) \
+               WHERE ctid = ANY({emptied_months}::text[]::tid[]) \
                  AND segments = 0 AND attempts = 0)",
             projects = p(0),
             task_ids = p(1),
@@ -234,11 +252,12 @@ impl<'a> Settlement<'a> {
             model_projects = p(6),
             model_tasks = p(7),
             models = p(8),
-            replaced = p(9),
+            emptied_days = p(9),
+            emptied_months = p(10),
         )
     }
 
-    /// Binds the ten parameters [`Settlement::ctes`] reads, in its order.
+    /// Binds the eleven parameters [`Settlement::ctes`] reads, in its order.
     pub fn bind<'q, O>(
         &'q self,
         query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
@@ -253,7 +272,8 @@ impl<'a> Settlement<'a> {
             .bind(&self.model_projects)
             .bind(&self.model_tasks)
             .bind(&self.models)
-            .bind(self.replaced)
+            .bind(&self.emptied_days)
+            .bind(&self.emptied_months)
     }
 }
 
