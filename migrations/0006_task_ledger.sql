@@ -6,8 +6,9 @@
 -- rows at once, and the signed difference of a re-rating is added straight to them. A row
 -- under which no segment and no record is left is deleted, so lists never show it.
 --
--- A task's lifetime figures are the sum of its monthly rows: a task spans few months, so
--- that read stays small, and writers keep one copy fewer.
+-- A task's lifetime figures are the sum of its monthly rows (a task spans few months), so
+-- writers keep no third copy. Writers need no index by task: they delete the rows they
+-- empty by the row ids their upserts return.
 
 -- Queue wait of the attempt (`started_at − queued_at`), null when it reported no `queued_at`.
 ALTER TABLE rated_records ADD COLUMN queue_wait_seconds numeric;
@@ -129,6 +130,9 @@ GROUP BY 1, 2, 3;
 -- A task's status: `completed` once any attempt completed, else the outcome of its latest
 -- attempt by `started_at`; null while it has no attempt. `completed_at` is the end of its
 -- first completed attempt.
+-- Every rating call updates the rows of the tasks it rated; room left in each page keeps
+-- those updates off the primary key.
+ALTER TABLE tasks SET (fillfactor = 50);
 ALTER TABLE tasks
     ADD COLUMN status text
         CHECK (status IN ('completed', 'failed', 'cancelled', 'preempted')),

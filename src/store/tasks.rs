@@ -139,7 +139,6 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
                          GROUP BY 1, 2, 3) AS sums \
                    LEFT JOIN ({outputs}) AS outputs USING (project_id, task_id, period) \
                    WHERE ({columns}) <> ({zeros}) OR outputs.output IS NOT NULL \
-                   ORDER BY 1, 2, 3 \
                    ON CONFLICT (project_id, {period}, task_id) DO UPDATE SET {updates}, \
                      output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
                                    ELSE add_quantities(t.output, EXCLUDED.output) END \
@@ -234,7 +233,11 @@ impl<'a> Settlement<'a> {
                      AS u(project_id, task_id, status, completed_at, first_started_at, \
                           last_ended_at) \
                      LEFT JOIN task_models USING (project_id, task_id)) AS s \
-               WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id)), \
+               WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id) \
+                 AND (t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
+                      t.gpu_models) \
+                     IS DISTINCT FROM (s.status, s.completed_at, s.first_started_at, \
+                                       s.last_ended_at, coalesce(s.models, '{{}}'))), \
              emptied_days AS ( \
                DELETE FROM task_daily \
                WHERE ctid = ANY({emptied_days}::text[]::tid[]) \
