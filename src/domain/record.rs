@@ -861,6 +861,16 @@ mod tests {
     }
 
     #[test]
+    fn a_record_is_not_queued_after_it_started() {
+        let mut value = minimal();
+        value["queued_at"] = json!("2026-11-20T10:00:01Z");
+        assert_eq!(pointers(value), vec!["/0/queued_at"]);
+        let mut value = minimal();
+        value["queued_at"] = json!("2026-11-20T10:00:00Z");
+        assert_eq!(pointers(value), Vec::<String>::new());
+    }
+
+    #[test]
     fn held_and_busy_are_bounded() {
         let mut value = minimal();
         value["gpu_seconds_held"] = json!(43201);

@@ -1,19 +1,30 @@
-//! How a task's attempts count it once (COST_MODEL.md §4, §7).
+//! How a task's attempts count it once, what state it is in, and what it cost in a period
+//! (COST_MODEL.md §4, §7).
 //!
 //! A task counts as completed in the period holding the end of its first completed attempt;
 //! a task none of whose attempts completed counts as failed where its last attempt ended.
 //! Exactly one attempt carries the mark, so a task is never counted twice, whatever order
 //! its attempts arrive in.
+//!
+//! A task's figures of a period ([`TaskFigures`]) are sums over the rated segments and
+//! attempts of that task inside the period; like [`super::figures::FigureSums`] they only
+//! add, so the figures of a task over any partition of a period merge into those of the
+//! whole, and the tasks of a project add up to the project's figures less its unused
+//! commitment, which belongs to no task.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 
 use super::rating::Outcome;
 
-/// What the rule needs of one attempt.
+/// What the rules need of one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptEnd {
     pub attempt: i32,
     pub outcome: Outcome,
+    pub started_at: DateTime<Utc>,
     pub ended_at: DateTime<Utc>,
 }
 
@@ -43,6 +54,93 @@ pub fn task_marks(attempts: &[AttemptEnd]) -> TaskMarks {
     TaskMarks { completes, fails }
 }
 
+/// Where a task stands after the attempts it has so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskStatus {
+    /// `Completed` once any attempt completed; otherwise the outcome of the latest attempt
+    /// by `started_at` (the higher attempt number on a tie).
+    pub status: Outcome,
+    /// The end of the attempt that completes the task (see [`task_marks`]).
+    pub completed_at: Option<DateTime<Utc>>,
+    pub first_started_at: DateTime<Utc>,
+    pub last_ended_at: DateTime<Utc>,
+}
+
+/// The status of a task with these attempts; `None` when it has none. Like [`task_marks`],
+/// it never depends on the order of `attempts`.
+pub fn task_status(attempts: &[AttemptEnd]) -> Option<TaskStatus> {
+    let latest = attempts.iter().max_by_key(|a| (a.started_at, a.attempt))?;
+    let completes = task_marks(attempts).completes;
+    let completed_at = attempts
+        .iter()
+        .find(|a| Some(a.attempt) == completes)
+        .map(|a| a.ended_at);
+    Some(TaskStatus {
+        status: match completed_at {
+            Some(_) => Outcome::Completed,
+            None => latest.outcome,
+        },
+        completed_at,
+        first_started_at: attempts.iter().map(|a| a.started_at).min()?,
+        last_ended_at: attempts.iter().map(|a| a.ended_at).max()?,
+    })
+}
+
+/// A task's sums over a period: its segments inside it, and its attempts that ended in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFigures {
+    /// Cost of the task's completed records × busy/held.
+    pub productive: Decimal,
+    pub idle: Decimal,
+    pub unmeasured: Decimal,
+    /// Whole cost of its failed, cancelled and preempted records.
+    pub failed: Decimal,
+    pub gpu_seconds_held: Decimal,
+    /// Busy time of the records that measured it.
+    pub gpu_seconds_busy: Decimal,
+    /// GPU-seconds that carry no cost for want of a contract or an FX rate.
+    pub unrated_gpu_seconds: Decimal,
+    /// Output of its completed records, unit → quantity, booked where each record ends.
+    pub output: BTreeMap<String, Decimal>,
+    /// Attempts that ended in the period, and those of them that did not complete.
+    pub attempts: i64,
+    pub failed_attempts: i64,
+    pub retries: i64,
+    pub failures: i64,
+    /// `started_at − queued_at` summed over the `queue_waits` attempts that reported
+    /// `queued_at`.
+    pub queue_wait_seconds: Decimal,
+    pub queue_waits: i64,
+}
+
+impl TaskFigures {
+    /// productive + idle + unmeasured + failed: a task carries no unused commitment.
+    pub fn total(&self) -> Decimal {
+        self.productive + self.idle + self.unmeasured + self.failed
+    }
+
+    /// Adds the figures of another part of the period.
+    pub fn merge(&mut self, other: &TaskFigures) {
+        self.productive += other.productive;
+        self.idle += other.idle;
+        self.unmeasured += other.unmeasured;
+        self.failed += other.failed;
+        self.gpu_seconds_held += other.gpu_seconds_held;
+        self.gpu_seconds_busy += other.gpu_seconds_busy;
+        self.unrated_gpu_seconds += other.unrated_gpu_seconds;
+        for (unit, quantity) in &other.output {
+            *self.output.entry(unit.clone()).or_default() += quantity;
+        }
+        self.output.retain(|_, quantity| !quantity.is_zero());
+        self.attempts += other.attempts;
+        self.failed_attempts += other.failed_attempts;
+        self.retries += other.retries;
+        self.failures += other.failures;
+        self.queue_wait_seconds += other.queue_wait_seconds;
+        self.queue_waits += other.queue_waits;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,11 +166,54 @@ mod tests {
                 .map(|(i, (outcome, hour))| AttemptEnd {
                     attempt: i as i32 + 1,
                     outcome,
+                    started_at: Utc.timestamp_opt(1_789_990_000 + hour * 3600, 0).unwrap(),
                     ended_at: Utc.timestamp_opt(1_790_000_000 + hour * 3600, 0).unwrap(),
                 })
                 .collect()
         })
         .prop_shuffle()
+    }
+
+    fn task_figures() -> impl Strategy<Value = TaskFigures> {
+        let amount =
+            || (-10_000_000i64..10_000_000, 0u32..20).prop_map(|(m, s)| Decimal::new(m, s));
+        (
+            (
+                amount(),
+                amount(),
+                amount(),
+                amount(),
+                amount(),
+                amount(),
+                amount(),
+            ),
+            prop::collection::btree_map(
+                prop_oneof![Just("tokens"), Just("samples")],
+                amount(),
+                0..2,
+            ),
+            (0i64..5, 0i64..5, 0i64..5, 0i64..5, amount(), 0i64..5),
+        )
+            .prop_map(|(money, output, counts)| TaskFigures {
+                productive: money.0,
+                idle: money.1,
+                unmeasured: money.2,
+                failed: money.3,
+                gpu_seconds_held: money.4,
+                gpu_seconds_busy: money.5,
+                unrated_gpu_seconds: money.6,
+                output: output
+                    .into_iter()
+                    .filter(|(_, quantity)| !quantity.is_zero())
+                    .map(|(unit, quantity)| (unit.to_owned(), quantity))
+                    .collect(),
+                attempts: counts.0,
+                failed_attempts: counts.1,
+                retries: counts.2,
+                failures: counts.3,
+                queue_wait_seconds: counts.4,
+                queue_waits: counts.5,
+            })
     }
 
     proptest! {
@@ -110,6 +251,44 @@ mod tests {
             let mut reversed = attempts.clone();
             reversed.reverse();
             prop_assert_eq!(task_marks(&attempts), task_marks(&reversed));
+        }
+
+        /// A task is completed exactly when one of its attempts completed, at the end of the
+        /// attempt that completes it; otherwise it has the outcome of its latest start.
+        #[test]
+        fn status_follows_the_first_completion_or_the_latest_start(attempts in attempts()) {
+            let status = task_status(&attempts);
+            prop_assert_eq!(status.is_none(), attempts.is_empty());
+            let Some(status) = status else { return Ok(()) };
+            let marks = task_marks(&attempts);
+            let completing = attempts.iter().find(|a| Some(a.attempt) == marks.completes);
+            prop_assert_eq!(status.completed_at, completing.map(|a| a.ended_at));
+            prop_assert_eq!(status.status == Outcome::Completed, completing.is_some());
+            if completing.is_none() {
+                let latest = attempts.iter().map(|a| a.started_at).max();
+                prop_assert!(attempts.iter().any(|a| Some(a.started_at) == latest
+                    && a.outcome == status.status));
+            }
+            prop_assert!(attempts.iter().all(|a| status.first_started_at <= a.started_at
+                && a.ended_at <= status.last_ended_at));
+            let mut reversed = attempts.clone();
+            reversed.reverse();
+            prop_assert_eq!(task_status(&reversed), Some(status));
+        }
+
+        /// Merging the figures of the parts of a period, in any order, gives the same
+        /// figures, and the total of the merge is the sum of the parts' totals.
+        #[test]
+        fn parts_of_a_period_merge_exactly(parts in prop::collection::vec(task_figures(), 0..6)) {
+            let mut forward = TaskFigures::default();
+            parts.iter().for_each(|part| forward.merge(part));
+            let mut backward = TaskFigures::default();
+            parts.iter().rev().for_each(|part| backward.merge(part));
+            prop_assert_eq!(&forward, &backward);
+            prop_assert_eq!(forward.total(), parts.iter().map(TaskFigures::total).sum::<Decimal>());
+            prop_assert_eq!(forward.total(),
+                forward.productive + forward.idle + forward.unmeasured + forward.failed);
+            prop_assert!(forward.output.values().all(|quantity| !quantity.is_zero()));
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod rating;
 pub mod records;
 pub mod rollups;
 pub mod settings;
+pub mod tasks;
 pub mod tokens;
 
 use sqlx::{PgPool, Postgres, Transaction};

@@ -2,7 +2,7 @@
 //! up to. [`rate_records`] is the one way in; whatever changes a record, a
 //! contract or an FX rate calls it in the same transaction.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::Context;
 use chrono::{DateTime, Days, NaiveDate, Utc};
@@ -13,10 +13,10 @@ use uuid::Uuid;
 
 use crate::domain::ledger_time::{LedgerHour, first_of_month};
 use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
-use crate::domain::record::RecordKey;
-use crate::domain::task::{AttemptEnd, task_marks};
+use crate::domain::record::{RecordKey, duration_seconds};
+use crate::domain::task::{AttemptEnd, TaskStatus, task_marks, task_status};
 use crate::store::rollups::{self, Family, Level};
-use crate::store::{contracts, fx_rates};
+use crate::store::{contracts, fx_rates, tasks as task_ledger};
 
 /// How many records one re-rating call takes at a time.
 pub const RERATE_CHUNK: usize = 10_000;
@@ -31,6 +31,7 @@ struct RecordRow {
     billing_mode: BillingMode,
     provider: Option<String>,
     region: Option<String>,
+    queued_at: Option<DateTime<Utc>>,
     started_at: DateTime<Utc>,
     ended_at: DateTime<Utc>,
     gpu_seconds_held: Decimal,
@@ -45,6 +46,15 @@ struct RecordRow {
 }
 
 impl RecordRow {
+    fn to_end(&self) -> AttemptEnd {
+        AttemptEnd {
+            attempt: self.attempt,
+            outcome: self.outcome,
+            started_at: self.started_at,
+            ended_at: self.ended_at,
+        }
+    }
+
     fn to_rate(&self) -> RecordToRate {
         RecordToRate {
             project: self.project_id.clone(),
@@ -166,13 +176,14 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
 
 /// CTEs appending the changes in the CTE `diff` to `family`'s rollup at every level, tagged
 /// with the delta number in the CTE `tag`; `tz` is the parameter holding the time zone.
-fn append_diff(family: Family, tz: &str) -> String {
+fn append_diff(family: Family, diff: &str, tz: &str) -> String {
     Level::ALL
         .iter()
         .enumerate()
         .map(|(i, &level)| {
-            let append = rollups::append_sql(family, level, tz, "diff, tag", "min(tag.delta)");
-            format!("append_{i} AS ({append})")
+            let source = format!("{diff}, tag");
+            let append = rollups::append_sql(family, level, tz, &source, "min(tag.delta)");
+            format!("{diff}_append_{i} AS ({append})")
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -192,19 +203,14 @@ struct RecordColumns {
     failures: Vec<i32>,
     completes_task: Vec<bool>,
     fails_task: Vec<bool>,
+    queue_wait_seconds: Vec<Option<Decimal>>,
 }
 
 impl RecordColumns {
-    /// Every attempt of one task, with the marks that count the task once (COST_MODEL §4).
-    fn push_task(&mut self, attempts: &[&RecordRow], tz: Tz) {
-        let ends: Vec<AttemptEnd> = attempts
-            .iter()
-            .map(|a| AttemptEnd {
-                attempt: a.attempt,
-                outcome: a.outcome,
-                ended_at: a.ended_at,
-            })
-            .collect();
+    /// Every attempt of one task, with the marks that count the task once (COST_MODEL §4);
+    /// returns the task's status.
+    fn push_task(&mut self, attempts: &[RecordRow], tz: Tz) -> Option<TaskStatus> {
+        let ends: Vec<AttemptEnd> = attempts.iter().map(RecordRow::to_end).collect();
         let marks = task_marks(&ends);
         for attempt in attempts {
             self.project_id.push(attempt.project_id.clone());
@@ -221,7 +227,13 @@ impl RecordColumns {
             self.completes_task
                 .push(marks.completes == Some(attempt.attempt));
             self.fails_task.push(marks.fails == Some(attempt.attempt));
+            self.queue_wait_seconds.push(
+                attempt
+                    .queued_at
+                    .map(|queued| duration_seconds(queued, attempt.started_at)),
+            );
         }
+        task_status(&ends)
     }
 }
 
@@ -242,13 +254,38 @@ impl RecordColumns {
             .bind(&self.failures)
             .bind(&self.completes_task)
             .bind(&self.fails_task)
+            .bind(&self.queue_wait_seconds)
     }
 }
 
-const NEW_RECORDS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::timestamptz[], \
-     $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bool[], $11::bool[]) \
-     AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, retries, \
-          failures, completes_task, fails_task)";
+/// New `rated_records` rows, bound by [`RecordColumns::bind`] from `$first` on.
+fn new_records(first: usize) -> String {
+    let types = [
+        "text",
+        "text",
+        "int",
+        "timestamptz",
+        "text",
+        "text",
+        "text",
+        "int",
+        "int",
+        "bool",
+        "bool",
+        "numeric",
+    ];
+    let columns = types
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| format!("${}::{kind}[]", first + i))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "UNNEST({columns}) \
+         AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, retries, \
+              failures, completes_task, fails_task, queue_wait_seconds)"
+    )
+}
 
 /// (Re)rates the records with these keys from their current `job_records` rows.
 ///
@@ -293,7 +330,7 @@ pub async fn rate_records(
 
     let attempts = sqlx::query_as::<_, RecordRow>(
         "SELECT r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, r.provider, \
-                r.region, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
+                r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
                 r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, p.currency \
          FROM job_records r JOIN projects p ON p.id = r.project_id \
          WHERE (r.project_id, r.task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
@@ -316,59 +353,103 @@ pub async fn rate_records(
 
     let segments = rate_all(conn, &to_rate, tz).await?;
     let mut records = RecordColumns::default();
-    for task in attempts.chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
-    {
-        records.push_task(&task.iter().collect::<Vec<_>>(), tz);
+    let mut settlement = task_ledger::Settlement::default();
+    let by_task: HashMap<(&str, &str), &[RecordRow]> = attempts
+        .chunk_by(|a, b| (&a.project_id, &a.task_id) == (&b.project_id, &b.task_id))
+        .map(|task| {
+            (
+                (task[0].project_id.as_str(), task[0].task_id.as_str()),
+                task,
+            )
+        })
+        .collect();
+    for &task in &tasks {
+        let task_attempts = by_task.get(&task).copied().unwrap_or_default();
+        let status = records.push_task(task_attempts, tz);
+        settlement.push(
+            task,
+            status,
+            task_attempts.iter().map(|a| a.gpu_model.as_str()),
+        );
     }
 
     let key_projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
     let key_tasks: Vec<&str> = keys.iter().map(|k| k.task_id.as_str()).collect();
     let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
 
-    // Old segments out, new ones in: their difference is appended to the rollups.
-    segments
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH old AS ( \
-               DELETE FROM rated_segments \
-               WHERE (project_id, task_id, attempt) IN \
-                     (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
-               RETURNING *), \
-             changes AS ( \
-               SELECT -1 AS sign, * FROM old \
-               UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
-             diff AS ( \
-               SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                      unrated_reason, output_unit, \
-                      sum(sign) AS segments, \
-                      sum(sign * gpu_seconds_held) AS gpu_seconds_held, \
-                      sum(sign * coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
-                      sum(sign * coalesce(cost, 0)) AS cost, \
-                      sum(sign * productive) AS productive, sum(sign * idle) AS idle, \
-                      sum(sign * unmeasured) AS unmeasured, sum(sign * failed) AS failed, \
-                      sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
-               FROM changes \
-               GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                        unrated_reason, output_unit), \
-             tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             {levels}, \
-             usage AS ( \
-             INSERT INTO contract_usage_hourly \
-               (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
-             SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held), \
-                    min(tag.delta) \
-             FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
-             GROUP BY contract_id, hour, project_id \
-             HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)) \
-             SELECT count(*) FROM diff",
-            levels = append_diff(Family::Cost, "$23"),
-        )))
-        .bind(&key_projects)
-        .bind(&key_tasks)
-        .bind(&key_attempts)
-        .bind(tz.name())
+    // Old segments and per-record figures out, new ones in: their difference is appended
+    // to the rollups and added to the tasks' rows. The new rows are stored after it.
+    let sql = format!(
+        "WITH old AS ( \
+           DELETE FROM rated_segments \
+           WHERE (project_id, task_id, attempt) IN \
+                 (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
+           RETURNING *), \
+         changes AS ( \
+           SELECT -1 AS sign, * FROM old \
+           UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
+         diff AS ( \
+           SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                  unrated_reason, output_unit, \
+                  sum(sign) AS segments, \
+                  sum(sign * gpu_seconds_held) AS gpu_seconds_held, \
+                  sum(sign * coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                  sum(sign * coalesce(cost, 0)) AS cost, \
+                  sum(sign * productive) AS productive, sum(sign * idle) AS idle, \
+                  sum(sign * unmeasured) AS unmeasured, sum(sign * failed) AS failed, \
+                  sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
+           FROM changes \
+           GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                    unrated_reason, output_unit), \
+         tag AS (SELECT nextval('rollup_deltas') AS delta), \
+         {cost_levels}, \
+         usage AS ( \
+         INSERT INTO contract_usage_hourly \
+           (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
+         SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held), \
+                min(tag.delta) \
+         FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
+         GROUP BY contract_id, hour, project_id \
+         HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)), \
+         old_records AS ( \
+           DELETE FROM rated_records \
+           WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($36::text[], $37::text[])) \
+           RETURNING *), \
+         record_changes AS ( \
+           SELECT -1 AS sign, * FROM old_records \
+           UNION ALL SELECT 1, * FROM {new_records}), \
+         record_diff AS ( \
+           SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
+                  sum(sign) AS records, sum(sign * retries) AS retries, \
+                  sum(sign * failures) AS failures, \
+                  sum(sign * completes_task::int) AS tasks_completed, \
+                  sum(sign * fails_task::int) AS tasks_failed \
+           FROM record_changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
+         {record_levels}, \
+         {tasks} \
+         SELECT {emptied}",
+        cost_levels = append_diff(Family::Cost, "diff", "$23"),
+        new_records = new_records(24),
+        record_levels = append_diff(Family::Records, "record_diff", "$23"),
+        tasks = task_ledger::add_changes("$23", "changes", "record_changes"),
+        emptied = task_ledger::emptied_rows(),
+    );
+    let query = sqlx::query_as::<_, (Vec<String>, Vec<String>)>(&sql);
+    let emptied = records
+        .bind(
+            segments
+                .bind(query)
+                .bind(&key_projects)
+                .bind(&key_tasks)
+                .bind(&key_attempts)
+                .bind(tz.name()),
+        )
+        .bind(&task_projects)
+        .bind(&task_ids)
         .fetch_one(&mut *conn)
         .await
-        .context("updating the cost rollups")?;
+        .context("updating the rollups and the tasks")?;
+    settlement.emptied(emptied);
 
     segments
         .bind(sqlx::query_as::<_, (i64,)>(&format!(
@@ -379,42 +460,18 @@ pub async fn rate_records(
         .await
         .context("storing segments")?;
 
-    records
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH old AS ( \
-               DELETE FROM rated_records \
-               WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($12::text[], $13::text[])) \
-               RETURNING *), \
-             changes AS ( \
-               SELECT -1 AS sign, * FROM old \
-               UNION ALL SELECT 1, * FROM {NEW_RECORDS}), \
-             diff AS ( \
-               SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
-                      sum(sign) AS records, sum(sign * retries) AS retries, \
-                      sum(sign * failures) AS failures, \
-                      sum(sign * completes_task::int) AS tasks_completed, \
-                      sum(sign * fails_task::int) AS tasks_failed \
-               FROM changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
-             tag AS (SELECT nextval('rollup_deltas') AS delta), \
-             {levels} \
-             SELECT count(*) FROM diff",
-            levels = append_diff(Family::Records, "$14"),
-        )))
-        .bind(&task_projects)
-        .bind(&task_ids)
-        .bind(tz.name())
+    // With the tasks' status, and their rows left empty by the changes above deleted.
+    settlement
+        .bind(records.bind(sqlx::query_as::<_, (i64,)>(&format!(
+            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {new_records} RETURNING 1), \
+             {settle} \
+             SELECT count(*) FROM stored",
+            new_records = new_records(1),
+            settle = task_ledger::Settlement::ctes(13),
+        ))))
         .fetch_one(&mut *conn)
         .await
-        .context("updating the record rollups")?;
-
-    records
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH stored AS (INSERT INTO rated_records SELECT * FROM {NEW_RECORDS} RETURNING 1) \
-             SELECT count(*) FROM stored"
-        )))
-        .fetch_one(&mut *conn)
-        .await
-        .context("storing per-record figures")?;
+        .context("storing per-record figures and settling the tasks")?;
     Ok(())
 }
 

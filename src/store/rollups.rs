@@ -97,7 +97,7 @@ pub enum Level {
 impl Level {
     pub const ALL: [Level; 3] = [Level::Hour, Level::Day, Level::Month];
 
-    fn column(self) -> &'static str {
+    pub fn column(self) -> &'static str {
         match self {
             Level::Hour => "hour",
             Level::Day => "day",
@@ -115,7 +115,7 @@ impl Level {
 
     /// The level's period of a ledger hour `hour`, with the ledger time zone in the
     /// parameter `tz`.
-    fn of_hour(self, tz: &str) -> String {
+    pub fn of_hour(self, tz: &str) -> String {
         match self {
             Level::Hour => "hour".to_owned(),
             Level::Day => format!("(hour AT TIME ZONE {tz})::date"),
@@ -258,9 +258,10 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     Ok(Some(done))
 }
 
-/// Rebuilds the daily and monthly rollups from the hourly ones when they were built for
-/// another ledger time zone than `tz` (or never recorded one), so that their days and months
-/// are those of the ledger. Returns whether it rebuilt them.
+/// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task days and
+/// months from the rated segments and records (see [`rebuild_tasks`]), when they were
+/// built for another ledger time zone than `tz` (or never recorded one), so that their days
+/// and months are those of the ledger. Returns whether it rebuilt them.
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
@@ -277,7 +278,8 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     }
     // Writers append to these tables; this waits for them and keeps them out meanwhile.
     sqlx::query(
-        "LOCK TABLE cost_daily, records_daily, cost_monthly, records_monthly IN EXCLUSIVE MODE",
+        "LOCK TABLE cost_daily, records_daily, cost_monthly, records_monthly, task_daily, \
+         task_monthly IN EXCLUSIVE MODE",
     )
     .execute(&mut *tx)
     .await?;
@@ -295,6 +297,7 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
                 .with_context(|| format!("rebuilding {table}"))?;
         }
     }
+    rebuild_tasks(&mut tx, tz).await?;
     sqlx::query(
         "INSERT INTO settings (key, value) VALUES ($1, $2) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
@@ -306,6 +309,67 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     tx.commit().await?;
     Ok(true)
 }
+
+/// Rebuilds every task's daily rows (`task_daily`) from its segments and per-record figures
+/// (the view `task_hourly`), and its monthly rows from the daily ones, for the ledger time
+/// zone `tz`; the caller keeps writers out meanwhile.
+async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
+    let sums = |columns: &[&str]| {
+        columns
+            .iter()
+            .map(|&column| match column {
+                "output" => "sum_quantities(output)".to_owned(),
+                _ => format!("sum({column})"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let columns = TASK_SUMS.join(", ");
+    for (table, period_column, period, source) in [
+        ("task_daily", "day", Level::Day.of_hour("$1"), "task_hourly"),
+        (
+            "task_monthly",
+            "month",
+            "date_trunc('month', day)::date".to_owned(),
+            "task_daily",
+        ),
+    ] {
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(&format!(
+            "INSERT INTO {table} (project_id, task_id, {period_column}, {columns}) \
+             SELECT project_id, task_id, {period}, {sums} FROM {source} GROUP BY 1, 2, 3",
+            sums = sums(&TASK_SUMS),
+        ))
+        .bind(tz.name())
+        .execute(&mut *conn)
+        .await
+        .with_context(|| format!("rebuilding {table}"))?;
+    }
+    Ok(())
+}
+
+/// The summed columns of the per-task tables and of the view `task_hourly` they are built
+/// from.
+pub const TASK_SUMS: [&str; 16] = [
+    "segments",
+    "cost",
+    "productive",
+    "idle",
+    "unmeasured",
+    "failed",
+    "gpu_seconds_held",
+    "gpu_seconds_busy",
+    "unrated_gpu_seconds",
+    "output",
+    "attempts",
+    "failed_attempts",
+    "retries",
+    "failures",
+    "queue_wait_seconds",
+    "queue_waits",
+];
 
 /// A period `[from, to)` of ledger hours, split into the whole ledger months it covers,
 /// the other whole ledger days, and the hours left over before and after them.

@@ -205,6 +205,10 @@ impl Record {
         self.with("gpu_seconds_busy", seconds)
     }
 
+    pub fn queued_at(self, at: &str) -> Self {
+        self.with("queued_at", at)
+    }
+
     pub fn outcome(self, outcome: &str) -> Self {
         self.with("outcome", outcome)
     }

@@ -16,3 +16,4 @@ mod reports;
 mod rollups;
 #[path = "../support/mod.rs"]
 mod support;
+mod tasks;
