@@ -58,6 +58,15 @@ pub struct Config {
         global = true
     )]
     pub timezone: chrono_tz::Tz,
+    /// The longest a job record may last, in days; longer ones are refused.
+    #[arg(
+        long,
+        env = "TASKLEDGER_MAX_RECORD_DAYS",
+        default_value_t = 31,
+        value_parser = clap::value_parser!(u32).range(1..=3660),
+        global = true
+    )]
+    pub max_record_days: u32,
     /// Database connections per process.
     #[arg(
         long,
@@ -130,6 +139,7 @@ impl Config {
         Settings {
             timezone: self.timezone,
             clock: Clock::System,
+            max_record_duration: chrono::TimeDelta::days(i64::from(self.max_record_days)),
         }
     }
 }

@@ -123,6 +123,32 @@ pub struct Output {
     pub unit: String,
 }
 
+/// What a record's times are checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordRules {
+    /// Bounds `ended_at` (at most five minutes ahead).
+    pub now: DateTime<Utc>,
+    /// The longest a record may last: a longer one is a mistake (a start time of 1900, a
+    /// clock reset), and rating it would cut it into that many hourly segments.
+    pub max_duration: chrono::TimeDelta,
+}
+
+impl RecordRules {
+    pub const DEFAULT_MAX_DURATION: chrono::TimeDelta = chrono::TimeDelta::days(31);
+
+    /// The default rules as of `now`.
+    pub fn at(now: DateTime<Utc>) -> Self {
+        Self {
+            now,
+            max_duration: Self::DEFAULT_MAX_DURATION,
+        }
+    }
+}
+
+/// No record starts before this: GPU time is not older than the Unix epoch, and earlier
+/// times come from unset clocks.
+const EARLIEST_START: DateTime<Utc> = DateTime::UNIX_EPOCH;
+
 /// A validated job record with its defaults applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobRecord {
@@ -146,8 +172,8 @@ pub struct JobRecord {
 
 impl JobRecord {
     /// Parses one record found at `pointer` (e.g. `/3`), reporting every bad field.
-    /// `now` bounds `ended_at` (at most five minutes ahead).
-    pub fn parse(value: &Value, pointer: &str, now: DateTime<Utc>) -> Result<Self, Violations> {
+    pub fn parse(value: &Value, pointer: &str, rules: RecordRules) -> Result<Self, Violations> {
+        let now = rules.now;
         let mut v = Violations::default();
         let Some(object) = value.as_object() else {
             v.push(pointer, "a job record must be a JSON object");
@@ -227,6 +253,23 @@ impl JobRecord {
             && ended > now + chrono::Duration::seconds(FUTURE_TOLERANCE_SECONDS)
         {
             v.push(at("ended_at"), "lies more than 5 minutes in the future");
+        }
+        if let Some(started) = started_at
+            && started < EARLIEST_START
+        {
+            v.push(at("started_at"), "must not be before 1970-01-01T00:00:00Z");
+        }
+        if let (Some(started), Some(ended)) = (started_at, ended_at)
+            && ended - started > rules.max_duration
+        {
+            v.push(
+                at("ended_at"),
+                format!(
+                    "the record lasts longer than the limit of {} days; split it into \
+                     records of at most that long",
+                    rules.max_duration.num_days()
+                ),
+            );
         }
         if let (Some(queued), Some(started)) = (queued_at.flatten(), started_at)
             && queued > started
@@ -774,7 +817,7 @@ mod tests {
     }
 
     fn pointers(value: Value) -> Vec<String> {
-        match JobRecord::parse(&value, "/0", now()) {
+        match JobRecord::parse(&value, "/0", RecordRules::at(now())) {
             Ok(_) => vec![],
             Err(v) => {
                 let mut p: Vec<String> = v.into_vec().into_iter().map(|e| e.pointer).collect();
@@ -786,7 +829,7 @@ mod tests {
 
     #[test]
     fn defaults_are_applied() {
-        let record = JobRecord::parse(&minimal(), "/0", now()).unwrap();
+        let record = JobRecord::parse(&minimal(), "/0", RecordRules::at(now())).unwrap();
         assert_eq!(record.key.attempt, 1);
         assert_eq!(record.billing_mode, BillingMode::OnDemand);
         assert_eq!(record.gpu_seconds_held, Decimal::from(8 * 5400));
@@ -798,7 +841,7 @@ mod tests {
     fn fractional_gpu_counts_are_valid() {
         let mut value = minimal();
         value["gpu_count"] = json!("0.142857");
-        let record = JobRecord::parse(&value, "/0", now()).unwrap();
+        let record = JobRecord::parse(&value, "/0", RecordRules::at(now())).unwrap();
         assert_eq!(
             record.gpu_seconds_held,
             Decimal::from_str("771.4278").unwrap()
@@ -915,17 +958,17 @@ mod tests {
 
     #[test]
     fn equal_records_hash_equally_whatever_their_spelling() {
-        let a = JobRecord::parse(&minimal(), "/0", now()).unwrap();
+        let a = JobRecord::parse(&minimal(), "/0", RecordRules::at(now())).unwrap();
         let mut spelled = minimal();
         spelled["gpu_count"] = json!("8.00");
         spelled["attempt"] = json!(1);
         spelled["billing_mode"] = json!("on_demand");
         spelled["started_at"] = json!("2026-11-20T11:00:00+01:00");
-        let b = JobRecord::parse(&spelled, "/0", now()).unwrap();
+        let b = JobRecord::parse(&spelled, "/0", RecordRules::at(now())).unwrap();
         assert_eq!(a.content_hash(), b.content_hash());
         let mut changed = minimal();
         changed["outcome"] = json!("failed");
-        let c = JobRecord::parse(&changed, "/0", now()).unwrap();
+        let c = JobRecord::parse(&changed, "/0", RecordRules::at(now())).unwrap();
         assert_ne!(a.content_hash(), c.content_hash());
     }
 
@@ -953,7 +996,7 @@ mod tests {
                 "01534c9911682ea1393f2d797de4b94b54fc0b7ed6d63cb7556b865910d14fa1",
             ),
         ] {
-            let record = JobRecord::parse(&value, "/0", now()).unwrap();
+            let record = JobRecord::parse(&value, "/0", RecordRules::at(now())).unwrap();
             assert_eq!(hex::encode(record.content_hash()), hash, "{value}");
             let canonical = serde_json::to_vec(&record.canonical_json()).unwrap();
             assert_eq!(hex::encode(Sha256::digest(canonical)), hash, "{value}");
@@ -970,5 +1013,26 @@ mod tests {
         ] {
             assert!(parse_decimal(&Value::from(bad)).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn records_start_after_1970_and_last_at_most_the_limit() {
+        let mut value = minimal();
+        value["started_at"] = Value::from("1969-12-31T23:00:00Z");
+        value["ended_at"] = Value::from("1970-01-01T01:00:00Z");
+        let errors = JobRecord::parse(&value, "/0", RecordRules::at(now())).unwrap_err();
+        let pointers: Vec<String> = errors.into_vec().into_iter().map(|e| e.pointer).collect();
+        assert_eq!(pointers, ["/0/started_at"]);
+
+        let rules = RecordRules {
+            now: now(),
+            max_duration: chrono::TimeDelta::hours(2),
+        };
+        value["started_at"] = Value::from("2026-11-20T10:00:00Z");
+        value["ended_at"] = Value::from("2026-11-20T12:00:00Z");
+        assert!(JobRecord::parse(&value, "/0", rules).is_ok());
+        value["ended_at"] = Value::from("2026-11-20T12:00:01Z");
+        let errors = JobRecord::parse(&value, "/0", rules).unwrap_err();
+        assert_eq!(errors.into_vec()[0].pointer, "/0/ended_at");
     }
 }

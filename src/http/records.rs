@@ -65,9 +65,10 @@ pub struct JobRecordInput {
     pub provider: Option<String>,
     pub region: Option<String>,
     pub queued_at: Option<DateTime<Utc>>,
-    /// RFC 3339 with an offset.
+    /// RFC 3339 with an offset; not before 1970.
     pub started_at: DateTime<Utc>,
-    /// RFC 3339 with an offset; not before `started_at`, at most 5 minutes in the future.
+    /// RFC 3339 with an offset; not before `started_at`, at most 5 minutes in the future,
+    /// and at most 31 days (the server's `--max-record-days`) after `started_at`.
     pub ended_at: DateTime<Utc>,
     /// Default `gpu_count × duration`; never more. A number or decimal string.
     #[schema(value_type = Option<String>)]
@@ -360,11 +361,11 @@ pub async fn post_job_records(
             "posting job records needs an ingest or admin token".to_owned(),
         ));
     }
-    let now = state.settings.clock.now();
+    let rules = state.settings.record_rules();
     let mut violations = Violations::default();
     let mut batch = Vec::with_capacity(values.len());
     for (position, value) in values.iter().enumerate() {
-        match JobRecord::parse(value, &format!("/{position}"), now) {
+        match JobRecord::parse(value, &format!("/{position}"), rules) {
             Ok(record) => batch.push(Submitted { position, record }),
             Err(errors) => violations.extend(errors),
         }
@@ -554,7 +555,7 @@ pub async fn put_job_record(
         }
     }
     violations.into_result()?;
-    let record = JobRecord::parse(&body, "", state.settings.clock.now())?;
+    let record = JobRecord::parse(&body, "", state.settings.record_rules())?;
     let corrected =
         records::correct(&state.pool, record, principal.token_id, &state.settings).await?;
     Ok(axum::Json(corrected.into()))

@@ -109,7 +109,7 @@ async fn store_batch(
     settings: &Settings,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
-    let now = settings.clock.now();
+    let rules = settings.record_rules();
     let mut valid = Vec::with_capacity(batch.len());
     let mut locations = Vec::with_capacity(batch.len());
     for source in batch {
@@ -123,7 +123,7 @@ async fn store_batch(
                 continue;
             }
         };
-        match JobRecord::parse(&value, "", now) {
+        match JobRecord::parse(&value, "", rules) {
             Ok(record) => {
                 valid.push(Submitted {
                     position: locations.len(),

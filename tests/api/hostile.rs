@@ -336,3 +336,43 @@ async fn a_database_outage_answers_503_soon_with_retry_after() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_record_spanning_a_century_is_refused_at_once() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let started = std::time::Instant::now();
+    let posted = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([record("t1", "1900-01-01T00:00:00Z", "2026-11-01T00:00:00Z")]),
+        )
+        .await;
+    let waited = started.elapsed();
+    let problem = posted.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    let pointers: Vec<&str> = problem["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["pointer"].as_str().unwrap())
+        .collect();
+    assert_eq!(pointers, ["/0/started_at", "/0/ended_at"], "{problem}");
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "took {waited:?}"
+    );
+
+    // The default limit is 31 days: a record of 31 days is stored, one of 32 is not.
+    let month_long = record("t2", "2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z");
+    app.ingest(json!([month_long])).await;
+    let too_long = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([record("t3", "2026-09-30T00:00:00Z", "2026-11-01T00:00:00Z")]),
+        )
+        .await;
+    let problem = too_long.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["errors"][0]["pointer"], "/0/ended_at");
+}
