@@ -171,6 +171,13 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// An upper bound of the hourly segments rating this record makes: one per hour it
+    /// touches, plus a spare for a month or contract boundary inside an hour.
+    pub fn segment_bound(&self) -> i64 {
+        let seconds = (self.ended_at - self.started_at).num_seconds();
+        (seconds + 3599) / 3600 + 2
+    }
+
     /// Parses one record found at `pointer` (e.g. `/3`), reporting every bad field.
     pub fn parse(value: &Value, pointer: &str, rules: RecordRules) -> Result<Self, Violations> {
         let now = rules.now;

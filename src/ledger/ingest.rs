@@ -98,7 +98,16 @@ pub async fn store_batch(
                 .collect(),
         ));
     }
-    store::rating::rate_records(&mut tx, &outcome.inserted, tz)
+    let by_key: BTreeMap<&RecordKey, &JobRecord> = records.iter().map(|r| (&r.key, r)).collect();
+    // In key order, as the task locks are taken.
+    let bounded: Vec<(RecordKey, i64)> = outcome
+        .inserted
+        .iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .map(|key| (key.clone(), by_key[key].segment_bound()))
+        .collect();
+    store::rating::rate_in_bounded_calls(&mut tx, &bounded, tz)
         .await
         .map_err(IngestError::Rating)?;
     let stored_keys: BTreeSet<&RecordKey> = outcome.inserted.iter().collect();

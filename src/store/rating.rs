@@ -18,8 +18,10 @@ use crate::domain::task::{AttemptEnd, TaskStatus, task_marks, task_status};
 use crate::store::rollups::{self, Family, Level};
 use crate::store::{contracts, fx_rates, tasks as task_ledger};
 
-/// How many records one re-rating call takes at a time.
-pub const RERATE_CHUNK: usize = 10_000;
+/// The most hourly segments one rating call is asked to make. A call holds its segments in
+/// memory, so this bounds the memory of rating, whatever the batch: records of up to a month
+/// make up to 745 segments each.
+pub const SEGMENTS_PER_CALL: i64 = 50_000;
 
 #[derive(Debug, sqlx::FromRow)]
 struct RecordRow {
@@ -543,12 +545,14 @@ pub async fn rerate_kind(
         }
     };
     // A segment lies inside its ledger hour, which is at most an hour long.
-    let keys = sqlx::query_as::<_, (String, String, i32)>(
-        "SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
-         WHERE project_id = ANY($1) AND gpu_model = $2 AND billing_mode = $3 \
-           AND hour > $4 - interval '1 hour' AND ($5::timestamptz IS NULL OR hour < $5) \
-         ORDER BY project_id, task_id, attempt",
-    )
+    let keys = sqlx::query_as::<_, (String, String, i32, i64)>(&format!(
+        "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM job_records r \
+         WHERE (r.project_id, r.task_id, r.attempt) IN ( \
+             SELECT project_id, task_id, attempt FROM rated_segments \
+             WHERE project_id = ANY($1) AND gpu_model = $2 AND billing_mode = $3 \
+               AND hour > $4 - interval '1 hour' AND ($5::timestamptz IS NULL OR hour < $5)) \
+         ORDER BY r.project_id, r.task_id, r.attempt",
+    ))
     .bind(&projects)
     .bind(gpu_model)
     .bind(billing_mode.as_str())
@@ -578,11 +582,14 @@ pub async fn rerate_fx(
         .bind(to)
         .fetch_all(&mut *conn)
         .await?;
-    let keys = sqlx::query_as::<_, (String, String, i32)>(
-        "SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
-         WHERE project_id = ANY($1) AND hour >= $2 AND hour < $3 AND contract_id = ANY($4) \
-         ORDER BY project_id, task_id, attempt",
-    )
+    let keys = sqlx::query_as::<_, (String, String, i32, i64)>(&format!(
+        "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM job_records r \
+         WHERE (r.project_id, r.task_id, r.attempt) IN ( \
+             SELECT project_id, task_id, attempt FROM rated_segments \
+             WHERE project_id = ANY($1) AND hour >= $2 AND hour < $3 \
+               AND contract_id = ANY($4)) \
+         ORDER BY r.project_id, r.task_id, r.attempt",
+    ))
     .bind(&projects)
     .bind(month_start)
     .bind(month_end)
@@ -593,23 +600,52 @@ pub async fn rerate_fx(
     rate_in_chunks(conn, &record_keys(keys), tz).await
 }
 
-fn record_keys(rows: Vec<(String, String, i32)>) -> Vec<RecordKey> {
+/// An upper bound of the segments rating a `job_records` row `r` makes: one per hour it
+/// touches, one more for each month or contract boundary inside an hour being rare enough to
+/// be covered by the spare one.
+const SEGMENT_BOUND: &str =
+    "ceil(extract(epoch FROM r.ended_at - r.started_at) / 3600)::bigint + 2";
+
+fn record_keys(rows: Vec<(String, String, i32, i64)>) -> Vec<(RecordKey, i64)> {
     rows.into_iter()
-        .map(|(project, task_id, attempt)| RecordKey {
-            project,
-            task_id,
-            attempt,
+        .map(|(project, task_id, attempt, segments)| {
+            let key = RecordKey {
+                project,
+                task_id,
+                attempt,
+            };
+            (key, segments)
         })
         .collect()
 }
 
 async fn rate_in_chunks(
     conn: &mut PgConnection,
-    keys: &[RecordKey],
+    keys: &[(RecordKey, i64)],
     tz: Tz,
 ) -> anyhow::Result<usize> {
-    for chunk in keys.chunks(RERATE_CHUNK) {
-        rate_records(conn, chunk, tz).await?;
-    }
+    rate_in_bounded_calls(conn, keys, tz).await?;
     Ok(keys.len())
+}
+
+/// Rates `keys` (in key order, each with an upper bound of the segments it makes) in calls
+/// of at most [`SEGMENTS_PER_CALL`] segments; a record larger than that is rated alone.
+pub async fn rate_in_bounded_calls(
+    conn: &mut PgConnection,
+    keys: &[(RecordKey, i64)],
+    tz: Tz,
+) -> anyhow::Result<()> {
+    let mut start = 0;
+    while start < keys.len() {
+        let mut end = start + 1;
+        let mut segments = keys[start].1;
+        while end < keys.len() && segments + keys[end].1 <= SEGMENTS_PER_CALL {
+            segments += keys[end].1;
+            end += 1;
+        }
+        let chunk: Vec<RecordKey> = keys[start..end].iter().map(|(k, _)| k.clone()).collect();
+        rate_records(conn, &chunk, tz).await?;
+        start = end;
+    }
+    Ok(())
 }

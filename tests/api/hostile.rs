@@ -376,3 +376,30 @@ async fn a_record_spanning_a_century_is_refused_at_once() {
     let problem = too_long.problem(StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(problem["errors"][0]["pointer"], "/0/ended_at");
 }
+
+#[tokio::test]
+async fn a_batch_of_long_records_is_rated_in_bounded_calls_to_the_cent() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    crate::fixtures::contract("H100", "on_demand", "1.00")
+        .create(&app)
+        .await;
+    // 100 records of 744 hours: more segments than one rating call makes.
+    let records: Vec<serde_json::Value> = (0..100)
+        .map(|i| {
+            record(
+                &format!("long-{i:03}"),
+                "2026-10-01T00:00:00Z",
+                "2026-11-01T00:00:00Z",
+            )
+            .into()
+        })
+        .collect();
+    app.ingest(records).await;
+    let october = crate::common::cost(&app, "/v1/projects/vision/cost?month=2026-10").await;
+    crate::common::assert_money(&october["total"], "74400");
+    crate::common::assert_money(&october["gpu_seconds_held"], "267840000");
+    // They end at November's first instant, where they complete.
+    let november = crate::common::cost(&app, "/v1/projects/vision/cost?month=2026-11").await;
+    assert_eq!(november["tasks_completed"], 100);
+}
