@@ -135,14 +135,6 @@ pub struct RecordRules {
 
 impl RecordRules {
     pub const DEFAULT_MAX_DURATION: chrono::TimeDelta = chrono::TimeDelta::days(31);
-
-    /// The default rules as of `now`.
-    pub fn at(now: DateTime<Utc>) -> Self {
-        Self {
-            now,
-            max_duration: Self::DEFAULT_MAX_DURATION,
-        }
-    }
 }
 
 /// No record starts before this: GPU time is not older than the Unix epoch, and earlier
@@ -811,6 +803,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn rules() -> RecordRules {
+        RecordRules {
+            now: now(),
+            max_duration: RecordRules::DEFAULT_MAX_DURATION,
+        }
+    }
+
     fn now() -> DateTime<Utc> {
         "2026-11-30T00:00:00Z".parse().unwrap()
     }
@@ -824,7 +823,7 @@ mod tests {
     }
 
     fn pointers(value: Value) -> Vec<String> {
-        match JobRecord::parse(&value, "/0", RecordRules::at(now())) {
+        match JobRecord::parse(&value, "/0", rules()) {
             Ok(_) => vec![],
             Err(v) => {
                 let mut p: Vec<String> = v.into_vec().into_iter().map(|e| e.pointer).collect();
@@ -836,7 +835,7 @@ mod tests {
 
     #[test]
     fn defaults_are_applied() {
-        let record = JobRecord::parse(&minimal(), "/0", RecordRules::at(now())).unwrap();
+        let record = JobRecord::parse(&minimal(), "/0", rules()).unwrap();
         assert_eq!(record.key.attempt, 1);
         assert_eq!(record.billing_mode, BillingMode::OnDemand);
         assert_eq!(record.gpu_seconds_held, Decimal::from(8 * 5400));
@@ -848,7 +847,7 @@ mod tests {
     fn fractional_gpu_counts_are_valid() {
         let mut value = minimal();
         value["gpu_count"] = json!("0.142857");
-        let record = JobRecord::parse(&value, "/0", RecordRules::at(now())).unwrap();
+        let record = JobRecord::parse(&value, "/0", rules()).unwrap();
         assert_eq!(
             record.gpu_seconds_held,
             Decimal::from_str("771.4278").unwrap()
@@ -965,17 +964,17 @@ mod tests {
 
     #[test]
     fn equal_records_hash_equally_whatever_their_spelling() {
-        let a = JobRecord::parse(&minimal(), "/0", RecordRules::at(now())).unwrap();
+        let a = JobRecord::parse(&minimal(), "/0", rules()).unwrap();
         let mut spelled = minimal();
         spelled["gpu_count"] = json!("8.00");
         spelled["attempt"] = json!(1);
         spelled["billing_mode"] = json!("on_demand");
         spelled["started_at"] = json!("2026-11-20T11:00:00+01:00");
-        let b = JobRecord::parse(&spelled, "/0", RecordRules::at(now())).unwrap();
+        let b = JobRecord::parse(&spelled, "/0", rules()).unwrap();
         assert_eq!(a.content_hash(), b.content_hash());
         let mut changed = minimal();
         changed["outcome"] = json!("failed");
-        let c = JobRecord::parse(&changed, "/0", RecordRules::at(now())).unwrap();
+        let c = JobRecord::parse(&changed, "/0", rules()).unwrap();
         assert_ne!(a.content_hash(), c.content_hash());
     }
 
@@ -1003,7 +1002,7 @@ mod tests {
                 "01534c9911682ea1393f2d797de4b94b54fc0b7ed6d63cb7556b865910d14fa1",
             ),
         ] {
-            let record = JobRecord::parse(&value, "/0", RecordRules::at(now())).unwrap();
+            let record = JobRecord::parse(&value, "/0", rules()).unwrap();
             assert_eq!(hex::encode(record.content_hash()), hash, "{value}");
             let canonical = serde_json::to_vec(&record.canonical_json()).unwrap();
             assert_eq!(hex::encode(Sha256::digest(canonical)), hash, "{value}");
@@ -1027,7 +1026,7 @@ mod tests {
         let mut value = minimal();
         value["started_at"] = Value::from("1969-12-31T23:00:00Z");
         value["ended_at"] = Value::from("1970-01-01T01:00:00Z");
-        let errors = JobRecord::parse(&value, "/0", RecordRules::at(now())).unwrap_err();
+        let errors = JobRecord::parse(&value, "/0", rules()).unwrap_err();
         let pointers: Vec<String> = errors.into_vec().into_iter().map(|e| e.pointer).collect();
         assert_eq!(pointers, ["/0/started_at"]);
 

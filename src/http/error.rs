@@ -133,13 +133,8 @@ impl IntoResponse for ApiError {
         if let Self::Internal(cause) = &self {
             tracing::error!(error = ?cause, "request failed");
         }
-        let problem = self.to_problem();
         let status = self.status_code();
-        let mut response = (status, axum::Json(problem)).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let mut response = problem_response(status, self.to_problem());
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()
@@ -155,6 +150,16 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A problem document as an `application/problem+json` response.
+fn problem_response(status: StatusCode, problem: Problem) -> Response {
+    let mut response = (status, axum::Json(problem)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
 
 /// What a 503 asks a client to wait before it tries again.
 const RETRY_AFTER_SECONDS: u32 = 5;
@@ -178,12 +183,7 @@ pub async fn errors_as_problems(response: Response) -> Response {
         status: status.as_u16(),
         errors: Vec::new(),
     };
-    let mut rewritten = (status, axum::Json(problem)).into_response();
-    rewritten.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    rewritten
+    problem_response(status, problem)
 }
 
 impl From<Violations> for ApiError {

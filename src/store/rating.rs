@@ -561,7 +561,9 @@ pub async fn rerate_kind(
     .fetch_all(&mut *conn)
     .await
     .context("finding the records a contract touches")?;
-    rate_in_chunks(conn, &record_keys(keys), tz).await
+    let keys = record_keys(keys);
+    rate_in_bounded_calls(conn, &keys, tz).await?;
+    Ok(keys.len())
 }
 
 /// Re-rates every record with segments in the ledger month `[month_start, month_end)` that
@@ -597,7 +599,9 @@ pub async fn rerate_fx(
     .fetch_all(&mut *conn)
     .await
     .context("finding the records an FX rate touches")?;
-    rate_in_chunks(conn, &record_keys(keys), tz).await
+    let keys = record_keys(keys);
+    rate_in_bounded_calls(conn, &keys, tz).await?;
+    Ok(keys.len())
 }
 
 /// An upper bound of the segments rating a `job_records` row `r` makes: one per hour it
@@ -617,15 +621,6 @@ fn record_keys(rows: Vec<(String, String, i32, i64)>) -> Vec<(RecordKey, i64)> {
             (key, segments)
         })
         .collect()
-}
-
-async fn rate_in_chunks(
-    conn: &mut PgConnection,
-    keys: &[(RecordKey, i64)],
-    tz: Tz,
-) -> anyhow::Result<usize> {
-    rate_in_bounded_calls(conn, keys, tz).await?;
-    Ok(keys.len())
 }
 
 /// Rates `keys` (in key order, each with an upper bound of the segments it makes) in calls
