@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
 
 use super::rating::Outcome;
 
@@ -119,6 +120,11 @@ impl TaskFigures {
         self.productive + self.idle + self.unmeasured + self.failed
     }
 
+    /// idle + failed: what the task paid for that did no useful work.
+    pub fn waste(&self) -> Decimal {
+        self.idle + self.failed
+    }
+
     /// Adds the figures of another part of the period.
     pub fn merge(&mut self, other: &TaskFigures) {
         self.productive += other.productive;
@@ -139,6 +145,105 @@ impl TaskFigures {
         self.queue_wait_seconds += other.queue_wait_seconds;
         self.queue_waits += other.queue_waits;
     }
+}
+
+/// What a task costs per unit of its output: `final_cost / quantity` when the task produced
+/// a positive quantity of exactly one unit; `None` otherwise, since a cost spread over two
+/// units has no single price per unit.
+pub fn cost_per_unit(final_cost: Decimal, output: &BTreeMap<String, Decimal>) -> Option<Decimal> {
+    match output.values().collect::<Vec<_>>().as_slice() {
+        [quantity] if quantity.is_sign_positive() => final_cost.checked_div(**quantity),
+        _ => None,
+    }
+}
+
+/// What a list of tasks is sorted by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskSort {
+    /// The period's total.
+    Cost,
+    /// The period's idle + failed.
+    Waste,
+    /// The period's GPU-seconds held.
+    GpuHours,
+    /// The period's queue wait.
+    QueueWait,
+    /// When the task's first attempt started.
+    StartedAt,
+}
+
+impl TaskSort {
+    pub const ALL: [TaskSort; 5] = [
+        TaskSort::Cost,
+        TaskSort::Waste,
+        TaskSort::GpuHours,
+        TaskSort::QueueWait,
+        TaskSort::StartedAt,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TaskSort::Cost => "cost",
+            TaskSort::Waste => "waste",
+            TaskSort::GpuHours => "gpu_hours",
+            TaskSort::QueueWait => "queue_wait",
+            TaskSort::StartedAt => "started_at",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        TaskSort::ALL
+            .into_iter()
+            .find(|sort| sort.as_str() == raw)
+            .ok_or_else(|| {
+                let names: Vec<&str> = TaskSort::ALL.iter().map(TaskSort::as_str).collect();
+                format!("`{raw}` is not a sort: use one of {}", names.join(", "))
+            })
+    }
+}
+
+/// The direction of a sorted list. Ties are broken by task id, ascending in a descending
+/// list, so that an ascending list is exactly the descending one reversed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrder {
+    Desc,
+    Asc,
+}
+
+impl SortOrder {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SortOrder::Desc => "desc",
+            SortOrder::Asc => "asc",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        match raw {
+            "desc" => Ok(SortOrder::Desc),
+            "asc" => Ok(SortOrder::Asc),
+            other => Err(format!("`{other}` is not an order: use desc or asc")),
+        }
+    }
+}
+
+/// Which tasks a list shows. A task matches `labels` when one of its attempts carries every
+/// one of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    pub status: Option<Outcome>,
+    pub gpu_model: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Where a task stands in a sorted list: the exact value sorted by, as text, and its id for
+/// ties. A page continues after the keyset of the previous page's last task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskKeyset {
+    pub value: String,
+    pub task_id: String,
 }
 
 #[cfg(test)]
@@ -214,6 +319,42 @@ mod tests {
                 queue_wait_seconds: counts.4,
                 queue_waits: counts.5,
             })
+    }
+
+    fn dec(raw: &str) -> Decimal {
+        raw.parse().unwrap()
+    }
+
+    #[test]
+    fn cost_per_unit_needs_one_unit_with_output() {
+        let output = |pairs: &[(&str, &str)]| -> BTreeMap<String, Decimal> {
+            pairs.iter().map(|(u, q)| (u.to_string(), dec(q))).collect()
+        };
+        assert_eq!(
+            cost_per_unit(dec("33.60"), &output(&[("tokens", "1000000")])),
+            Some(dec("0.0000336"))
+        );
+        assert_eq!(cost_per_unit(dec("33.60"), &output(&[])), None);
+        assert_eq!(
+            cost_per_unit(dec("33.60"), &output(&[("tokens", "0")])),
+            None
+        );
+        assert_eq!(
+            cost_per_unit(dec("10"), &output(&[("tokens", "5"), ("samples", "2")])),
+            None
+        );
+    }
+
+    #[test]
+    fn sorts_and_orders_parse_back_from_their_names() {
+        for sort in TaskSort::ALL {
+            assert_eq!(TaskSort::parse(sort.as_str()), Ok(sort));
+        }
+        for order in [SortOrder::Desc, SortOrder::Asc] {
+            assert_eq!(SortOrder::parse(order.as_str()), Ok(order));
+        }
+        assert!(TaskSort::parse("price").unwrap_err().contains("queue_wait"));
+        assert!(SortOrder::parse("up").is_err());
     }
 
     proptest! {

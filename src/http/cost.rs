@@ -57,9 +57,14 @@ fn period_bound(raw: &str, tz: Tz) -> Result<DateTime<Utc>, String> {
     Ok(at)
 }
 
-fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<CostQuery> {
-    let mut violations = Violations::default();
-    let period = match (&params.month, &params.from, &params.to) {
+/// The period a query names: `month`, or `from` and `to`; what is wrong is reported to
+/// `violations` as `query:<name>`.
+pub fn parse_period(
+    (month, from, to): (Option<&str>, Option<&str>, Option<&str>),
+    tz: Tz,
+    violations: &mut Violations,
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    match (month, from, to) {
         (Some(month), None, None) => violations
             .check("query:month", Month::parse(month))
             .map(|month| month_bounds(month.first_day(), tz)),
@@ -86,7 +91,20 @@ fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<Co
             violations.push("query:to", "give to with from");
             None
         }
-    };
+    }
+}
+
+fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<CostQuery> {
+    let mut violations = Violations::default();
+    let period = parse_period(
+        (
+            params.month.as_deref(),
+            params.from.as_deref(),
+            params.to.as_deref(),
+        ),
+        tz,
+        &mut violations,
+    );
     let grouping = match &params.group_by {
         Some(raw) => violations.check("query:group_by", Grouping::parse(raw)),
         None => Some(Grouping::Whole),

@@ -18,6 +18,7 @@ pub mod projects;
 pub mod records;
 pub mod reports;
 pub mod state;
+pub mod tasks;
 pub mod tokens;
 
 use std::time::Duration;
@@ -50,6 +51,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "projects", description = "Projects and monthly budgets"),
         (name = "contracts", description = "Pricing contracts and FX rates; every change re-rates what it touches"),
         (name = "cost", description = "What a project's GPU time cost"),
+        (name = "tasks", description = "The per-task ledger: what each task cost, attempt by attempt"),
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),
@@ -79,6 +81,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(contracts::router())
         .merge(fx_rates::router())
         .merge(cost::router())
+        .merge(tasks::router())
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())

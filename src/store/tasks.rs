@@ -14,13 +14,15 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Months, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::domain::figures::SUM_SCALE;
-use crate::domain::task::{TaskFigures, TaskStatus};
+use crate::domain::rating::{BillingMode, Outcome};
+use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::store::rollups::{Level, PeriodSplit, TASK_SUMS};
 
 /// The levels a task's figures are kept at.
@@ -329,6 +331,87 @@ impl TaskRow {
     }
 }
 
+/// Columns of the figures a task row is read with, rounded to [`SUM_SCALE`] places, from a
+/// row set `f` holding one row per task (`output` as `output_units` and
+/// `output_quantities`).
+fn figure_columns() -> String {
+    let rounded = [
+        "productive",
+        "idle",
+        "unmeasured",
+        "failed",
+        "gpu_seconds_held",
+    ]
+    .into_iter()
+    .chain([
+        "gpu_seconds_busy",
+        "unrated_gpu_seconds",
+        "queue_wait_seconds",
+    ])
+    .map(|column| format!("round(f.{column}, {SUM_SCALE}) AS {column}"));
+    let counted = [
+        "attempts",
+        "failed_attempts",
+        "retries",
+        "failures",
+        "queue_waits",
+    ]
+    .into_iter()
+    .map(|column| format!("f.{column}::bigint AS {column}"));
+    rounded
+        .chain(counted)
+        .chain([
+            "f.output_units".to_owned(),
+            "f.output_quantities".to_owned(),
+        ])
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The per-task rows of `task_monthly` rows `m`, with their output as sorted arrays.
+fn monthly_row(m: &str) -> String {
+    format!(
+        "{m}.*, \
+         ARRAY(SELECT o.key FROM jsonb_each_text({m}.output) AS o ORDER BY o.key) AS output_units, \
+         ARRAY(SELECT round(o.value::numeric, {SUM_SCALE}) \
+               FROM jsonb_each_text({m}.output) AS o ORDER BY o.key) AS output_quantities"
+    )
+}
+
+/// CTEs ending in `f`: one row per task of `project` ($1) with a segment or an ended
+/// attempt in the period bound by [`PeriodSplit::bind`] from $2, holding the sums of its
+/// figures over the period.
+fn period_ctes() -> String {
+    let rows = PeriodSplit::rows_sql(
+        "task",
+        &format!("task_id, {}", TASK_SUMS.join(", ")),
+        ("month", "day", "hour"),
+        "= $1",
+        2,
+    );
+    let sums = TASK_SUMS
+        .iter()
+        .filter(|column| **column != "output")
+        .map(|column| format!("sum({column}) AS {column}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "rows AS ({rows}), \
+         outputs AS ( \
+           SELECT task_id, array_agg(unit ORDER BY unit) AS units, \
+                  array_agg(quantity ORDER BY unit) AS quantities \
+           FROM (SELECT task_id, o.unit, round(sum(o.quantity::numeric), {SUM_SCALE}) AS quantity \
+                 FROM rows, jsonb_each_text(rows.output) AS o(unit, quantity) \
+                 GROUP BY 1, 2 HAVING sum(o.quantity::numeric) <> 0) AS units \
+           GROUP BY task_id), \
+         f AS ( \
+           SELECT task_id, {sums}, coalesce(min(outputs.units), '{{}}') AS output_units, \
+                  coalesce(min(outputs.quantities), '{{}}') AS output_quantities \
+           FROM rows LEFT JOIN outputs USING (task_id) \
+           GROUP BY task_id)"
+    )
+}
+
 /// The figures of every task of `project` with a segment or an ended attempt in
 /// `[from, to)` (ledger hour boundaries), by task id. Sums are rounded to [`SUM_SCALE`]
 /// decimal places, as the project's are.
@@ -338,43 +421,10 @@ pub async fn period_figures(
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> sqlx::Result<Vec<(String, TaskFigures)>> {
-    let rows = PeriodSplit::rows_sql(
-        "task",
-        &format!("task_id, {}", TASK_SUMS.join(", ")),
-        ("month", "day", "hour"),
-        "= $1",
-        2,
-    );
-    let rounded = |column: &str| format!("round(sum({column}), {SUM_SCALE}) AS {column}");
-    let counted = |column: &str| format!("sum({column})::bigint AS {column}");
     let sql = format!(
-        "WITH rows AS ({rows}), \
-         outputs AS ( \
-           SELECT task_id, array_agg(unit ORDER BY unit) AS units, \
-                  array_agg(quantity ORDER BY unit) AS quantities \
-           FROM (SELECT task_id, o.unit, round(sum(o.quantity::numeric), {SUM_SCALE}) AS quantity \
-                 FROM rows, jsonb_each_text(rows.output) AS o(unit, quantity) \
-                 GROUP BY 1, 2 HAVING sum(o.quantity::numeric) <> 0) AS units \
-           GROUP BY task_id) \
-         SELECT task_id, {productive}, {idle}, {unmeasured}, {failed}, {held}, {busy}, \
-                {unrated}, coalesce(min(outputs.units), '{{}}') AS output_units, \
-                coalesce(min(outputs.quantities), '{{}}') AS output_quantities, \
-                {attempts}, {failed_attempts}, {retries}, {failures}, {queue_wait}, {queue_waits} \
-         FROM rows LEFT JOIN outputs USING (task_id) \
-         GROUP BY task_id ORDER BY task_id",
-        productive = rounded("productive"),
-        idle = rounded("idle"),
-        unmeasured = rounded("unmeasured"),
-        failed = rounded("failed"),
-        held = rounded("gpu_seconds_held"),
-        busy = rounded("gpu_seconds_busy"),
-        unrated = rounded("unrated_gpu_seconds"),
-        attempts = counted("attempts"),
-        failed_attempts = counted("failed_attempts"),
-        retries = counted("retries"),
-        failures = counted("failures"),
-        queue_wait = rounded("queue_wait_seconds"),
-        queue_waits = counted("queue_waits"),
+        "WITH {ctes} SELECT f.task_id, {columns} FROM f ORDER BY f.task_id",
+        ctes = period_ctes(),
+        columns = figure_columns(),
     );
     let query = sqlx::query_as::<_, TaskRow>(&sql).bind(project);
     let rows = PeriodSplit::new(period, tz, true)
@@ -382,4 +432,324 @@ pub async fn period_figures(
         .fetch_all(conn)
         .await?;
     Ok(rows.into_iter().map(TaskRow::into_parts).collect())
+}
+
+/// One task of a list: its figures over the list's period, what it is, and its place in the
+/// list.
+#[derive(sqlx::FromRow)]
+pub struct ListedRow {
+    #[sqlx(flatten)]
+    figures: TaskRow,
+    #[sqlx(try_from = "String")]
+    pub status: Outcome,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub first_started_at: DateTime<Utc>,
+    pub last_ended_at: DateTime<Utc>,
+    pub gpu_models: Vec<String>,
+    /// The value the list is sorted by, as exact text (epoch seconds for `started_at`).
+    pub sort_key: String,
+}
+
+/// A task of a list, as [`list`] returns it.
+pub struct ListedTask {
+    pub task_id: String,
+    pub figures: TaskFigures,
+    pub status: Outcome,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub first_started_at: DateTime<Utc>,
+    pub last_ended_at: DateTime<Utc>,
+    pub gpu_models: Vec<String>,
+    pub key: TaskKeyset,
+}
+
+impl From<ListedRow> for ListedTask {
+    fn from(row: ListedRow) -> Self {
+        let (task_id, figures) = row.figures.into_parts();
+        ListedTask {
+            key: TaskKeyset {
+                value: row.sort_key,
+                task_id: task_id.clone(),
+            },
+            task_id,
+            figures,
+            status: row.status,
+            completed_at: row.completed_at,
+            first_started_at: row.first_started_at,
+            last_ended_at: row.last_ended_at,
+            gpu_models: row.gpu_models,
+        }
+    }
+}
+
+/// What [`list`] lists, in what order, from where.
+pub struct ListQuery<'a> {
+    pub project: &'a str,
+    pub period: (DateTime<Utc>, DateTime<Utc>),
+    pub filter: &'a TaskFilter,
+    pub sort: TaskSort,
+    pub order: SortOrder,
+    /// The last task of the previous page.
+    pub after: Option<&'a TaskKeyset>,
+    pub limit: i64,
+}
+
+/// The SQL value `sort` orders by, over the per-task row `f` and the task `t`.
+fn sort_value(sort: TaskSort) -> &'static str {
+    match sort {
+        TaskSort::Cost => "f.cost",
+        TaskSort::Waste => "(f.idle + f.failed)",
+        TaskSort::GpuHours => "f.gpu_seconds_held",
+        TaskSort::QueueWait => "f.queue_wait_seconds",
+        TaskSort::StartedAt => "extract(epoch FROM t.first_started_at)",
+    }
+}
+
+/// Up to `limit` tasks of a project with figures in the period, filtered and sorted, after
+/// `after`.
+///
+/// A period that is one whole ledger month reads that month's rows of `task_monthly` alone,
+/// in the order of its index when sorted by cost, so the costliest tasks of a month are found
+/// without summing the others. Any other period sums the task's rows of its months, days and
+/// hours first.
+pub async fn list(
+    conn: &mut PgConnection,
+    query: &ListQuery<'_>,
+    tz: Tz,
+) -> sqlx::Result<Vec<ListedTask>> {
+    let split = PeriodSplit::new(query.period, tz, true);
+    let one_month = split.days_start == split.from
+        && split.days_end == split.to
+        && (split.first_day, split.end_day) == (split.first_month, split.end_month)
+        && split.first_month.checked_add_months(Months::new(1)) == Some(split.end_month);
+    let (ctes, source, mut next) = if one_month {
+        (
+            String::new(),
+            format!(
+                "(SELECT {row} FROM task_monthly AS m WHERE m.project_id = $1 AND m.month = $2)",
+                row = monthly_row("m"),
+            ),
+            3,
+        )
+    } else {
+        (format!("WITH {} ", period_ctes()), "f".to_owned(), 10)
+    };
+    let mut param = || {
+        let name = format!("${next}");
+        next += 1;
+        name
+    };
+    let mut conditions = Vec::new();
+    if query.filter.status.is_some() {
+        conditions.push(format!("t.status = {}", param()));
+    }
+    if query.filter.gpu_model.is_some() {
+        conditions.push(format!("{} = ANY(t.gpu_models)", param()));
+    }
+    if !query.filter.labels.is_empty() {
+        conditions.push(format!(
+            "EXISTS (SELECT 1 FROM job_records r \
+                     WHERE (r.project_id, r.task_id) = (t.project_id, t.task_id) \
+                       AND r.labels @> {}::jsonb)",
+            param()
+        ));
+    }
+    let value = sort_value(query.sort);
+    let (beyond, tie_beyond, order, tie_order) = match query.order {
+        SortOrder::Desc => ("<", ">", "DESC", "ASC"),
+        SortOrder::Asc => (">", "<", "ASC", "DESC"),
+    };
+    if query.after.is_some() {
+        let (key, task) = (param(), param());
+        // The first bound alone narrows an index scan; the second skips the ties already
+        // shown.
+        conditions.push(format!(
+            "{value} {beyond}= {key}::numeric \
+             AND ({value} {beyond} {key}::numeric OR f.task_id {tie_beyond} {task})"
+        ));
+    }
+    let limit = param();
+    let conditions: String = conditions
+        .iter()
+        .map(|condition| format!(" AND {condition}"))
+        .collect();
+    let sql = format!(
+        "{ctes}SELECT f.task_id, {columns}, t.status, t.completed_at, t.first_started_at, \
+                t.last_ended_at, t.gpu_models, ({value})::text AS sort_key \
+         FROM {source} AS f \
+         JOIN tasks AS t ON (t.project_id, t.task_id) = ($1, f.task_id) \
+         WHERE t.status IS NOT NULL{conditions} \
+         ORDER BY {value} {order}, f.task_id {tie_order} \
+         LIMIT {limit}",
+        columns = figure_columns(),
+    );
+    let mut statement = sqlx::query_as::<_, ListedRow>(&sql).bind(query.project);
+    statement = if one_month {
+        statement.bind(split.first_month)
+    } else {
+        split.bind(statement)
+    };
+    if let Some(status) = query.filter.status {
+        statement = statement.bind(status.as_str());
+    }
+    if let Some(model) = &query.filter.gpu_model {
+        statement = statement.bind(model);
+    }
+    if !query.filter.labels.is_empty() {
+        statement = statement.bind(sqlx::types::Json(&query.filter.labels));
+    }
+    if let Some(after) = query.after {
+        statement = statement.bind(&after.value).bind(&after.task_id);
+    }
+    let rows = statement.bind(query.limit).fetch_all(conn).await?;
+    Ok(rows.into_iter().map(ListedTask::from).collect())
+}
+
+/// The figures of each of `task_ids` of `project` per ledger month, over every month they
+/// have figures in: their lifetime is the sum of these.
+pub async fn monthly_figures(
+    conn: &mut PgConnection,
+    project: &str,
+    task_ids: &[String],
+    tz: Tz,
+) -> sqlx::Result<Vec<(String, NaiveDate, TaskFigures)>> {
+    // A task's figures lie in the months from its first start to its last end, so its rows
+    // are found by their primary key without an index by task.
+    let sql = format!(
+        "SELECT f.task_id, f.month, {columns} \
+         FROM tasks AS t \
+         CROSS JOIN LATERAL generate_series( \
+             date_trunc('month', t.first_started_at AT TIME ZONE $3), \
+             date_trunc('month', t.last_ended_at AT TIME ZONE $3), \
+             interval '1 month') AS months(month) \
+         CROSS JOIN LATERAL (SELECT {row} FROM task_monthly AS m \
+                             WHERE (m.project_id, m.month, m.task_id) \
+                                   = (t.project_id, months.month::date, t.task_id)) AS f \
+         WHERE t.project_id = $1 AND t.task_id = ANY($2) \
+         ORDER BY f.task_id, f.month",
+        columns = figure_columns(),
+        row = monthly_row("m"),
+    );
+    let rows = sqlx::query_as::<_, MonthRow>(&sql)
+        .bind(project)
+        .bind(task_ids)
+        .bind(tz.name())
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let month = row.month;
+            let (task_id, figures) = row.figures.into_parts();
+            (task_id, month, figures)
+        })
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct MonthRow {
+    month: NaiveDate,
+    #[sqlx(flatten)]
+    figures: TaskRow,
+}
+
+/// One attempt of a task, as posted, with what rating made of it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub attempt: i32,
+    #[sqlx(try_from = "String")]
+    pub outcome: Outcome,
+    pub gpu_model: String,
+    pub gpu_count: Decimal,
+    #[sqlx(try_from = "String")]
+    pub billing_mode: BillingMode,
+    pub provider: Option<String>,
+    pub region: Option<String>,
+    pub queued_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    pub gpu_seconds_held: Decimal,
+    pub gpu_seconds_busy: Option<Decimal>,
+    pub retries: i32,
+    pub failures: i32,
+    pub output_quantity: Option<Decimal>,
+    pub output_unit: Option<String>,
+    pub labels: sqlx::types::Json<BTreeMap<String, String>>,
+    pub version: i32,
+    /// Whether this attempt is the one that completes the task, or the one that fails it.
+    pub completes_task: bool,
+    pub fails_task: bool,
+}
+
+/// Every attempt of a task, by attempt number; empty for a task without records.
+pub async fn attempts(
+    conn: &mut PgConnection,
+    project: &str,
+    task_id: &str,
+) -> sqlx::Result<Vec<AttemptRow>> {
+    sqlx::query_as::<_, AttemptRow>(
+        "SELECT r.attempt, r.outcome, r.gpu_model, r.gpu_count, r.billing_mode, r.provider, \
+                r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
+                r.gpu_seconds_busy, r.retries, r.failures, r.output_quantity, r.output_unit, \
+                r.labels, r.version, coalesce(d.completes_task, false) AS completes_task, \
+                coalesce(d.fails_task, false) AS fails_task \
+         FROM job_records AS r \
+         LEFT JOIN rated_records AS d USING (project_id, task_id, attempt) \
+         WHERE r.project_id = $1 AND r.task_id = $2 \
+         ORDER BY r.attempt",
+    )
+    .bind(project)
+    .bind(task_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// The sums of an attempt's rated segments priced by one contract, or left unrated for one
+/// reason.
+#[derive(Debug, sqlx::FromRow)]
+pub struct AttemptPricing {
+    pub attempt: i32,
+    pub contract_id: Option<Uuid>,
+    pub contract_name: Option<String>,
+    pub price_per_gpu_hour: Option<Decimal>,
+    pub contract_currency: Option<String>,
+    pub unrated_reason: Option<String>,
+    pub segments: i64,
+    pub gpu_seconds_held: Decimal,
+    pub gpu_seconds_busy: Decimal,
+    pub cost: Decimal,
+    pub productive: Decimal,
+    pub idle: Decimal,
+    pub unmeasured: Decimal,
+    pub failed: Decimal,
+}
+
+/// How each attempt of a task was priced: its segments summed per contract and per unrated
+/// reason, by attempt.
+pub async fn attempt_pricing(
+    conn: &mut PgConnection,
+    project: &str,
+    task_id: &str,
+) -> sqlx::Result<Vec<AttemptPricing>> {
+    let rounded = |column: &str| format!("round(sum(s.{column}), {SUM_SCALE}) AS {column}");
+    sqlx::query_as::<_, AttemptPricing>(&format!(
+        "SELECT s.attempt, s.contract_id, c.name AS contract_name, c.price_per_gpu_hour, \
+                c.currency::text AS contract_currency, s.unrated_reason, count(*) AS segments, \
+                {held}, round(sum(coalesce(s.gpu_seconds_busy, 0)), {SUM_SCALE}) AS gpu_seconds_busy, \
+                round(sum(coalesce(s.cost, 0)), {SUM_SCALE}) AS cost, \
+                {productive}, {idle}, {unmeasured}, {failed} \
+         FROM rated_segments AS s LEFT JOIN contracts AS c ON c.id = s.contract_id \
+         WHERE s.project_id = $1 AND s.task_id = $2 \
+         GROUP BY s.attempt, s.contract_id, c.name, c.price_per_gpu_hour, c.currency, \
+                  s.unrated_reason \
+         ORDER BY s.attempt, min(s.hour), s.contract_id, s.unrated_reason",
+        held = rounded("gpu_seconds_held"),
+        productive = rounded("productive"),
+        idle = rounded("idle"),
+        unmeasured = rounded("unmeasured"),
+        failed = rounded("failed"),
+    ))
+    .bind(project)
+    .bind(task_id)
+    .fetch_all(conn)
+    .await
 }

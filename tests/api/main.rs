@@ -16,4 +16,5 @@ mod reports;
 mod rollups;
 #[path = "../support/mod.rs"]
 mod support;
+mod task_list;
 mod tasks;

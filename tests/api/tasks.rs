@@ -121,10 +121,10 @@ async fn a_record_queued_after_it_started_is_refused() {
 }
 
 /// A small deterministic generator, so that a failing case can be replayed.
-struct Lcg(u64);
+pub struct Lcg(pub u64);
 
 impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6_364_136_223_846_793_005)
@@ -136,7 +136,7 @@ impl Lcg {
 /// Contracts whose prices per GPU-second have few decimals, so that every figure a
 /// segment carries is short: sums then round alike however they are grouped. The
 /// reservation is the project's, so that its unused commitment shows in the law.
-async fn random_contracts(app: &TestApp) -> String {
+pub async fn random_contracts(app: &TestApp) -> String {
     let on_demand = contract("H100", "on_demand", "3.60").create(app).await;
     contract("H100", "spot", "1.80").create(app).await;
     contract("A100", "reserved", "0.72")
@@ -151,7 +151,7 @@ async fn random_contracts(app: &TestApp) -> String {
 
 /// Attempts of 40 tasks from late October to late November, of every outcome, some on a
 /// model no contract prices.
-fn random_records(seed: u64) -> Vec<Record> {
+pub fn random_records(seed: u64) -> Vec<Record> {
     let mut random = Lcg(seed);
     let origin = at("2026-10-20T00:00:00Z");
     let mut records = Vec::new();
