@@ -1,14 +1,18 @@
-//! How long the month cost query takes at 1 million and 10 million job records a month.
+//! How long the month cost query and the task list take at 1 million and 10 million job
+//! records a month.
 //!
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
-//! in SQL into the tables `rate_records` fills (segments, per-record figures, and the hourly,
-//! daily and monthly rollups aggregated from them, as compaction leaves them), across 200
-//! projects, four GPU models, three billing modes and every hour of November 2026; each
-//! project also has a reserved contract with a commitment, so unused commitment is computed
-//! too. The query then runs through the real router, as a reader would call it, for
-//! rotating projects.
+//! in SQL into the tables `rate_records` fills (segments, per-record figures, the hourly,
+//! daily and monthly rollups aggregated from them, as compaction leaves them, and each
+//! task's status and figures per day and month), across 200 projects, four GPU models, three
+//! billing modes and every hour of November 2026; each project also has a reserved contract
+//! with a commitment, so unused commitment is computed too. Each query then runs through the
+//! real router, as a reader would call it, for rotating projects: the month's cost, the
+//! month's cost by day, the 50 costliest tasks of the month (and the next 50, through the
+//! cursor), the 50 most wasteful, and the 50 costliest of a fortnight.
 //!
-//! Run with `cargo bench --bench cost_query`.
+//! Run with `cargo bench --bench cost_query`; `TASKLEDGER_BENCH_SIZES=1000000` measures one
+//! size only.
 
 use std::time::{Duration, Instant};
 
@@ -128,15 +132,39 @@ INSERT INTO contract_usage_hourly
 SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held)
 FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
 GROUP BY contract_id, hour, project_id;
+
+INSERT INTO tasks (project_id, task_id, status, completed_at, first_started_at, last_ended_at,
+                   gpu_models)
+SELECT project_id, task_id, min(outcome),
+       CASE WHEN min(outcome) = 'completed' THEN max(hour) + interval '1 hour' END,
+       min(hour), max(hour) + interval '1 hour', ARRAY[min(gpu_model)]
+FROM rated_segments GROUP BY project_id, task_id;
+
+INSERT INTO task_daily
+SELECT project_id, task_id, (hour AT TIME ZONE 'UTC')::date,
+       sum(segments), sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed),
+       sum(gpu_seconds_held), sum(gpu_seconds_busy), sum(unrated_gpu_seconds),
+       sum_quantities(output), sum(attempts), sum(failed_attempts), sum(retries),
+       sum(failures), sum(queue_wait_seconds), sum(queue_waits)
+FROM task_hourly GROUP BY 1, 2, 3;
+
+INSERT INTO task_monthly
+SELECT project_id, task_id, date_trunc('month', day)::date,
+       sum(segments), sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed),
+       sum(gpu_seconds_held), sum(gpu_seconds_busy), sum(unrated_gpu_seconds),
+       sum_quantities(output), sum(attempts), sum(failed_attempts), sum(retries),
+       sum(failures), sum(queue_wait_seconds), sum(queue_waits)
+FROM task_daily GROUP BY 1, 2, 3;
 "#;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.
 const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_segments_by_kind, \
-                            rated_records_by_end";
+                            rated_records_by_end, task_monthly_by_cost";
 const CREATE_INDEXES: &str = r#"
 CREATE INDEX rated_segments_by_hour ON rated_segments (project_id, hour);
 CREATE INDEX rated_segments_by_kind ON rated_segments (project_id, gpu_model, billing_mode, hour);
 CREATE INDEX rated_records_by_end ON rated_records (project_id, end_hour);
+CREATE INDEX task_monthly_by_cost ON task_monthly (project_id, month, cost DESC, task_id);
 "#;
 
 async fn execute_script(conn: &mut PgConnection, script: &str) {
@@ -186,23 +214,71 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
 
     let secret = support::insert_token(&pool, "bench", Role::Admin, &[]).await;
     let router = taskledger::http::app(AppState::new(pool.clone(), Settings::default()));
-    for group_by in ["", "&group_by=day"] {
-        let mut timings = Vec::with_capacity(RUNS);
-        for run in 0..RUNS + 3 {
-            let project = format!("p{:03}", (run * 37) % PROJECTS as usize);
-            let uri = format!(
-                "/v1/projects/{project}/cost?month=2026-11&as_of=2026-11-20T00:00:00Z{group_by}"
-            );
+    let summary = format!(
+        "{records:>9} records ({segments} segments, {rollup_rows} cost rollup rows, load {:.1} s)",
+        load_time.as_secs_f64()
+    );
+    println!("{summary}");
+    let get = |uri: String| {
+        let router = router.clone();
+        let secret = secret.clone();
+        async move {
             let request = Request::get(uri)
                 .header(header::AUTHORIZATION, format!("Bearer {secret}"))
                 .body(Body::empty())
                 .unwrap();
             let started = Instant::now();
-            let response = router.clone().oneshot(request).await.unwrap();
+            let response = router.oneshot(request).await.unwrap();
             let status = response.status();
             let body = response.into_body().collect().await.unwrap().to_bytes();
             let elapsed = started.elapsed();
             assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+            (elapsed, body)
+        }
+    };
+    let queries: [(&str, &str); 6] = [
+        (
+            "month cost",
+            "cost?month=2026-11&as_of=2026-11-20T00:00:00Z",
+        ),
+        (
+            "month cost by day",
+            "cost?month=2026-11&as_of=2026-11-20T00:00:00Z&group_by=day",
+        ),
+        (
+            "50 costliest tasks of the month",
+            "tasks?month=2026-11&limit=50",
+        ),
+        (
+            "the next 50 by cost",
+            "tasks?month=2026-11&limit=50&cursor={cursor}",
+        ),
+        (
+            "50 most wasteful tasks of the month",
+            "tasks?month=2026-11&limit=50&sort=waste",
+        ),
+        (
+            "50 costliest tasks of a fortnight",
+            "tasks?from=2026-11-03&to=2026-11-17&limit=50",
+        ),
+    ];
+    for (name, query) in queries {
+        let mut timings = Vec::with_capacity(RUNS);
+        for run in 0..RUNS + 3 {
+            let project = format!("p{:03}", (run * 37) % PROJECTS as usize);
+            let base = format!("/v1/projects/{project}");
+            let query = if query.contains("{cursor}") {
+                let (_, first) = get(format!("{base}/tasks?month=2026-11&limit=50")).await;
+                let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
+                query.replace("{cursor}", first["next_cursor"].as_str().unwrap())
+            } else {
+                query.to_owned()
+            };
+            let (elapsed, body) = get(format!("{base}/{query}")).await;
+            if query.starts_with("tasks") {
+                let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(page["items"].as_array().unwrap().len(), 50);
+            }
             // The first runs warm the connection pool and the cache.
             if run >= 3 {
                 timings.push(elapsed);
@@ -210,9 +286,7 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
         }
         timings.sort();
         println!(
-            "{records:>9} records ({segments} segments, {rollup_rows} cost rollup rows, load {:.1} s): \
-             month cost{group_by:<15} median {:>7.2} ms, p95 {:>7.2} ms over {RUNS} runs",
-            load_time.as_secs_f64(),
+            "{records:>9} records: {name:<36} median {:>7.2} ms, p95 {:>7.2} ms over {RUNS} runs",
             percentile(&timings, 50).as_secs_f64() * 1000.0,
             percentile(&timings, 95).as_secs_f64() * 1000.0,
         );
@@ -225,6 +299,22 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
         .execute(&mut admin)
         .await
         .unwrap();
+}
+
+/// The sizes to measure: `TASKLEDGER_BENCH_SIZES` (comma-separated record counts), or 1 and
+/// 10 million.
+fn sizes() -> Vec<i64> {
+    match std::env::var("TASKLEDGER_BENCH_SIZES") {
+        Ok(raw) => raw
+            .split(',')
+            .map(|size| {
+                size.trim()
+                    .parse()
+                    .expect("TASKLEDGER_BENCH_SIZES: record counts")
+            })
+            .collect(),
+        Err(_) => vec![1_000_000, 10_000_000],
+    }
 }
 
 fn main() {
@@ -242,7 +332,7 @@ fn main() {
             max_connections: 20,
         };
         let cluster = support::start_cluster(dir.path(), options).await.unwrap();
-        for records in [1_000_000, 10_000_000] {
+        for records in sizes() {
             measure(&cluster, records).await;
         }
         cluster.stop().await.unwrap();
