@@ -126,7 +126,8 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
     cli::prepare(&database.pool, config).await?;
     bootstrap_admin(&database.pool).await?;
     let settings = config.settings();
-    let state = AppState::new(database.pool.clone(), settings);
+    let state = AppState::new(database.pool.clone(), settings)
+        .with_embedded_database(database.embedded_status());
     let secret =
         setup::webhook_secret(&database.pool, cli::webhook_secret_env().as_deref()).await?;
     let webhooks =

@@ -2,13 +2,16 @@
 //! machine's PostgreSQL server binaries (`apt-get install postgresql`), as root or not.
 //!
 //! Some tests need a second owner process that can be SIGKILLed: they re-run this test binary
-//! with only `hold_cluster_until_killed` selected (see `Holder`).
+//! with only `hold_cluster_until_killed` selected (see `Holder`). Others run `taskledger serve`
+//! itself (see `Service`).
 
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -331,6 +334,64 @@ async fn start_works_after_postmaster_was_killed_and_owner_dropped_without_stop(
     assert_no_cluster_processes(dir.path());
 }
 
+/// Replaces the pid on the first line of a postgres lock file, as if the dead postmaster's pid
+/// had been reused by `pid`.
+fn point_lock_file_at(path: &Path, pid: u32) {
+    let contents = fs::read_to_string(path).expect("lock file");
+    let rest = contents.split_once('\n').map_or("", |(_, rest)| rest);
+    fs::write(path, format!("{pid}\n{rest}")).expect("rewrite lock file");
+}
+
+#[tokio::test]
+async fn restart_after_kill_9_reaps_the_postmaster_and_clears_lock_files_of_a_reused_pid() {
+    init_tracing();
+    let dir = data_dir();
+    let mut pg = EmbeddedPostgres::start(dir.path(), TEST_OPTIONS)
+        .await
+        .expect("start");
+    execute(
+        &pg,
+        "SET synchronous_commit = on; CREATE TABLE kept (n int); INSERT INTO kept VALUES (5)",
+    )
+    .await;
+    let killed = i32::try_from(pg.pid()).unwrap();
+    kill(Pid::from_raw(killed), Signal::SIGKILL).expect("kill -9 the postmaster");
+    let status = loop {
+        if let Some(status) = pg.exit_status().expect("wait for the postmaster") {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.to_string(), "signal: 9 (SIGKILL)");
+    assert_ne!(process_state(killed), Some('Z'), "not reaped");
+    let mut unrelated = Command::new("sleep");
+    unrelated.arg("60");
+    if geteuid().is_root() {
+        // postgres takes a pid it may not signal for a dead one: the process reusing the pid
+        // must be one of the user postgres runs as.
+        let user = ["postgres", "nobody"]
+            .into_iter()
+            .find_map(|name| nix::unistd::User::from_name(name).ok().flatten())
+            .expect("the user PostgreSQL runs as");
+        unrelated.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    }
+    let mut unrelated = unrelated.spawn().expect("spawn sleep");
+    let pg_dir = dir.path().join("pg");
+    for lock_file in ["postmaster.pid", ".s.PGSQL.5432.lock"] {
+        point_lock_file_at(&pg_dir.join(lock_file), unrelated.id());
+    }
+
+    let (pg, restarted) = pg.restart().await;
+    restarted.expect("restart after kill -9");
+    assert_ne!(i32::try_from(pg.pid()).unwrap(), killed);
+    assert_eq!(query_i64(&pg, "SELECT sum(n)::int8 FROM kept").await, 5);
+    assert!(is_alive(i32::try_from(unrelated.id()).unwrap()));
+    unrelated.kill().unwrap();
+    unrelated.wait().unwrap();
+    pg.stop().await.expect("stop");
+    assert_no_cluster_processes(dir.path());
+}
+
 #[tokio::test]
 async fn start_stops_postgres_orphaned_by_a_killed_owner() {
     init_tracing();
@@ -416,4 +477,371 @@ async fn root_needs_a_data_dir_the_postgres_user_can_enter() {
         "{error:?}"
     );
     assert!(error.to_string().contains("chmod o+x"), "{error}");
+}
+
+const ADMIN_SECRET: &str = "tl_embedded_pg_test_admin_secret";
+/// The pool's acquire timeout (3 s), with room for a loaded machine.
+const OUTAGE_ANSWER_TIME: Duration = Duration::from_secs(5);
+/// Crash recovery of a durable cluster, which fsyncs its data dir first, with room to spare.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// `taskledger serve` in embedded mode, as an operator runs it: the real binary with its own
+/// cluster in a data dir, on a port it chose. Killed when dropped.
+struct Service {
+    process: Child,
+    base_url: String,
+    data_dir: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+    http: reqwest::Client,
+}
+
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+    took: Duration,
+}
+
+impl Service {
+    fn spawn(data_dir: &Path) -> Self {
+        let mut process = Command::new(env!("CARGO_BIN_EXE_taskledger"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0", "serve"])
+            .env_remove("DATABASE_URL")
+            .env("TASKLEDGER_BOOTSTRAP_TOKEN", ADMIN_SECRET)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn taskledger serve");
+        let stderr = BufReader::new(process.stderr.take().expect("service stderr"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (address_tx, address_rx) = mpsc::channel();
+        let lines = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if line.contains("taskledger is ready")
+                    && let Some((_, address)) = line.split_once("address=")
+                {
+                    let _ = address_tx.send(address.trim().to_owned());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let address = address_rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("serve did not get ready: {:#?}", log.lock().unwrap()));
+        Self {
+            process,
+            base_url: format!("http://{address}"),
+            data_dir: data_dir.to_path_buf(),
+            log,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<&str>) -> Answer {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base_url))
+            .bearer_auth(ADMIN_SECRET);
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+        }
+        let started = Instant::now();
+        let response = request.send().await.expect("the service answers");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.text().await.expect("a whole body");
+        Answer {
+            status,
+            headers,
+            body,
+            took: started.elapsed(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    /// The running postmaster, read from postmaster.pid, checked to be the service's child.
+    fn postmaster(&self) -> i32 {
+        self.live_postmaster()
+            .unwrap_or_else(|| panic!("no postmaster runs: {}", self.log()))
+    }
+
+    /// The pid in postmaster.pid, if it names a live child of the service.
+    fn live_postmaster(&self) -> Option<i32> {
+        let pid: i32 = fs::read_to_string(self.data_dir.join("pg/postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()?;
+        (parent_of(pid) == Some(self.pid()) && is_alive(pid)).then_some(pid)
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.process.id()).expect("pid fits i32")
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// SIGTERM, as an operator stops it; it must exit cleanly and stop its cluster.
+    fn stop(mut self) {
+        kill(Pid::from_raw(self.pid()), Signal::SIGTERM).expect("SIGTERM the service");
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.process.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve did not stop: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(
+            status.success(),
+            "serve exited with {status}: {}",
+            self.log()
+        );
+        assert_no_cluster_processes(&self.data_dir);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The state letter of a process (`Z` for a zombie), `None` once it is gone.
+fn process_state(pid: i32) -> Option<char> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("State:"))?
+        .trim()
+        .chars()
+        .next()
+}
+
+fn assert_outage_problem(answer: &Answer, service: &Service) {
+    assert_eq!(answer.status, 503, "{}\n{}", answer.body, service.log());
+    assert_eq!(
+        answer.headers["content-type"], "application/problem+json",
+        "{}",
+        answer.body
+    );
+    assert!(
+        answer.headers.contains_key("retry-after"),
+        "{:?}",
+        answer.headers
+    );
+    assert!(
+        answer.took < OUTAGE_ANSWER_TIME,
+        "an outage answer took {:?}",
+        answer.took
+    );
+}
+
+/// Polls `path` until it answers 200 from a postmaster other than `killed`, asserting that every
+/// answer before is a 200 (from a backend that has not yet noticed its postmaster died) or a
+/// quick 503 problem; returns the body and how long it took from `since`.
+async fn wait_for_recovery(
+    service: &Service,
+    path: &str,
+    killed: i32,
+    since: Instant,
+) -> (String, Duration) {
+    loop {
+        let answer = service.get(path).await;
+        if answer.status != 200 {
+            assert_outage_problem(&answer, service);
+        } else if service
+            .live_postmaster()
+            .is_some_and(|postmaster| postmaster != killed)
+        {
+            return (answer.body, since.elapsed());
+        }
+        assert!(
+            since.elapsed() < RECOVERY_TIMEOUT,
+            "no recovery within {RECOVERY_TIMEOUT:?}: {}",
+            service.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `path` until it answers 503, which must come quickly and be a problem with
+/// Retry-After; before, backends that have not noticed their postmaster died may still answer.
+async fn wait_for_outage(service: &Service, path: &str, since: Instant) -> Answer {
+    loop {
+        let answer = service.get(path).await;
+        if answer.status != 200 {
+            assert_outage_problem(&answer, service);
+            return answer;
+        }
+        assert!(
+            since.elapsed() < OUTAGE_ANSWER_TIME,
+            "still answering 200 {:?} after the database went away",
+            since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn healthz_json(answer: &Answer) -> serde_json::Value {
+    serde_json::from_str(&answer.body).expect("healthz answers JSON")
+}
+
+const RECORD_PATH: &str = "/v1/projects/vision/job-records/train-1/1";
+
+/// A service with a project and one job record stored; returns the record as it reads back.
+async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
+    let service = Service::spawn(data_dir);
+    let created = service
+        .call(
+            reqwest::Method::POST,
+            "/v1/projects",
+            Some(r#"{"id": "vision", "name": "Vision", "currency": "USD"}"#),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let ingested = service
+        .call(
+            reqwest::Method::POST,
+            "/v1/job-records",
+            Some(
+                r#"[{"project": "vision", "task_id": "train-1", "gpu_model": "H100", "gpu_count": 8,
+                    "started_at": "2026-11-20T10:00:00Z", "ended_at": "2026-11-20T11:00:00Z",
+                    "outcome": "completed"}]"#,
+            ),
+        )
+        .await;
+    assert_eq!(ingested.status, 200, "{}", ingested.body);
+    let stored = service.get(RECORD_PATH).await;
+    assert_eq!(stored.status, 200, "{}", stored.body);
+    (service, stored.body)
+}
+
+#[tokio::test]
+async fn serve_restarts_its_embedded_database_after_kill_9() {
+    let dir = data_dir();
+    let (service, stored) = service_with_a_record(dir.path()).await;
+
+    let postmaster = service.postmaster();
+    let killed = Instant::now();
+    kill(Pid::from_raw(postmaster), Signal::SIGKILL).expect("kill -9 the postmaster");
+    let (body, recovered_after) =
+        wait_for_recovery(&service, RECORD_PATH, postmaster, killed).await;
+    eprintln!("after kill -9: the API answered 200 again after {recovered_after:?}");
+    assert_eq!(body, stored);
+    assert_ne!(
+        process_state(postmaster),
+        Some('Z'),
+        "the killed postmaster is left a zombie"
+    );
+    let healthz = service.get("/healthz").await;
+    assert_eq!(healthz.status, 200, "{}", healthz.body);
+    let health = healthz_json(&healthz);
+    assert_eq!(health["embedded_database"]["state"], "running", "{health}");
+    assert_eq!(health["embedded_database"]["restarts"], 1, "{health}");
+    assert_eq!(service.get("/readyz").await.status, 200);
+    assert!(
+        service.log().contains("status=signal: 9 (SIGKILL)"),
+        "the log says how postgres ended: {}",
+        service.log()
+    );
+    service.stop();
+}
+
+/// The cluster cannot be started while its directory is gone: requests are refused at once,
+/// the supervisor keeps trying and says why, liveness fails after several failed attempts, and
+/// the cluster comes back once its directory does.
+#[tokio::test]
+async fn serve_keeps_restarting_a_cluster_that_cannot_start() {
+    let dir = data_dir();
+    let (service, stored) = service_with_a_record(dir.path()).await;
+
+    let postmaster = service.postmaster();
+    let pg_dir = dir.path().join("pg");
+    let away = dir.path().join("pg.away");
+    fs::rename(&pg_dir, &away).expect("move the cluster away");
+    let killed = Instant::now();
+    kill(Pid::from_raw(postmaster), Signal::SIGKILL).expect("kill -9 the postmaster");
+    let refused = wait_for_outage(&service, RECORD_PATH, killed).await;
+    eprintln!(
+        "cluster gone: the API answered 503 in {:?}, {:?} after kill -9",
+        refused.took,
+        killed.elapsed()
+    );
+    let readyz = service.get("/readyz").await;
+    assert_outage_problem(&readyz, &service);
+    let restarting = loop {
+        let healthz = service.get("/healthz").await;
+        assert_eq!(healthz.status, 200, "{}", healthz.body);
+        let health = healthz_json(&healthz);
+        if health["embedded_database"]["failed_restarts"].as_u64() >= Some(1) {
+            break health;
+        }
+        assert!(killed.elapsed() < EXIT_TIMEOUT, "{}", service.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        restarting["embedded_database"]["state"], "restarting",
+        "{restarting}"
+    );
+    assert!(
+        restarting["embedded_database"]["down_since"].is_string(),
+        "{restarting}"
+    );
+    let failing = loop {
+        let healthz = service.get("/healthz").await;
+        if healthz.status != 200 {
+            break healthz;
+        }
+        assert!(killed.elapsed() < EXIT_TIMEOUT, "{}", service.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_outage_problem(&failing, &service);
+    eprintln!("cluster gone: /healthz failed after {:?}", killed.elapsed());
+    assert!(
+        service.log().contains("is gone (no PG_VERSION)"),
+        "the log says why restarting fails: {}",
+        service.log()
+    );
+    assert_no_cluster_processes(dir.path());
+
+    fs::rename(&away, &pg_dir).expect("move the cluster back");
+    let restored = Instant::now();
+    let (body, recovered_after) =
+        wait_for_recovery(&service, RECORD_PATH, postmaster, restored).await;
+    eprintln!("cluster restored: the API answered 200 again after {recovered_after:?}");
+    assert_eq!(body, stored);
+    let health = healthz_json(&service.get("/healthz").await);
+    assert_eq!(health["embedded_database"]["state"], "running", "{health}");
+    assert_eq!(health["embedded_database"]["restarts"], 1, "{health}");
+    assert_ne!(process_state(postmaster), Some('Z'));
+    service.stop();
 }

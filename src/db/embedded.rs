@@ -11,7 +11,9 @@
 //!   because PostgreSQL refuses to run as root;
 //! - belongs to one owner at a time, through an exclusive `flock` on `<data-dir>/taskledger.lock`;
 //! - is stopped by a small watchdog process if its owner dies without stopping it, and whatever
-//!   an owner killed together with its watchdog left running is stopped by the next `start`.
+//!   an owner killed together with its watchdog left running is stopped by the next `start`;
+//! - can be started again in place after its postmaster died ([`EmbeddedPostgres::restart`]),
+//!   which `db::supervisor` does for `taskledger serve`.
 //!
 //! Needs PostgreSQL 10 or later (readiness is read from postmaster.pid's status line).
 
@@ -55,6 +57,9 @@ const SHUTDOWN_STEPS: [(Signal, Duration); 2] = [
     (Signal::SIGINT, Duration::from_secs(30)),
     (Signal::SIGQUIT, Duration::from_secs(10)),
 ];
+/// How long the children of a dead postmaster get to exit by themselves, and then after SIGQUIT.
+const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+const ORPHAN_QUIT_TIMEOUT: Duration = Duration::from_secs(10);
 const NON_DURABLE_SETTINGS: [&str; 3] = [
     "fsync=off",
     "synchronous_commit=off",
@@ -148,6 +153,11 @@ pub enum EmbeddedError {
         .dir.display()
     )]
     LeftoverProcesses { dir: PathBuf, pids: Vec<i32> },
+    #[error(
+        "the cluster in {} is gone (no PG_VERSION); restore it: taskledger creates no empty cluster in its place while it runs",
+        .0.display()
+    )]
+    ClusterGone(PathBuf),
     #[error("postgres (pid {pid}) did not shut down after SIGINT and SIGQUIT")]
     ShutdownTimeout { pid: u32 },
     #[error("could not {action} {}: {source}", .path.display())]
@@ -179,13 +189,26 @@ fn io_err(
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
     postmaster: Child,
-    /// `None` only while `start` is still setting up.
+    /// `None` only while a postmaster is being set up, and once it has exited.
     watchdog: Option<Child>,
-    /// Cleared once a shutdown was attempted, so `Drop` does not repeat it.
+    /// Cleared once the postmaster exited or a shutdown was attempted, so that neither `stop`
+    /// nor `Drop` acts on it again.
     running: bool,
+    /// Where this postmaster's output starts in the log.
+    log_offset: u64,
+    cluster: Cluster,
+}
+
+/// What stays the same across postmasters of one owner: where the cluster is, how postgres is
+/// run, and the data dir lock.
+#[derive(Debug)]
+struct Cluster {
     /// The cluster directory, which is also the socket directory.
     pg_dir: String,
     log_path: PathBuf,
+    bin_dir: PathBuf,
+    run_as: Option<RunAs>,
+    options: EmbeddedOptions,
     /// Released by drop, after the cluster is down.
     _lock: Flock<File>,
 }
@@ -205,7 +228,7 @@ impl EmbeddedPostgres {
 
     /// A sqlx URL for `database` on this cluster, over its Unix socket.
     pub fn url(&self, database: &str) -> String {
-        socket_url(&self.pg_dir, database)
+        socket_url(&self.cluster.pg_dir, database)
     }
 
     /// The URL of the cluster in `data_dir` while another process runs it, so that a command
@@ -216,18 +239,59 @@ impl EmbeddedPostgres {
         Ok(socket_url(&pg_dir, database))
     }
 
-    /// Process id of the postmaster.
+    /// Process id of the postmaster (of the last one, once it has exited).
     pub fn pid(&self) -> u32 {
         self.postmaster.id()
     }
 
     /// The server log, for pointing users at it.
     pub fn log_path(&self) -> &Path {
-        &self.log_path
+        &self.cluster.log_path
+    }
+
+    /// The last lines the current postmaster wrote to the log, on one line: after it exited,
+    /// usually why.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.cluster.log_path, self.log_offset)
+    }
+
+    /// Reaps the postmaster if it has exited, so that it leaves no zombie behind, and returns
+    /// how it ended; `None` while it runs. Never blocks.
+    pub fn exit_status(&mut self) -> Result<Option<ExitStatus>, EmbeddedError> {
+        let exited = self
+            .postmaster
+            .try_wait()
+            .map_err(io_err("wait for postgres of", &self.cluster.pg_dir))?;
+        if exited.is_some() && self.running {
+            self.running = false;
+            self.stop_watchdog();
+        }
+        Ok(exited)
+    }
+
+    /// Starts postgres again on the same cluster, socket and settings, typically after its
+    /// postmaster exited (see [`EmbeddedPostgres::exit_status`]; one still running is stopped
+    /// first): waits for the processes of the old one to go, clears the lock files they leave,
+    /// then starts and waits as `start` does. Never creates a new cluster: one that vanished is
+    /// an error, not an empty database. The cluster is handed back either way, to be restarted
+    /// again or stopped.
+    pub async fn restart(mut self) -> (Self, Result<(), EmbeddedError>) {
+        match tokio::task::spawn_blocking(move || {
+            let result = self.restart_blocking();
+            (self, result)
+        })
+        .await
+        {
+            Ok(outcome) => outcome,
+            Err(join_error) => std::panic::resume_unwind(join_error.into_panic()),
+        }
     }
 
     /// Fast shutdown (SIGINT to the postmaster), waits for exit, releases the lock.
     pub async fn stop(mut self) -> Result<(), EmbeddedError> {
+        if !self.running {
+            return Ok(());
+        }
         let started = Instant::now();
         let pid = self.pid();
         let result = match tokio::task::spawn_blocking(move || self.shut_down()).await {
@@ -260,7 +324,7 @@ impl EmbeddedPostgres {
             check_traversable(&data_dir, user)?;
         }
         stop_leftover_processes(&pg_dir_path)?;
-        remove_stale_pid_file(&pg_dir_path)?;
+        remove_stale_lock_files(&pg_dir_path)?;
         ensure_cluster(
             &data_dir,
             &pg_dir_path,
@@ -268,56 +332,85 @@ impl EmbeddedPostgres {
             run_as.as_ref(),
             options.durable,
         )?;
-        // postgres refuses a cluster directory that others can read.
-        fs::set_permissions(&pg_dir_path, fs::Permissions::from_mode(0o700))
-            .map_err(io_err("set permissions of", &pg_dir_path))?;
-        let (log, log_path, log_offset) = open_log(&pg_dir_path)?;
-        if let Some(user) = &run_as {
-            // Also fixes clusters left by a run as another user, and the log we just opened.
-            chown_tree(&pg_dir_path, user)?;
-        }
+        let cluster = Cluster {
+            log_path: pg_dir_path.join(LOG_DIR).join(LOG_FILE),
+            pg_dir,
+            bin_dir,
+            run_as,
+            options,
+            _lock: lock,
+        };
 
         let started = Instant::now();
-        let postmaster = spawn_postmaster(&bin_dir, &pg_dir, options, run_as.as_ref(), log)?;
+        let (postmaster, log_offset) = cluster.spawn_postmaster()?;
         let mut pg = Self {
             postmaster,
             watchdog: None,
             running: true,
-            pg_dir,
-            log_path,
-            _lock: lock,
+            log_offset,
+            cluster,
         };
         pg.watchdog = Some(spawn_watchdog(pg.pid())?);
-        pg.wait_until_ready(log_offset)?;
-        tracing::info!(
-            pid = pg.pid(),
-            socket_dir = %pg.pg_dir,
-            user = run_as.as_ref().map(|user| user.name.as_str()),
-            elapsed_ms = started.elapsed().as_millis(),
-            "embedded PostgreSQL is ready"
-        );
+        pg.wait_until_ready()?;
+        pg.log_ready(started, "embedded PostgreSQL is ready");
         Ok(pg)
     }
 
-    fn wait_until_ready(&mut self, log_offset: u64) -> Result<(), EmbeddedError> {
-        let socket = socket_path(Path::new(&self.pg_dir));
+    fn restart_blocking(&mut self) -> Result<(), EmbeddedError> {
+        if self.exit_status()?.is_none() {
+            self.shut_down()?;
+        }
+        let started = Instant::now();
+        let pg_dir = PathBuf::from(&self.cluster.pg_dir);
+        stop_leftover_processes(&pg_dir)?;
+        remove_stale_lock_files(&pg_dir)?;
+        if !pg_dir.join("PG_VERSION").is_file() {
+            return Err(EmbeddedError::ClusterGone(pg_dir));
+        }
+        check_cluster_version(&pg_dir, &self.cluster.bin_dir)?;
+        let (postmaster, log_offset) = self.cluster.spawn_postmaster()?;
+        self.postmaster = postmaster;
+        self.log_offset = log_offset;
+        self.running = true;
+        let ready = spawn_watchdog(self.pid()).and_then(|watchdog| {
+            self.watchdog = Some(watchdog);
+            self.wait_until_ready()
+        });
+        if let Err(error) = ready {
+            if self.running
+                && let Err(shutdown_error) = self.shut_down()
+            {
+                tracing::warn!(%shutdown_error, "could not stop the postgres that failed to start");
+            }
+            return Err(error);
+        }
+        self.log_ready(started, "embedded PostgreSQL is ready again");
+        Ok(())
+    }
+
+    fn log_ready(&self, started: Instant, message: &'static str) {
+        tracing::info!(
+            pid = self.pid(),
+            socket_dir = %self.cluster.pg_dir,
+            user = self.cluster.run_as.as_ref().map(|user| user.name.as_str()),
+            elapsed_ms = started.elapsed().as_millis(),
+            "{message}"
+        );
+    }
+
+    fn wait_until_ready(&mut self) -> Result<(), EmbeddedError> {
+        let pg_dir = PathBuf::from(&self.cluster.pg_dir);
+        let socket = socket_path(&pg_dir);
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let exited = self
-                .postmaster
-                .try_wait()
-                .map_err(io_err("wait for postgres of", &self.pg_dir))?;
-            if let Some(status) = exited {
-                // Nothing left to shut down: Drop need not report the exit a second time.
-                self.stop_watchdog();
-                self.running = false;
+            if let Some(status) = self.exit_status()? {
                 return Err(EmbeddedError::ExitedDuringStartup {
                     status,
-                    log: self.log_path.clone(),
-                    tail: log_tail(&self.log_path, log_offset),
+                    log: self.cluster.log_path.clone(),
+                    tail: self.log_tail(),
                 });
             }
-            let last_attempt = if pid_file_says_ready(Path::new(&self.pg_dir), self.pid()) {
+            let last_attempt = if pid_file_says_ready(&pg_dir, self.pid()) {
                 match probe(&socket) {
                     Ok(()) => return Ok(()),
                     Err(reason) => reason,
@@ -328,8 +421,8 @@ impl EmbeddedPostgres {
             if Instant::now() >= deadline {
                 return Err(EmbeddedError::StartTimeout {
                     last_attempt,
-                    log: self.log_path.clone(),
-                    tail: log_tail(&self.log_path, log_offset),
+                    log: self.cluster.log_path.clone(),
+                    tail: self.log_tail(),
                 });
             }
             thread::sleep(POLL_INTERVAL);
@@ -353,9 +446,9 @@ impl EmbeddedPostgres {
         let already_exited = self
             .postmaster
             .try_wait()
-            .map_err(io_err("wait for postgres of", &self.pg_dir))?;
+            .map_err(io_err("wait for postgres of", &self.cluster.pg_dir))?;
         if let Some(status) = already_exited {
-            tracing::warn!(pid, %status, log = %self.log_path.display(), "embedded PostgreSQL had exited on its own");
+            tracing::warn!(pid, %status, log = %self.cluster.log_path.display(), "embedded PostgreSQL had exited on its own");
             return Ok(());
         }
         for (signal, timeout) in SHUTDOWN_STEPS {
@@ -364,7 +457,7 @@ impl EmbeddedPostgres {
             match poll_until(timeout, || self.postmaster.try_wait().transpose()) {
                 Some(Ok(_)) => return Ok(()),
                 Some(Err(error)) => {
-                    return Err(io_err("wait for postgres of", &self.pg_dir)(error));
+                    return Err(io_err("wait for postgres of", &self.cluster.pg_dir)(error));
                 }
                 None => {
                     tracing::warn!(pid, %signal, ?timeout, "embedded PostgreSQL did not stop in time")
@@ -485,6 +578,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// The user PostgreSQL runs as when taskledger runs as root.
+#[derive(Debug)]
 struct RunAs {
     name: String,
     uid: Uid,
@@ -582,8 +676,9 @@ fn is_live_postgres(pid: i32) -> bool {
     comm == "postgres" && !matches!(state, Some('Z' | 'X'))
 }
 
-fn read_postmaster_pid(pg_dir: &Path) -> Option<i32> {
-    fs::read_to_string(pg_dir.join("postmaster.pid"))
+/// The pid on the first line of a lock file of postgres (postmaster.pid or a socket's).
+fn read_lock_file_pid(path: &Path) -> Option<i32> {
+    fs::read_to_string(path)
         .ok()?
         .lines()
         .next()?
@@ -593,27 +688,24 @@ fn read_postmaster_pid(pg_dir: &Path) -> Option<i32> {
         .filter(|&pid| pid > 0)
 }
 
-/// Stops a postmaster orphaned by a killed owner (it still runs, the lock is free) and waits
-/// for the children of a killed postmaster, which would otherwise still hold its shared memory.
+/// Stops a postmaster orphaned by a killed owner (it still runs, the lock is free), and the
+/// children of a postmaster that died, which would otherwise still hold its shared memory and
+/// could still write.
 fn stop_leftover_processes(pg_dir: &Path) -> Result<(), EmbeddedError> {
     let leftovers = cluster_processes(pg_dir);
     if leftovers.is_empty() {
         return Ok(());
     }
-    let postmaster = read_postmaster_pid(pg_dir).filter(|pid| leftovers.contains(pid));
-    match postmaster {
-        Some(pid) => {
-            tracing::warn!(pid, dir = %pg_dir.display(), "stopping PostgreSQL left running by an earlier taskledger process")
-        }
-        None => {
-            tracing::warn!(pids = ?leftovers, dir = %pg_dir.display(), "waiting for PostgreSQL processes of an earlier run to exit")
-        }
-    }
+    let postmaster =
+        read_lock_file_pid(&pg_dir.join("postmaster.pid")).filter(|pid| leftovers.contains(pid));
+    let Some(postmaster) = postmaster else {
+        tracing::warn!(pids = ?leftovers, dir = %pg_dir.display(), "waiting for the processes of an exited PostgreSQL to exit");
+        return stop_orphaned_children(pg_dir);
+    };
+    tracing::warn!(pid = postmaster, dir = %pg_dir.display(), "stopping PostgreSQL left running by an earlier taskledger process");
     for (signal, timeout) in SHUTDOWN_STEPS {
-        if let Some(pid) = postmaster {
-            // An error means it exited meanwhile.
-            let _ = kill(Pid::from_raw(pid), signal);
-        }
+        // An error means it exited meanwhile.
+        let _ = kill(Pid::from_raw(postmaster), signal);
         if poll_until(timeout, || {
             cluster_processes(pg_dir).is_empty().then_some(())
         })
@@ -628,19 +720,46 @@ fn stop_leftover_processes(pg_dir: &Path) -> Result<(), EmbeddedError> {
     })
 }
 
-/// postgres handles a postmaster.pid naming a dead process, but refuses to start while the pid
-/// is alive. With none of the cluster's processes left, a live pid there was reused by another
-/// process (or is an unreaped zombie), so the file is stale and removing it is safe.
-fn remove_stale_pid_file(pg_dir: &Path) -> Result<(), EmbeddedError> {
-    let Some(pid) = read_postmaster_pid(pg_dir) else {
-        return Ok(());
-    };
-    if kill(Pid::from_raw(pid), None).is_err() {
+/// Children of a dead postmaster exit by themselves once they notice, except a backend busy
+/// with a long statement; after a grace period they get SIGQUIT, as a postmaster sends its
+/// children when one of them crashed.
+fn stop_orphaned_children(pg_dir: &Path) -> Result<(), EmbeddedError> {
+    let gone = || cluster_processes(pg_dir).is_empty().then_some(());
+    if poll_until(ORPHAN_GRACE, gone).is_some() {
         return Ok(());
     }
-    tracing::warn!(pid, dir = %pg_dir.display(), "removing stale postmaster.pid naming an unrelated process");
-    let path = pg_dir.join("postmaster.pid");
-    fs::remove_file(&path).map_err(io_err("remove", path))
+    for pid in cluster_processes(pg_dir) {
+        // An error means it exited meanwhile.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGQUIT);
+    }
+    if poll_until(ORPHAN_QUIT_TIMEOUT, gone).is_some() {
+        return Ok(());
+    }
+    Err(EmbeddedError::LeftoverProcesses {
+        dir: pg_dir.to_path_buf(),
+        pids: cluster_processes(pg_dir),
+    })
+}
+
+/// A crashed postmaster leaves its lock files, postmaster.pid and the socket's
+/// `.s.PGSQL.<port>.lock`, each naming its pid. postgres replaces them when that pid is dead,
+/// but refuses to start while it is alive. With none of the cluster's processes left, a live
+/// pid there was reused by another process (or is an unreaped zombie), so the file is stale and
+/// removing it is safe. One naming a dead pid stays: postgres also reads postmaster.pid to check
+/// that no process of the old server still uses its shared memory.
+fn remove_stale_lock_files(pg_dir: &Path) -> Result<(), EmbeddedError> {
+    let socket_lock = PathBuf::from(format!("{}.lock", socket_path(pg_dir).display()));
+    for path in [pg_dir.join("postmaster.pid"), socket_lock] {
+        let Some(pid) = read_lock_file_pid(&path) else {
+            continue;
+        };
+        if kill(Pid::from_raw(pid), None).is_err() {
+            continue;
+        }
+        tracing::warn!(pid, file = %path.display(), "removing a stale lock file naming an unrelated process");
+        fs::remove_file(&path).map_err(io_err("remove", path))?;
+    }
+    Ok(())
 }
 
 fn ensure_cluster(
@@ -753,26 +872,51 @@ fn major_version(version_output: &str) -> Option<String> {
     Some(format!("{major}.{}", parts.next()?))
 }
 
-/// Opens the server log for appending; returns it, its path and its current length (where this
-/// run's output starts).
-fn open_log(pg_dir: &Path) -> Result<(File, PathBuf, u64), EmbeddedError> {
-    let dir = pg_dir.join(LOG_DIR);
-    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
-    let path = dir.join(LOG_FILE);
-    if fs::metadata(&path).is_ok_and(|meta| meta.len() > LOG_ROTATE_BYTES) {
+/// Opens the server log for appending; returns it and its current length (where this run's
+/// output starts).
+fn open_log(path: &Path) -> Result<(File, u64), EmbeddedError> {
+    let dir = path
+        .parent()
+        .expect("the log lives in the cluster's log dir");
+    fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    if fs::metadata(path).is_ok_and(|meta| meta.len() > LOG_ROTATE_BYTES) {
         let rotated = dir.join(format!("{LOG_FILE}.1"));
-        fs::rename(&path, &rotated).map_err(io_err("rotate", &path))?;
+        fs::rename(path, &rotated).map_err(io_err("rotate", path))?;
     }
     let file = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
-        .map_err(io_err("open", &path))?;
-    let offset = file.metadata().map_err(io_err("inspect", &path))?.len();
-    Ok((file, path, offset))
+        .open(path)
+        .map_err(io_err("open", path))?;
+    let offset = file.metadata().map_err(io_err("inspect", path))?.len();
+    Ok((file, offset))
 }
 
-fn spawn_postmaster(
+impl Cluster {
+    /// Runs postgres on the cluster, its output appended to the log; returns it and where its
+    /// output starts in the log.
+    fn spawn_postmaster(&self) -> Result<(Child, u64), EmbeddedError> {
+        let pg_dir_path = Path::new(&self.pg_dir);
+        // postgres refuses a cluster directory that others can read.
+        fs::set_permissions(pg_dir_path, fs::Permissions::from_mode(0o700))
+            .map_err(io_err("set permissions of", pg_dir_path))?;
+        let (log, log_offset) = open_log(&self.log_path)?;
+        if let Some(user) = &self.run_as {
+            // Also fixes clusters left by a run as another user, and the log just opened.
+            chown_tree(pg_dir_path, user)?;
+        }
+        let postmaster = spawn_postgres(
+            &self.bin_dir,
+            &self.pg_dir,
+            self.options,
+            self.run_as.as_ref(),
+            log,
+        )?;
+        Ok((postmaster, log_offset))
+    }
+}
+
+fn spawn_postgres(
     bin_dir: &Path,
     pg_dir: &str,
     options: EmbeddedOptions,

@@ -1,6 +1,7 @@
 //! Connecting to PostgreSQL (a given server or the embedded cluster) and migrating it.
 
 pub mod embedded;
+pub mod supervisor;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -12,6 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
+use supervisor::{ClusterStatus, Supervisor};
 
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
@@ -22,10 +24,11 @@ pub fn latest_migration_version() -> i64 {
     MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
 }
 
-/// An open pool, and the embedded cluster behind it when there is one.
+/// An open pool, and the embedded cluster behind it when this process runs one; the cluster is
+/// restarted whenever it exits until the database is closed.
 pub struct Database {
     pub pool: PgPool,
-    embedded: Option<EmbeddedPostgres>,
+    embedded: Option<Supervisor>,
 }
 
 impl Database {
@@ -67,17 +70,22 @@ impl Database {
                 let pool = connect(&cluster.url(EMBEDDED_DATABASE), pool_size).await?;
                 Ok(Self {
                     pool,
-                    embedded: Some(cluster),
+                    embedded: Some(Supervisor::start(cluster)),
                 })
             }
         }
     }
 
+    /// The state of the embedded cluster this process runs; `None` for any other database.
+    pub fn embedded_status(&self) -> Option<ClusterStatus> {
+        self.embedded.as_ref().map(Supervisor::status)
+    }
+
     /// Closes the pool, then stops the embedded cluster cleanly.
     pub async fn close(self) -> anyhow::Result<()> {
         self.pool.close().await;
-        if let Some(cluster) = self.embedded {
-            cluster.stop().await?;
+        if let Some(supervisor) = self.embedded {
+            supervisor.stop().await?;
         }
         Ok(())
     }
@@ -130,6 +138,18 @@ pub async fn create_database_if_missing(admin_url: &str, name: &str) -> anyhow::
             .with_context(|| format!("cannot create database {name}"))?;
     }
     Ok(())
+}
+
+/// Whether PostgreSQL ended or refused the connection because the server is going down, crashed
+/// or is starting up (SQLSTATE class 08, 57P01 to 57P03), as its backends do when their
+/// postmaster dies: the same statement can succeed once the server is back.
+pub fn is_server_unavailable(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|code| {
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+        })
 }
 
 /// How long a request waits for a connection before it answers 503: during an outage every

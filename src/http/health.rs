@@ -3,17 +3,19 @@
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::db::supervisor::ClusterState;
 use crate::http::error::{ApiError, ApiResult};
+use crate::http::state::AppState;
 use crate::store;
 
 /// How long readiness waits for the database before it answers 503.
 const READINESS_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
-use crate::http::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -28,13 +30,83 @@ pub struct Health {
     pub status: String,
 }
 
-/// The process is up.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Liveness {
+    /// `ok` when the process is up.
+    pub status: String,
+    /// The embedded PostgreSQL cluster that this process runs and restarts whenever it exits;
+    /// absent when the service uses `DATABASE_URL`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedded_database: Option<EmbeddedDatabase>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddedDatabase {
+    pub state: EmbeddedDatabaseState,
+    /// When its server was found exited; absent while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub down_since: Option<DateTime<Utc>>,
+    /// Restart attempts that failed since it went down.
+    pub failed_restarts: u32,
+    /// How often it was restarted since the process started.
+    pub restarts: u64,
+}
+
+/// `running`, or `restarting` from the moment its server is found exited until it accepts
+/// connections again.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbeddedDatabaseState {
+    Running,
+    Restarting,
+}
+
+impl From<ClusterState> for EmbeddedDatabase {
+    fn from(cluster: ClusterState) -> Self {
+        Self {
+            state: if cluster.is_running() {
+                EmbeddedDatabaseState::Running
+            } else {
+                EmbeddedDatabaseState::Restarting
+            },
+            down_since: cluster.down_since,
+            failed_restarts: cluster.failed_restarts,
+            restarts: cluster.restarts,
+        }
+    }
+}
+
+/// The process is up, and can recover by itself: a crashed embedded database is being
+/// restarted. Fails once its restarts keep failing, so that whatever supervises the process
+/// can step in.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
-    responses((status = 200, description = "The process is up", body = Health)))]
-pub async fn get_healthz() -> axum::Json<Health> {
-    axum::Json(Health {
+    responses(
+        (status = 200, description = "The process is up", body = Liveness),
+        (status = 503, description = "The embedded database is down and restarting it failed several times in a row", body = crate::http::error::Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_healthz(State(state): State<AppState>) -> ApiResult<axum::Json<Liveness>> {
+    let cluster = state
+        .embedded_database
+        .as_ref()
+        .map(|status| status.current());
+    if let Some(cluster) = cluster.as_ref().filter(|cluster| cluster.is_failing()) {
+        return Err(ApiError::Unavailable(format!(
+            "the embedded database is down{} and {} restarts in a row failed; the service log says why",
+            down_since(cluster),
+            cluster.failed_restarts
+        )));
+    }
+    Ok(axum::Json(Liveness {
         status: "ok".to_owned(),
-    })
+        embedded_database: cluster.map(EmbeddedDatabase::from),
+    }))
+}
+
+fn down_since(cluster: &ClusterState) -> String {
+    cluster
+        .down_since
+        .map(|since| format!(" since {}", since.to_rfc3339()))
+        .unwrap_or_default()
 }
 
 /// The database is reachable and carries every migration this build knows.
@@ -44,6 +116,16 @@ pub async fn get_healthz() -> axum::Json<Health> {
         (status = 503, description = "Database unreachable or not migrated", body = crate::http::error::Problem, content_type = "application/problem+json"),
     ))]
 pub async fn get_readyz(State(state): State<AppState>) -> ApiResult<axum::Json<Health>> {
+    let cluster = state
+        .embedded_database
+        .as_ref()
+        .map(|status| status.current());
+    if let Some(cluster) = cluster.filter(|cluster| !cluster.is_running()) {
+        return Err(ApiError::Unavailable(format!(
+            "the embedded database is being restarted; it is down{}",
+            down_since(&cluster)
+        )));
+    }
     // A probe wants an answer now, not after the pool's acquire timeout.
     let applied = tokio::time::timeout(READINESS_TIMEOUT, store::applied_migration(&state.pool))
         .await

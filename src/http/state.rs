@@ -6,14 +6,17 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 
 use crate::config::Settings;
+use crate::db::supervisor::ClusterStatus;
 
-/// Everything in it is either immutable or in the database, so any number of replicas can
-/// serve the same database.
+/// Everything in it is either immutable, in the database, or about this process's own embedded
+/// cluster, so any number of replicas can serve the same database.
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
     pub settings: Arc<Settings>,
     pub metrics: PrometheusHandle,
+    /// The embedded cluster this process runs, if it runs one.
+    pub embedded_database: Option<ClusterStatus>,
 }
 
 impl AppState {
@@ -22,7 +25,14 @@ impl AppState {
             pool,
             settings: Arc::new(settings),
             metrics: metrics_handle(),
+            embedded_database: None,
         }
+    }
+
+    /// Health and readiness report on the embedded cluster behind the pool.
+    pub fn with_embedded_database(mut self, status: Option<ClusterStatus>) -> Self {
+        self.embedded_database = status;
+        self
     }
 }
 

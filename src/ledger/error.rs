@@ -1,6 +1,7 @@
 //! The one error of the use cases: what went wrong in terms a caller can act on. The HTTP
 //! layer turns it into a problem document; the command line into one line of text.
 
+use crate::db;
 use crate::domain::validation::{FieldError, Violations};
 use crate::store;
 
@@ -42,7 +43,7 @@ impl From<Violations> for LedgerError {
 
 impl From<sqlx::Error> for LedgerError {
     fn from(error: sqlx::Error) -> Self {
-        if store::is_outage(&error) {
+        if is_outage(&error) {
             Self::Unavailable(error.to_string())
         } else {
             Self::Internal(anyhow::Error::new(error).context("a database statement failed"))
@@ -56,11 +57,16 @@ impl From<anyhow::Error> for LedgerError {
         let outage = error
             .chain()
             .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
-            .find(|cause| store::is_outage(cause))
+            .find(|cause| is_outage(cause))
             .map(ToString::to_string);
         match outage {
             Some(cause) => Self::Unavailable(cause),
             None => Self::Internal(error),
         }
     }
+}
+
+/// The database is down, restarting or out of connections: no fault of the request.
+fn is_outage(error: &sqlx::Error) -> bool {
+    store::is_outage(error) || db::is_server_unavailable(error)
 }
