@@ -538,15 +538,15 @@ pub async fn list(
         next += 1;
         name
     };
-    let mut conditions = Vec::new();
+    let mut filters = vec!["t.status IS NOT NULL".to_owned()];
     if query.filter.status.is_some() {
-        conditions.push(format!("t.status = {}", param()));
+        filters.push(format!("t.status = {}", param()));
     }
     if query.filter.gpu_model.is_some() {
-        conditions.push(format!("{} = ANY(t.gpu_models)", param()));
+        filters.push(format!("{} = ANY(t.gpu_models)", param()));
     }
     if !query.filter.labels.is_empty() {
-        conditions.push(format!(
+        filters.push(format!(
             "EXISTS (SELECT 1 FROM job_records r \
                      WHERE (r.project_id, r.task_id) = (t.project_id, t.task_id) \
                        AND r.labels @> {}::jsonb)",
@@ -554,6 +554,7 @@ pub async fn list(
         ));
     }
     let value = sort_value(query.sort);
+    let mut conditions = vec!["true".to_owned()];
     let (beyond, tie_beyond, order, tie_order) = match query.order {
         SortOrder::Desc => ("<", ">", "DESC", "ASC"),
         SortOrder::Asc => (">", "<", "ASC", "DESC"),
@@ -568,19 +569,25 @@ pub async fn list(
         ));
     }
     let limit = param();
-    let conditions: String = conditions
-        .iter()
-        .map(|condition| format!(" AND {condition}"))
-        .collect();
+    // The task is looked up per row, under a LIMIT that keeps the lookup from being planned
+    // as a join of all the period's tasks: rows come in the order of the index on cost, and
+    // the scan stops once the page is full.
     let sql = format!(
         "{ctes}SELECT f.task_id, {columns}, t.status, t.completed_at, t.first_started_at, \
                 t.last_ended_at, t.gpu_models, ({value})::text AS sort_key \
          FROM {source} AS f \
-         JOIN tasks AS t ON (t.project_id, t.task_id) = ($1, f.task_id) \
-         WHERE t.status IS NOT NULL{conditions} \
+         CROSS JOIN LATERAL ( \
+             SELECT t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
+                    t.gpu_models \
+             FROM tasks AS t \
+             WHERE (t.project_id, t.task_id) = ($1, f.task_id) AND {filters} \
+             LIMIT 1) AS t \
+         WHERE {conditions} \
          ORDER BY {value} {order}, f.task_id {tie_order} \
          LIMIT {limit}",
         columns = figure_columns(),
+        filters = filters.join(" AND "),
+        conditions = conditions.join(" AND "),
     );
     let mut statement = sqlx::query_as::<_, ListedRow>(&sql).bind(query.project);
     statement = if one_month {
@@ -617,13 +624,14 @@ pub async fn monthly_figures(
     let sql = format!(
         "SELECT f.task_id, f.month, {columns} \
          FROM tasks AS t \
-         CROSS JOIN LATERAL generate_series( \
-             date_trunc('month', t.first_started_at AT TIME ZONE $3), \
-             date_trunc('month', t.last_ended_at AT TIME ZONE $3), \
-             interval '1 month') AS months(month) \
-         CROSS JOIN LATERAL (SELECT {row} FROM task_monthly AS m \
-                             WHERE (m.project_id, m.month, m.task_id) \
-                                   = (t.project_id, months.month::date, t.task_id)) AS f \
+         CROSS JOIN LATERAL ( \
+             SELECT {row} FROM task_monthly AS m \
+             WHERE m.project_id = t.project_id AND m.task_id = t.task_id \
+               AND m.month = ANY(ARRAY( \
+                   SELECT generate_series( \
+                       date_trunc('month', t.first_started_at AT TIME ZONE $3), \
+                       date_trunc('month', t.last_ended_at AT TIME ZONE $3), \
+                       interval '1 month')::date))) AS f \
          WHERE t.project_id = $1 AND t.task_id = ANY($2) \
          ORDER BY f.task_id, f.month",
         columns = figure_columns(),
