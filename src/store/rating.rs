@@ -372,7 +372,7 @@ pub async fn rate_records(
             task,
             status,
             task_attempts.iter().map(|a| a.gpu_model.as_str()),
-        );
+        )?;
     }
 
     let key_projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::Context;
 use chrono::{DateTime, Months, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
@@ -178,9 +179,11 @@ pub struct Settlement<'a> {
     completed_at: Vec<Option<DateTime<Utc>>>,
     first_started_at: Vec<Option<DateTime<Utc>>>,
     last_ended_at: Vec<Option<DateTime<Utc>>>,
-    model_projects: Vec<&'a str>,
-    model_tasks: Vec<&'a str>,
+    /// Every task's distinct GPU models, one task after another: a task's are
+    /// `models[first_model..=last_model]`, counted from 1 as SQL arrays are.
     models: Vec<&'a str>,
+    first_model: Vec<i32>,
+    last_model: Vec<i32>,
     /// Row ids of the daily and monthly rows left empty (see [`emptied_rows`]).
     emptied_days: Vec<String>,
     emptied_months: Vec<String>,
@@ -193,7 +196,7 @@ impl<'a> Settlement<'a> {
         (project, task_id): (&'a str, &'a str),
         status: Option<TaskStatus>,
         models: impl IntoIterator<Item = &'a str>,
-    ) {
+    ) -> anyhow::Result<()> {
         self.projects.push(project);
         self.task_ids.push(task_id);
         self.statuses.push(status.map(|s| s.status.as_str()));
@@ -201,11 +204,15 @@ impl<'a> Settlement<'a> {
         self.first_started_at
             .push(status.map(|s| s.first_started_at));
         self.last_ended_at.push(status.map(|s| s.last_ended_at));
-        for model in models {
-            self.model_projects.push(project);
-            self.model_tasks.push(task_id);
-            self.models.push(model);
-        }
+        let mut distinct: Vec<&str> = models.into_iter().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let position =
+            |index: usize| i32::try_from(index).context("too many GPU models in one rating call");
+        self.first_model.push(position(self.models.len() + 1)?);
+        self.models.extend(distinct);
+        self.last_model.push(position(self.models.len())?);
+        Ok(())
     }
 
     /// Notes the rows the changes left empty, as [`emptied_rows`] names them.
@@ -218,28 +225,29 @@ impl<'a> Settlement<'a> {
     /// parameters [`Settlement::bind`] binds from `$first` on.
     pub fn ctes(first: usize) -> String {
         let p = |offset: usize| format!("${}", first + offset);
+        // Each task's models are a slice of one array, so that no join pairs tasks with
+        // their models; they are sorted here, in the database's collation.
         format!(
-            "task_models AS ( \
-               SELECT project_id, task_id, array_agg(DISTINCT model ORDER BY model) AS models \
-               FROM UNNEST({model_projects}::text[], {model_tasks}::text[], {models}::text[]) \
-                    AS m(project_id, task_id, model) \
-               GROUP BY 1, 2), \
-             settled AS ( \
+            "settled AS ( \
                UPDATE tasks t \
                SET status = s.status, completed_at = s.completed_at, \
                    first_started_at = s.first_started_at, last_ended_at = s.last_ended_at, \
-                   gpu_models = coalesce(s.models, '{{}}') \
-               FROM (UNNEST({projects}::text[], {task_ids}::text[], {statuses}::text[], \
-                            {completed}::timestamptz[], {started}::timestamptz[], \
-                            {ended}::timestamptz[]) \
-                     AS u(project_id, task_id, status, completed_at, first_started_at, \
-                          last_ended_at) \
-                     LEFT JOIN task_models USING (project_id, task_id)) AS s \
+                   gpu_models = s.models \
+               FROM (SELECT *, ARRAY(SELECT model \
+                                     FROM unnest(({models}::text[])[first_model:last_model]) \
+                                          AS model \
+                                     ORDER BY model) AS models \
+                     FROM UNNEST({projects}::text[], {task_ids}::text[], {statuses}::text[], \
+                                 {completed}::timestamptz[], {started}::timestamptz[], \
+                                 {ended}::timestamptz[], {first_model}::int[], \
+                                 {last_model}::int[]) \
+                          AS u(project_id, task_id, status, completed_at, first_started_at, \
+                               last_ended_at, first_model, last_model)) AS s \
                WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id) \
                  AND (t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
                       t.gpu_models) \
                      IS DISTINCT FROM (s.status, s.completed_at, s.first_started_at, \
-                                       s.last_ended_at, coalesce(s.models, '{{}}'))), \
+                                       s.last_ended_at, s.models)), \
              emptied_days AS ( \
                DELETE FROM task_daily \
                WHERE ctid = ANY({emptied_days}::text[]::tid[]) \
@@ -254,8 +262,8 @@ impl<'a> Settlement<'a> {
             completed = p(3),
             started = p(4),
             ended = p(5),
-            model_projects = p(6),
-            model_tasks = p(7),
+            first_model = p(6),
+            last_model = p(7),
             models = p(8),
             emptied_days = p(9),
             emptied_months = p(10),
@@ -274,8 +282,8 @@ impl<'a> Settlement<'a> {
             .bind(&self.completed_at)
             .bind(&self.first_started_at)
             .bind(&self.last_ended_at)
-            .bind(&self.model_projects)
-            .bind(&self.model_tasks)
+            .bind(&self.first_model)
+            .bind(&self.last_model)
             .bind(&self.models)
             .bind(&self.emptied_days)
             .bind(&self.emptied_months)
