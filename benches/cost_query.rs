@@ -140,21 +140,13 @@ SELECT project_id, task_id, min(outcome),
        min(hour), max(hour) + interval '1 hour', ARRAY[min(gpu_model)]
 FROM rated_segments GROUP BY project_id, task_id;
 
-INSERT INTO task_daily
-SELECT project_id, task_id, (hour AT TIME ZONE 'UTC')::date,
+INSERT INTO task_monthly
+SELECT project_id, task_id, date_trunc('month', hour AT TIME ZONE 'UTC')::date,
        sum(segments), sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed),
        sum(gpu_seconds_held), sum(gpu_seconds_busy), sum(unrated_gpu_seconds),
        sum_quantities(output), sum(attempts), sum(failed_attempts), sum(retries),
        sum(failures), sum(queue_wait_seconds), sum(queue_waits)
 FROM task_hourly GROUP BY 1, 2, 3;
-
-INSERT INTO task_monthly
-SELECT project_id, task_id, date_trunc('month', day)::date,
-       sum(segments), sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed),
-       sum(gpu_seconds_held), sum(gpu_seconds_busy), sum(unrated_gpu_seconds),
-       sum_quantities(output), sum(attempts), sum(failed_attempts), sum(retries),
-       sum(failures), sum(queue_wait_seconds), sum(queue_waits)
-FROM task_daily GROUP BY 1, 2, 3;
 "#;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.

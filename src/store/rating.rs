@@ -436,7 +436,7 @@ pub async fn rate_records(
         tasks = task_ledger::add_changes("$23", "changes", "record_changes"),
         emptied = task_ledger::emptied_rows(),
     );
-    let query = sqlx::query_as::<_, (Vec<String>, Vec<String>)>(&sql);
+    let query = sqlx::query_as::<_, (Vec<String>,)>(&sql);
     let emptied = records
         .bind(
             segments

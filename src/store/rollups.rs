@@ -258,10 +258,10 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     Ok(Some(done))
 }
 
-/// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task days and
-/// months from the rated segments and records (see [`rebuild_tasks`]), when they were
-/// built for another ledger time zone than `tz` (or never recorded one), so that their days
-/// and months are those of the ledger. Returns whether it rebuilt them.
+/// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task months from
+/// the rated segments and records (see [`rebuild_tasks`]), when they were built for another
+/// ledger time zone than `tz` (or never recorded one), so that their days and months are
+/// those of the ledger. Returns whether it rebuilt them.
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
@@ -278,8 +278,8 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     }
     // Writers append to these tables; this waits for them and keeps them out meanwhile.
     sqlx::query(
-        "LOCK TABLE cost_daily, records_daily, cost_monthly, records_monthly, task_daily, \
-         task_monthly IN EXCLUSIVE MODE",
+        "LOCK TABLE cost_daily, records_daily, cost_monthly, records_monthly, task_monthly \
+         IN EXCLUSIVE MODE",
     )
     .execute(&mut *tx)
     .await?;
@@ -310,48 +310,35 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Rebuilds every task's daily rows (`task_daily`) from its segments and per-record figures
-/// (the view `task_hourly`), and its monthly rows from the daily ones, for the ledger time
-/// zone `tz`; the caller keeps writers out meanwhile.
+/// Rebuilds every task's monthly rows (`task_monthly`) from its segments and per-record
+/// figures (the view `task_hourly`) for the ledger time zone `tz`; the caller keeps writers
+/// out meanwhile.
 async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
-    let sums = |columns: &[&str]| {
-        columns
-            .iter()
-            .map(|&column| match column {
-                "output" => "sum_quantities(output)".to_owned(),
-                _ => format!("sum({column})"),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let columns = TASK_SUMS.join(", ");
-    for (table, period_column, period, source) in [
-        ("task_daily", "day", Level::Day.of_hour("$1"), "task_hourly"),
-        (
-            "task_monthly",
-            "month",
-            "date_trunc('month', day)::date".to_owned(),
-            "task_daily",
-        ),
-    ] {
-        sqlx::query(&format!("DELETE FROM {table}"))
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query(&format!(
-            "INSERT INTO {table} (project_id, task_id, {period_column}, {columns}) \
-             SELECT project_id, task_id, {period}, {sums} FROM {source} GROUP BY 1, 2, 3",
-            sums = sums(&TASK_SUMS),
-        ))
-        .bind(tz.name())
+    let sums = TASK_SUMS
+        .iter()
+        .map(|&column| match column {
+            "output" => "sum_quantities(output)".to_owned(),
+            _ => format!("sum({column})"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    sqlx::query("DELETE FROM task_monthly")
         .execute(&mut *conn)
-        .await
-        .with_context(|| format!("rebuilding {table}"))?;
-    }
+        .await?;
+    sqlx::query(&format!(
+        "INSERT INTO task_monthly (project_id, task_id, month, {columns}) \
+         SELECT project_id, task_id, {month}, {sums} FROM task_hourly GROUP BY 1, 2, 3",
+        columns = TASK_SUMS.join(", "),
+        month = Level::Month.of_hour("$1"),
+    ))
+    .bind(tz.name())
+    .execute(&mut *conn)
+    .await
+    .context("rebuilding task_monthly")?;
     Ok(())
 }
 
-/// The summed columns of the per-task tables and of the view `task_hourly` they are built
-/// from.
+/// The summed columns of `task_monthly` and of the view `task_hourly` it is built from.
 pub const TASK_SUMS: [&str; 16] = [
     "segments",
     "cost",
@@ -388,6 +375,11 @@ pub struct PeriodSplit {
     /// days; days outside them are read from the daily tables. Empty when equal.
     pub first_month: NaiveDate,
     pub end_month: NaiveDate,
+    /// Where the whole months begin and end; for tables kept per month and hour only, hours
+    /// outside `[months_start, months_end)` are read from the hourly ones. Both are `to`
+    /// when the period holds no whole month.
+    pub months_start: DateTime<Utc>,
+    pub months_end: DateTime<Utc>,
 }
 
 impl PeriodSplit {
@@ -411,6 +403,8 @@ impl PeriodSplit {
                 days_end: to,
                 first_month: first_day,
                 end_month: first_day,
+                months_start: to,
+                months_end: to,
             };
         }
         let mut first_month = first_of_month(first_day);
@@ -420,11 +414,17 @@ impl PeriodSplit {
                 .unwrap_or(first_month);
         }
         let end_month = first_of_month(end_day);
-        let (first_month, end_month) = if months && first_month < end_month {
-            (first_month, end_month)
-        } else {
-            (end_day, end_day)
-        };
+        let (first_month, end_month, months_start, months_end) =
+            if months && first_month < end_month {
+                (
+                    first_month,
+                    end_month,
+                    first_instant_of_day(first_month, tz),
+                    first_instant_of_day(end_month, tz),
+                )
+            } else {
+                (end_day, end_day, to, to)
+            };
         PeriodSplit {
             from,
             to,
@@ -434,6 +434,8 @@ impl PeriodSplit {
             days_end,
             first_month,
             end_month,
+            months_start,
+            months_end,
         }
     }
 
@@ -485,6 +487,50 @@ impl PeriodSplit {
             .bind(self.first_month)
             .bind(self.end_month)
     }
+
+    /// SQL reading `columns` of a family kept per month and hour only (`task`) over the
+    /// period, as one row set: whole months from `{family}_monthly`, every other hour from
+    /// `{family}_hourly`. In `columns`, `{key}` stands for the month or hour key. `$n` are
+    /// bound by [`PeriodSplit::bind_months_and_hours`] from `first`.
+    pub fn months_and_hours_sql(
+        family: &str,
+        columns: &str,
+        (month_key, hour_key): (&str, &str),
+        projects: &str,
+        first: usize,
+    ) -> String {
+        let p = |offset: usize| format!("${}", first + offset);
+        let (from, to, first_month, end_month) = (p(0), p(1), p(2), p(3));
+        let (months_start, months_end) = (p(4), p(5));
+        let monthly = columns.replace("{key}", month_key);
+        let hourly = columns.replace("{key}", hour_key);
+        let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
+            format!(
+                "SELECT {columns} FROM {family}_{level} \
+                 WHERE project_id {projects} AND {time} >= {start} AND {time} < {end}"
+            )
+        };
+        [
+            select(&monthly, "monthly", "month", &first_month, &end_month),
+            select(&hourly, "hourly", "hour", &from, &months_start),
+            select(&hourly, "hourly", "hour", &months_end, &to),
+        ]
+        .join(" UNION ALL ")
+    }
+
+    /// Binds the six parameters [`PeriodSplit::months_and_hours_sql`] uses, in its order.
+    pub fn bind_months_and_hours<'q, O>(
+        &self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(self.from)
+            .bind(self.to)
+            .bind(self.first_month)
+            .bind(self.end_month)
+            .bind(self.months_start)
+            .bind(self.months_end)
+    }
 }
 
 /// How many delta rows wait for compaction, over every rollup.
@@ -526,6 +572,10 @@ mod tests {
             (date(2026, 11, 1), date(2026, 12, 1))
         );
         assert_eq!((split.days_start, split.days_end), (split.from, split.to));
+        assert_eq!(
+            (split.months_start, split.months_end),
+            (split.from, split.to)
+        );
         // Read by the day, it is 30 whole days.
         let split = PeriodSplit::new(period, chrono_tz::UTC, false);
         assert_eq!(split.first_month, split.end_month);
@@ -548,6 +598,10 @@ mod tests {
             (split.days_start, split.days_end),
             (at(2026, 10, 15, 0), at(2027, 1, 3, 0))
         );
+        assert_eq!(
+            (split.months_start, split.months_end),
+            (at(2026, 11, 1, 0), at(2027, 1, 1, 0))
+        );
     }
 
     #[test]
@@ -561,6 +615,8 @@ mod tests {
         assert_eq!(split.first_month, split.end_month);
         assert_eq!(split.days_start, at(2026, 11, 4, 0));
         assert_eq!(split.days_end, at(2026, 11, 9, 0));
+        // Without a whole month, tables kept per month and hour are read by the hour.
+        assert_eq!((split.months_start, split.months_end), (split.to, split.to));
     }
 
     #[test]
@@ -579,10 +635,22 @@ mod tests {
         let split = PeriodSplit::new((at(2026, 11, 1, 4), at(2026, 12, 1, 5)), tz, true);
         assert_eq!(months(&split), (date(2026, 11, 1), date(2026, 12, 1)));
         assert_eq!((split.days_start, split.days_end), (split.from, split.to));
+        assert_eq!(
+            (split.months_start, split.months_end),
+            (split.from, split.to)
+        );
         // Cut an hour into the first day: that day is read by the hour, the rest by the day.
         let split = PeriodSplit::new((at(2026, 11, 1, 5), at(2026, 12, 1, 5)), tz, true);
         assert_eq!(split.first_month, split.end_month);
         assert_eq!(split.first_day, date(2026, 11, 2));
         assert_eq!(split.days_start, at(2026, 11, 2, 5));
+        assert_eq!((split.months_start, split.months_end), (split.to, split.to));
+        // November is the only whole month; it begins at 04:00 UTC (EDT), December at 05:00.
+        let split = PeriodSplit::new((at(2026, 10, 20, 4), at(2026, 12, 31, 5)), tz, true);
+        assert_eq!(months(&split), (date(2026, 11, 1), date(2026, 12, 1)));
+        assert_eq!(
+            (split.months_start, split.months_end),
+            (at(2026, 11, 1, 4), at(2026, 12, 1, 5))
+        );
     }
 }

@@ -1,16 +1,16 @@
-//! What each task cost, kept per ledger day and ledger month (`task_daily`,
-//! `task_monthly`) by the rating path, and read for any period of ledger hours.
+//! What each task cost, kept per ledger month (`task_monthly`) by the rating path, and
+//! read for any period of ledger hours.
 //!
 //! Every writer of a task holds the task's row in `tasks`, so its rows are updated in place:
 //! [`rate_records`](crate::store::rating::rate_records) adds the signed difference between
-//! a task's old and new segments and attempts, in the statements that update the project
+//! a task's old and new segments and attempts, in the statement that updates the project
 //! rollups, and then stores each task's status and deletes the rows left empty
 //! ([`Settlement`]).
 //! They are rebuilt with the project rollups for another ledger time zone
 //! ([`crate::store::rollups::align_to_time_zone`]).
-//! A period is read like the project's cost (see [`PeriodSplit`]): whole months from
-//! `task_monthly`, other whole days from `task_daily`, and the hours left over from the
-//! view `task_hourly` over the segments and per-record figures.
+//! A period is read from whole months of `task_monthly` and, for the hours outside them,
+//! from the view `task_hourly` over the segments and per-record figures (see
+//! [`PeriodSplit::months_and_hours_sql`]).
 
 use std::collections::BTreeMap;
 
@@ -25,17 +25,6 @@ use crate::domain::figures::SUM_SCALE;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::store::rollups::{Level, PeriodSplit, TASK_SUMS};
-
-/// The levels a task's figures are kept at.
-const LEVELS: [Level; 2] = [Level::Day, Level::Month];
-
-fn table(level: Level) -> &'static str {
-    match level {
-        Level::Hour => "task_hourly",
-        Level::Day => "task_daily",
-        Level::Month => "task_monthly",
-    }
-}
 
 /// The summed columns filled from segments, with the expression over a signed segment
 /// change (`sign` and the `rated_segments` columns) each adds.
@@ -71,13 +60,13 @@ const RECORD_SUMS: [(&str, &str); 6] = [
     ),
 ];
 
-/// CTEs adding the changes of a rating call to every task's daily and monthly rows, one
-/// upsert per level, so that each row is written once per call: the segment changes in the
-/// CTE `segments` (`sign` and the `rated_segments` columns) in the period of their hour,
-/// and the per-record changes in the CTE `records` (`sign` and the `rated_records`
-/// columns) in the period holding each record's end. `tz` is the parameter holding the
-/// ledger time zone. Groups that change nothing are left out. [`emptied_rows`] names the
-/// rows nothing is left under.
+/// A CTE `task_changes` adding the changes of a rating call to every task's monthly rows in
+/// one upsert, so that each row is written once per call: the segment changes in the CTE
+/// `segments` (`sign` and the `rated_segments` columns) in the month of their hour, and the
+/// per-record changes in the CTE `records` (`sign` and the `rated_records` columns) in the
+/// month holding each record's end. `tz` is the parameter holding the ledger time zone.
+/// Groups that change nothing are left out. [`emptied_rows`] names the rows nothing is left
+/// under.
 pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
     let names: Vec<&str> = SEGMENT_SUMS
         .iter()
@@ -109,68 +98,48 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
         .map(|name| format!("{name} = t.{name} + EXCLUDED.{name}"))
         .collect::<Vec<_>>()
         .join(", ");
-    LEVELS
-        .iter()
-        .map(|&level| {
-            let period = level.column();
-            let of_hour = level.of_hour(tz);
-            let changed = format!(
-                "SELECT project_id, task_id, {of_hour} AS period, {segment_columns} \
-                 FROM {segments} \
-                 UNION ALL \
-                 SELECT project_id, task_id, {of_hour} AS period, {record_columns} \
-                 FROM (SELECT *, end_hour AS hour FROM {records}) AS ended",
-                segment_columns = branch(&SEGMENT_SUMS),
-                record_columns = branch(&RECORD_SUMS),
-            );
-            // Output per unit of each task and period, left out where it nets to zero.
-            let outputs = format!(
-                "SELECT project_id, task_id, period, jsonb_object_agg(output_unit, quantity) \
-                        AS output \
-                 FROM (SELECT project_id, task_id, {of_hour} AS period, output_unit, \
-                              sum(sign * output_quantity) AS quantity \
-                       FROM {segments} WHERE output_quantity IS NOT NULL \
-                       GROUP BY 1, 2, 3, 4 HAVING sum(sign * output_quantity) <> 0) AS units \
-                 GROUP BY 1, 2, 3"
-            );
-            format!(
-                "task_changes_{period} AS ( \
-                   INSERT INTO {table} AS t (project_id, task_id, {period}, {columns}, output) \
-                   SELECT project_id, task_id, period, {columns}, \
-                          coalesce(outputs.output, '{{}}') \
-                   FROM (SELECT project_id, task_id, period, {totals} FROM ({changed}) AS changed \
-                         GROUP BY 1, 2, 3) AS sums \
-                   LEFT JOIN ({outputs}) AS outputs USING (project_id, task_id, period) \
-                   WHERE ({columns}) <> ({zeros}) OR outputs.output IS NOT NULL \
-                   ON CONFLICT (project_id, {period}, task_id) DO UPDATE SET {updates}, \
-                     output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
-                                   ELSE add_quantities(t.output, EXCLUDED.output) END \
-                   RETURNING t.ctid::text AS row_id, (t.segments, t.attempts) = (0, 0) AS emptied)",
-                table = table(level),
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    let month = Level::Month.of_hour(tz);
+    let changed = format!(
+        "SELECT project_id, task_id, {month} AS month, {segment_columns} FROM {segments} \
+         UNION ALL \
+         SELECT project_id, task_id, {month} AS month, {record_columns} \
+         FROM (SELECT *, end_hour AS hour FROM {records}) AS ended",
+        segment_columns = branch(&SEGMENT_SUMS),
+        record_columns = branch(&RECORD_SUMS),
+    );
+    // Output per unit of each task and month, left out where it nets to zero.
+    let outputs = format!(
+        "SELECT project_id, task_id, month, jsonb_object_agg(output_unit, quantity) AS output \
+         FROM (SELECT project_id, task_id, {month} AS month, output_unit, \
+                      sum(sign * output_quantity) AS quantity \
+               FROM {segments} WHERE output_quantity IS NOT NULL \
+               GROUP BY 1, 2, 3, 4 HAVING sum(sign * output_quantity) <> 0) AS units \
+         GROUP BY 1, 2, 3"
+    );
+    format!(
+        "task_changes AS ( \
+           INSERT INTO task_monthly AS t (project_id, task_id, month, {columns}, output) \
+           SELECT project_id, task_id, month, {columns}, coalesce(outputs.output, '{{}}') \
+           FROM (SELECT project_id, task_id, month, {totals} FROM ({changed}) AS changed \
+                 GROUP BY 1, 2, 3) AS sums \
+           LEFT JOIN ({outputs}) AS outputs USING (project_id, task_id, month) \
+           WHERE ({columns}) <> ({zeros}) OR outputs.output IS NOT NULL \
+           ON CONFLICT (project_id, month, task_id) DO UPDATE SET {updates}, \
+             output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
+                           ELSE add_quantities(t.output, EXCLUDED.output) END \
+           RETURNING t.ctid::text AS row_id, (t.segments, t.attempts) = (0, 0) AS emptied)"
+    )
 }
 
-/// The row ids of the daily and of the monthly rows [`add_changes`] left empty, as two
-/// `text[]` columns: [`Settlement`] deletes them.
-pub fn emptied_rows() -> String {
-    LEVELS
-        .iter()
-        .map(|level| {
-            format!(
-                "ARRAY(SELECT row_id FROM task_changes_{} WHERE emptied)",
-                level.column()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+/// The row ids of the monthly rows [`add_changes`] left empty, as a `text[]` column:
+/// [`Settlement`] deletes them.
+pub fn emptied_rows() -> &'static str {
+    "ARRAY(SELECT row_id FROM task_changes WHERE emptied)"
 }
 
 /// What the rating path settles for the tasks it rated once their changes are added: each
 /// task's status (`None` for one left without attempts) and GPU models, and which of their
-/// daily and monthly rows nothing is left under.
+/// monthly rows nothing is left under.
 #[derive(Default)]
 pub struct Settlement<'a> {
     projects: Vec<&'a str>,
@@ -184,9 +153,8 @@ pub struct Settlement<'a> {
     models: Vec<&'a str>,
     first_model: Vec<i32>,
     last_model: Vec<i32>,
-    /// Row ids of the daily and monthly rows left empty (see [`emptied_rows`]).
-    emptied_days: Vec<String>,
-    emptied_months: Vec<String>,
+    /// Row ids of the monthly rows left empty (see [`emptied_rows`]).
+    emptied: Vec<String>,
 }
 
 impl<'a> Settlement<'a> {
@@ -216,9 +184,8 @@ impl<'a> Settlement<'a> {
     }
 
     /// Notes the rows the changes left empty, as [`emptied_rows`] names them.
-    pub fn emptied(&mut self, (days, months): (Vec<String>, Vec<String>)) {
-        self.emptied_days = days;
-        self.emptied_months = months;
+    pub fn emptied(&mut self, (rows,): (Vec<String>,)) {
+        self.emptied = rows;
     }
 
     /// CTEs storing the tasks' status and deleting their emptied rows, reading the
@@ -248,13 +215,9 @@ impl<'a> Settlement<'a> {
                       t.gpu_models) \
                      IS DISTINCT FROM (s.status, s.completed_at, s.first_started_at, \
                                        s.last_ended_at, s.models)), \
-             emptied_days AS ( \
-               DELETE FROM task_daily \
-               WHERE ctid = ANY({emptied_days}::text[]::tid[]) \
-                 AND segments = 0 AND attempts = 0), \
-             emptied_months AS ( \
+             emptied AS ( \
                DELETE FROM task_monthly \
-               WHERE ctid = ANY({emptied_months}::text[]::tid[]) \
+               WHERE ctid = ANY({emptied}::text[]::tid[]) \
                  AND segments = 0 AND attempts = 0)",
             projects = p(0),
             task_ids = p(1),
@@ -265,12 +228,11 @@ impl<'a> Settlement<'a> {
             first_model = p(6),
             last_model = p(7),
             models = p(8),
-            emptied_days = p(9),
-            emptied_months = p(10),
+            emptied = p(9),
         )
     }
 
-    /// Binds the eleven parameters [`Settlement::ctes`] reads, in its order.
+    /// Binds the ten parameters [`Settlement::ctes`] reads, in its order.
     pub fn bind<'q, O>(
         &'q self,
         query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
@@ -285,8 +247,7 @@ impl<'a> Settlement<'a> {
             .bind(&self.first_model)
             .bind(&self.last_model)
             .bind(&self.models)
-            .bind(&self.emptied_days)
-            .bind(&self.emptied_months)
+            .bind(&self.emptied)
     }
 }
 
@@ -387,13 +348,14 @@ fn monthly_row(m: &str) -> String {
 }
 
 /// CTEs ending in `f`: one row per task of `project` ($1) with a segment or an ended
-/// attempt in the period bound by [`PeriodSplit::bind`] from $2, holding the sums of its
-/// figures over the period.
+/// attempt in the period bound by [`PeriodSplit::bind_months_and_hours`] from $2, holding
+/// the sums of its figures over the period: its whole months' rows of `task_monthly` and its
+/// other hours' rows of `task_hourly`.
 fn period_ctes() -> String {
-    let rows = PeriodSplit::rows_sql(
+    let rows = PeriodSplit::months_and_hours_sql(
         "task",
         &format!("task_id, {}", TASK_SUMS.join(", ")),
-        ("month", "day", "hour"),
+        ("month", "hour"),
         "= $1",
         2,
     );
@@ -436,7 +398,7 @@ pub async fn period_figures(
     );
     let query = sqlx::query_as::<_, TaskRow>(&sql).bind(project);
     let rows = PeriodSplit::new(period, tz, true)
-        .bind(query)
+        .bind_months_and_hours(query)
         .fetch_all(conn)
         .await?;
     Ok(rows.into_iter().map(TaskRow::into_parts).collect())
@@ -517,8 +479,8 @@ fn sort_value(sort: TaskSort) -> &'static str {
 ///
 /// A period that is one whole ledger month reads that month's rows of `task_monthly` alone,
 /// in the order of its index when sorted by cost, so the costliest tasks of a month are found
-/// without summing the others. Any other period sums the task's rows of its months, days and
-/// hours first.
+/// without summing the others. Any other period sums the task's rows of its whole months and
+/// other hours first.
 pub async fn list(
     conn: &mut PgConnection,
     query: &ListQuery<'_>,
@@ -539,7 +501,7 @@ pub async fn list(
             3,
         )
     } else {
-        (format!("WITH {} ", period_ctes()), "f".to_owned(), 10)
+        (format!("WITH {} ", period_ctes()), "f".to_owned(), 8)
     };
     let mut param = || {
         let name = format!("${next}");
@@ -601,7 +563,7 @@ pub async fn list(
     statement = if one_month {
         statement.bind(split.first_month)
     } else {
-        split.bind(statement)
+        split.bind_months_and_hours(statement)
     };
     if let Some(status) = query.filter.status {
         statement = statement.bind(status.as_str());

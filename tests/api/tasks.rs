@@ -1,4 +1,4 @@
-//! What each task cost, kept by the rating path per ledger day and month: the worked
+//! What each task cost, kept by the rating path per ledger month: the worked
 //! example per task, and the law that a project's tasks add up to the project's figures
 //! less its unused commitment, over months, days and odd periods, through compaction,
 //! re-pricing, corrections and a change of ledger time zone.
@@ -291,20 +291,20 @@ async fn assert_tasks_add_up(app: &TestApp, period: (&str, &str), tz: Tz) {
         .map(|(task, f)| (task.clone(), f.total(), f.attempts, f.queue_waits))
         .collect();
     assert_eq!(read, expected, "{period:?}");
-    let emptied: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM task_daily WHERE segments = 0 AND attempts = 0) \
-              + (SELECT count(*) FROM task_monthly WHERE segments = 0 AND attempts = 0)",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
+    let emptied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM task_monthly WHERE segments = 0 AND attempts = 0")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(emptied, 0);
 }
 
-const UTC_PERIODS: [(&str, &str); 3] = [
+/// A month, a day, hours across days, and a month with hours on either side of it.
+const UTC_PERIODS: [(&str, &str); 4] = [
     ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z"),
     ("2026-11-10T00:00:00Z", "2026-11-11T00:00:00Z"),
     ("2026-11-03T05:00:00Z", "2026-11-17T19:00:00Z"),
+    ("2026-10-25T07:00:00Z", "2026-12-02T05:00:00Z"),
 ];
 
 async fn assert_periods_add_up(app: &TestApp, periods: &[(&str, &str)], tz: Tz) {
@@ -389,9 +389,10 @@ async fn tasks_add_up_in_another_ledger_time_zone() {
         (month_start.as_str(), month_end.as_str()),
         (day_start.as_str(), day_end.as_str()),
         ("2026-11-03T05:00:00Z", "2026-11-17T19:00:00Z"),
+        ("2026-10-25T07:00:00Z", "2026-12-02T05:00:00Z"),
     ];
     assert_periods_add_up(&new_york, &periods, NEW_YORK).await;
-    // Records rated after the rebuild are kept in New York days as well.
+    // Records rated after the rebuild are kept in New York months as well.
     new_york
         .ingest([record("late", "2026-11-10T03:00:00Z", "2026-11-10T07:00:00Z").gpu_count(3)])
         .await;
@@ -449,14 +450,15 @@ async fn the_upgrade_backfills_what_was_rated_before_it() {
         (Decimal::from(900), 1, 2)
     );
 
-    // Undo migration 0006 and apply it again, as an upgrade of a database rated before it.
+    // Undo migrations 0006 and 0007 and apply them again, as an upgrade of a database rated
+    // before them.
     sqlx::raw_sql(
-        "DROP VIEW task_hourly; DROP TABLE task_daily, task_monthly; \
+        "DROP VIEW task_hourly; DROP TABLE task_monthly; \
          DROP AGGREGATE sum_quantities(jsonb); DROP FUNCTION add_quantities(jsonb, jsonb); \
          ALTER TABLE rated_records DROP COLUMN queue_wait_seconds; \
          ALTER TABLE tasks DROP COLUMN status, DROP COLUMN completed_at, \
              DROP COLUMN first_started_at, DROP COLUMN last_ended_at, DROP COLUMN gpu_models; \
-         DELETE FROM _sqlx_migrations WHERE version = 6",
+         DELETE FROM _sqlx_migrations WHERE version IN (6, 7)",
     )
     .execute(&app.pool)
     .await
