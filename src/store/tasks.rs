@@ -193,28 +193,37 @@ impl<'a> Settlement<'a> {
     pub fn ctes(first: usize) -> String {
         let p = |offset: usize| format!("${}", first + offset);
         // Each task's models are a slice of one array, so that no join pairs tasks with
-        // their models; they are sorted here, in the database's collation.
+        // their models; several are sorted here, in the database's collation. The rows are
+        // updated through an upsert rather than `UPDATE … FROM`, so that each is found by its
+        // primary key whatever the planner estimates of the table (a join with the batch
+        // would scan every task); every task is locked already, so none is inserted.
         format!(
             "settled AS ( \
-               UPDATE tasks t \
-               SET status = s.status, completed_at = s.completed_at, \
-                   first_started_at = s.first_started_at, last_ended_at = s.last_ended_at, \
-                   gpu_models = s.models \
-               FROM (SELECT *, ARRAY(SELECT model \
-                                     FROM unnest(({models}::text[])[first_model:last_model]) \
-                                          AS model \
-                                     ORDER BY model) AS models \
-                     FROM UNNEST({projects}::text[], {task_ids}::text[], {statuses}::text[], \
-                                 {completed}::timestamptz[], {started}::timestamptz[], \
-                                 {ended}::timestamptz[], {first_model}::int[], \
-                                 {last_model}::int[]) \
-                          AS u(project_id, task_id, status, completed_at, first_started_at, \
-                               last_ended_at, first_model, last_model)) AS s \
-               WHERE (t.project_id, t.task_id) = (s.project_id, s.task_id) \
-                 AND (t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
+               INSERT INTO tasks AS t \
+                 (project_id, task_id, status, completed_at, first_started_at, last_ended_at, \
+                  gpu_models) \
+               SELECT project_id, task_id, status, completed_at, first_started_at, \
+                      last_ended_at, \
+                      CASE WHEN last_model <= first_model \
+                           THEN ({models}::text[])[first_model:last_model] \
+                           ELSE ARRAY(SELECT model \
+                                      FROM unnest(({models}::text[])[first_model:last_model]) \
+                                           AS model \
+                                      ORDER BY model) END \
+               FROM UNNEST({projects}::text[], {task_ids}::text[], {statuses}::text[], \
+                           {completed}::timestamptz[], {started}::timestamptz[], \
+                           {ended}::timestamptz[], {first_model}::int[], {last_model}::int[]) \
+                    AS u(project_id, task_id, status, completed_at, first_started_at, \
+                         last_ended_at, first_model, last_model) \
+               ON CONFLICT (project_id, task_id) DO UPDATE \
+               SET status = EXCLUDED.status, completed_at = EXCLUDED.completed_at, \
+                   first_started_at = EXCLUDED.first_started_at, \
+                   last_ended_at = EXCLUDED.last_ended_at, gpu_models = EXCLUDED.gpu_models \
+               WHERE (t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
                       t.gpu_models) \
-                     IS DISTINCT FROM (s.status, s.completed_at, s.first_started_at, \
-                                       s.last_ended_at, s.models)), \
+                     IS DISTINCT FROM (EXCLUDED.status, EXCLUDED.completed_at, \
+                                       EXCLUDED.first_started_at, EXCLUDED.last_ended_at, \
+                                       EXCLUDED.gpu_models)), \
              emptied AS ( \
                DELETE FROM task_monthly \
                WHERE ctid = ANY({emptied}::text[]::tid[]) \
