@@ -176,15 +176,19 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unrated_reason, output_unit, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
           unmeasured, failed, output_quantity)";
 
-/// CTEs appending the changes in the CTE `diff` to `family`'s rollup at every level, tagged
-/// with the delta number in the CTE `tag`; `tz` is the parameter holding the time zone.
+/// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s rollup
+/// at every level, tagged with the delta number in the CTE `tag`; `tz` is the parameter
+/// holding the time zone.
 fn append_diff(family: Family, diff: &str, tz: &str) -> String {
     Level::ALL
         .iter()
         .enumerate()
         .map(|(i, &level)| {
             let source = format!("{diff}, tag");
-            let append = rollups::append_sql(family, level, tz, &source, "min(tag.delta)");
+            let append = match level {
+                Level::Hour => rollups::append_hourly_sql(family, &source, "tag.delta"),
+                _ => rollups::append_sql(family, level, tz, &source, "min(tag.delta)"),
+            };
             format!("{diff}_append_{i} AS ({append})")
         })
         .collect::<Vec<_>>()

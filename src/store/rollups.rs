@@ -146,6 +146,20 @@ pub fn append_sql(family: Family, level: Level, tz: &str, source: &str, delta: &
     )
 }
 
+/// An `INSERT` into `family`'s hourly table of the rows of `source`, already summed per
+/// hourly key, tagged with `delta`; rows that change nothing are left out.
+pub fn append_hourly_sql(family: Family, source: &str, delta: &str) -> String {
+    let sums = family.sums();
+    let columns = sums.join(", ");
+    let zeros = vec!["0"; sums.len()].join(", ");
+    let key = family.key(Level::Hour);
+    format!(
+        "INSERT INTO {table} ({key}, {columns}, delta) \
+         SELECT {key}, {columns}, {delta} FROM {source} WHERE ({columns}) <> ({zeros})",
+        table = family.table(Level::Hour),
+    )
+}
+
 /// One rollup table, as compaction sees it.
 struct Rollup {
     table: String,
