@@ -384,7 +384,9 @@ pub async fn rate_records(
     let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
 
     // Old segments and per-record figures out, new ones in: their difference is appended
-    // to the rollups and added to the tasks' rows. The new rows are stored after it.
+    // to the rollups and added to the tasks' rows. The new rows are stored after it. The
+    // figures of old segments are negated once in `changes`, so that every sum over it is a
+    // plain sum.
     let sql = format!(
         "WITH old AS ( \
            DELETE FROM rated_segments \
@@ -392,18 +394,24 @@ pub async fn rate_records(
                  (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
            RETURNING *), \
          changes AS ( \
-           SELECT -1 AS sign, * FROM old \
+           SELECT -1 AS sign, project_id, task_id, attempt, seq, hour, gpu_model, \
+                  billing_mode, outcome, contract_id, unrated_reason, output_unit, \
+                  -gpu_seconds_held AS gpu_seconds_held, \
+                  -gpu_seconds_busy AS gpu_seconds_busy, -cost AS cost, \
+                  -productive AS productive, -idle AS idle, -unmeasured AS unmeasured, \
+                  -failed AS failed, -output_quantity AS output_quantity \
+           FROM old \
            UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
          diff AS ( \
            SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
                   unrated_reason, output_unit, \
                   sum(sign) AS segments, \
-                  sum(sign * gpu_seconds_held) AS gpu_seconds_held, \
-                  sum(sign * coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
-                  sum(sign * coalesce(cost, 0)) AS cost, \
-                  sum(sign * productive) AS productive, sum(sign * idle) AS idle, \
-                  sum(sign * unmeasured) AS unmeasured, sum(sign * failed) AS failed, \
-                  sum(sign * coalesce(output_quantity, 0)) AS output_quantity \
+                  sum(gpu_seconds_held) AS gpu_seconds_held, \
+                  sum(coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                  sum(coalesce(cost, 0)) AS cost, \
+                  sum(productive) AS productive, sum(idle) AS idle, \
+                  sum(unmeasured) AS unmeasured, sum(failed) AS failed, \
+                  sum(coalesce(output_quantity, 0)) AS output_quantity \
            FROM changes \
            GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
                     unrated_reason, output_unit), \

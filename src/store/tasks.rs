@@ -26,20 +26,21 @@ use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::store::rollups::{Level, PeriodSplit, TASK_SUMS};
 
-/// The summed columns filled from segments, with the expression over a signed segment
-/// change (`sign` and the `rated_segments` columns) each adds.
+/// The summed columns filled from segments, with the expression over a segment change
+/// (`sign` and the `rated_segments` columns, with the figures of an old segment negated)
+/// each adds.
 const SEGMENT_SUMS: [(&str, &str); 9] = [
     ("segments", "sign"),
-    ("cost", "sign * coalesce(cost, 0)"),
-    ("productive", "sign * productive"),
-    ("idle", "sign * idle"),
-    ("unmeasured", "sign * unmeasured"),
-    ("failed", "sign * failed"),
-    ("gpu_seconds_held", "sign * gpu_seconds_held"),
-    ("gpu_seconds_busy", "sign * coalesce(gpu_seconds_busy, 0)"),
+    ("cost", "coalesce(cost, 0)"),
+    ("productive", "productive"),
+    ("idle", "idle"),
+    ("unmeasured", "unmeasured"),
+    ("failed", "failed"),
+    ("gpu_seconds_held", "gpu_seconds_held"),
+    ("gpu_seconds_busy", "coalesce(gpu_seconds_busy, 0)"),
     (
         "unrated_gpu_seconds",
-        "CASE WHEN unrated_reason IS NULL THEN 0 ELSE sign * gpu_seconds_held END",
+        "CASE WHEN unrated_reason IS NULL THEN 0 ELSE gpu_seconds_held END",
     ),
 ];
 
@@ -62,9 +63,10 @@ const RECORD_SUMS: [(&str, &str); 6] = [
 
 /// A CTE `task_changes` adding the changes of a rating call to every task's monthly rows in
 /// one upsert, so that each row is written once per call: the segment changes in the CTE
-/// `segments` (`sign` and the `rated_segments` columns) in the month of their hour, and the
-/// per-record changes in the CTE `records` (`sign` and the `rated_records` columns) in the
-/// month holding each record's end. `tz` is the parameter holding the ledger time zone.
+/// `segments` (`sign` and the `rated_segments` columns, with the figures of an old segment
+/// negated) in the month of their hour, and the per-record changes in the CTE `records`
+/// (`sign` and the `rated_records` columns as stored) in the month holding each record's
+/// end. `tz` is the parameter holding the ledger time zone.
 /// Groups that change nothing are left out. [`emptied_rows`] names the rows nothing is left
 /// under.
 pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
@@ -111,9 +113,9 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
     let outputs = format!(
         "SELECT project_id, task_id, month, jsonb_object_agg(output_unit, quantity) AS output \
          FROM (SELECT project_id, task_id, {month} AS month, output_unit, \
-                      sum(sign * output_quantity) AS quantity \
+                      sum(output_quantity) AS quantity \
                FROM {segments} WHERE output_quantity IS NOT NULL \
-               GROUP BY 1, 2, 3, 4 HAVING sum(sign * output_quantity) <> 0) AS units \
+               GROUP BY 1, 2, 3, 4 HAVING sum(output_quantity) <> 0) AS units \
          GROUP BY 1, 2, 3"
     );
     format!(
