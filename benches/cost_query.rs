@@ -4,7 +4,7 @@
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
 //! in SQL into the tables `rate_records` fills (segments, per-record figures, the hourly,
 //! daily and monthly rollups aggregated from them, as compaction leaves them, and each
-//! task's status and figures per day and month), across 200 projects, four GPU models, three
+//! task's status and figures per month), across 200 projects, four GPU models, three
 //! billing modes and every hour of November 2026; each project also has a reserved contract
 //! with a commitment, so unused commitment is computed too. Each query then runs through the
 //! real router, as a reader would call it, for rotating projects: the month's cost, the
