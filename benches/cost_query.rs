@@ -5,10 +5,12 @@
 //! daily and monthly rollups aggregated from them, as compaction leaves them), across 200
 //! projects, four GPU models, three billing modes and every hour of November 2026; each
 //! project also has a reserved contract with a commitment, so unused commitment is computed
-//! too. The query then runs through the real router, as a reader would call it, for
-//! rotating projects.
+//! too. The job records the segments were cut from are stored as well, two in three with
+//! the time they were queued, so that the attempts' queue wait is read too. The query then
+//! runs through the real router, as a reader would call it, for rotating projects.
 //!
-//! Run with `cargo bench --bench cost_query`.
+//! Run with `cargo bench --bench cost_query`; `TASKLEDGER_BENCH_RECORDS=1000000` runs one
+//! size only.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,8 @@ mod support;
 
 const PROJECTS: i64 = 200;
 const RUNS: usize = 40;
+const SIZES: [i64; 2] = [1_000_000, 10_000_000];
+const RECORDS_ENV: &str = "TASKLEDGER_BENCH_RECORDS";
 
 /// Projects, one unscoped contract per model and mode, one committed reservation per project.
 const SETUP: &str = r#"
@@ -84,6 +88,23 @@ CROSS JOIN LATERAL (
 ) cost;
 "#;
 
+/// The job records the segments were cut from (task `t<i>` is the `i`th); two in three of
+/// each project's were queued for up to 90 minutes, to the millisecond, before they started.
+const RECORDS: &str = r#"
+INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, billing_mode,
+                         queued_at, started_at, ended_at, gpu_seconds_held, gpu_seconds_busy,
+                         outcome, output_quantity, output_unit, content_hash)
+SELECT project_id, task_id, attempt, min(gpu_model), min(gpu_seconds_held) / 3600,
+       min(billing_mode),
+       CASE WHEN substr(task_id, 2)::bigint % 3 <> 0
+            THEN min(hour) - (substr(task_id, 2)::bigint * 7919 % 5400000) * interval '1 millisecond'
+       END,
+       min(hour), max(hour) + interval '1 hour', sum(gpu_seconds_held), sum(gpu_seconds_busy),
+       min(outcome), sum(output_quantity), min(output_unit), decode(md5(task_id), 'hex')
+FROM rated_segments
+GROUP BY project_id, task_id, attempt;
+"#;
+
 const ROLLUPS: &str = r#"
 INSERT INTO cost_hourly
 SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit,
@@ -132,8 +153,9 @@ GROUP BY contract_id, hour, project_id;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.
 const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_segments_by_kind, \
-                            rated_records_by_end";
+                            rated_records_by_end, job_records_by_start";
 const CREATE_INDEXES: &str = r#"
+CREATE INDEX job_records_by_start ON job_records (project_id, started_at, task_id, attempt);
 CREATE INDEX rated_segments_by_hour ON rated_segments (project_id, hour);
 CREATE INDEX rated_segments_by_kind ON rated_segments (project_id, gpu_model, billing_mode, hour);
 CREATE INDEX rated_records_by_end ON rated_records (project_id, end_hour);
@@ -159,6 +181,7 @@ async fn load(conn: &mut PgConnection, records: i64) {
         .execute(&mut *conn)
         .await
         .unwrap();
+    execute_script(conn, RECORDS).await;
     execute_script(conn, ROLLUPS).await;
     execute_script(conn, CREATE_INDEXES).await;
     execute_script(conn, "VACUUM ANALYZE").await;
@@ -242,7 +265,14 @@ fn main() {
             max_connections: 20,
         };
         let cluster = support::start_cluster(dir.path(), options).await.unwrap();
-        for records in [1_000_000, 10_000_000] {
+        let sizes = match std::env::var(RECORDS_ENV) {
+            Ok(raw) => vec![
+                raw.parse()
+                    .expect("TASKLEDGER_BENCH_RECORDS: a number of records"),
+            ],
+            Err(_) => SIZES.to_vec(),
+        };
+        for records in sizes {
             measure(&cluster, records).await;
         }
         cluster.stop().await.unwrap();
