@@ -6,12 +6,14 @@
 //! daily and monthly rollups aggregated from them, as compaction leaves them, and each
 //! task's status and figures per month), across 200 projects, four GPU models, three
 //! billing modes and every hour of November 2026; each project also has a reserved contract
-//! with a commitment, so unused commitment is computed too. Each query then runs through the
-//! real router, as a reader would call it, for rotating projects: the month's cost, the
-//! month's cost by day, the 50 costliest tasks of the month (and the next 50, through the
-//! cursor), the 50 most wasteful, and the 50 costliest of a fortnight.
+//! with a commitment, so unused commitment is computed too. The job records the segments
+//! were cut from are stored as well, two in three with the time they were queued, so that
+//! the attempts' queue wait is read too. Each query then runs through the real router, as a
+//! reader would call it, for rotating projects: the month's cost, the month's cost by day,
+//! the 50 costliest tasks of the month (and the next 50, through the cursor), the 50 most
+//! wasteful, and the 50 costliest of a fortnight.
 //!
-//! Run with `cargo bench --bench cost_query`; `TASKLEDGER_BENCH_SIZES=1000000` measures one
+//! Run with `cargo bench --bench cost_query`; `TASKLEDGER_BENCH_RECORDS=1000000` runs one
 //! size only.
 
 use std::time::{Duration, Instant};
@@ -32,6 +34,8 @@ mod support;
 
 const PROJECTS: i64 = 200;
 const RUNS: usize = 40;
+const SIZES: [i64; 2] = [1_000_000, 10_000_000];
+const RECORDS_ENV: &str = "TASKLEDGER_BENCH_RECORDS";
 
 /// Projects, one unscoped contract per model and mode, one committed reservation per project.
 const SETUP: &str = r#"
@@ -86,6 +90,23 @@ LEFT JOIN contracts own ON own.project_id = r.project_id AND own.gpu_model = r.g
 CROSS JOIN LATERAL (
   SELECT r.gpus * 3600 * coalesce(own.price_per_gpu_hour, c.price_per_gpu_hour) / 3600 AS value
 ) cost;
+"#;
+
+/// The job records the segments were cut from (task `t<i>` is the `i`th); two in three of
+/// each project's were queued for up to 90 minutes, to the millisecond, before they started.
+const RECORDS: &str = r#"
+INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, billing_mode,
+                         queued_at, started_at, ended_at, gpu_seconds_held, gpu_seconds_busy,
+                         outcome, output_quantity, output_unit, content_hash)
+SELECT project_id, task_id, attempt, min(gpu_model), min(gpu_seconds_held) / 3600,
+       min(billing_mode),
+       CASE WHEN substr(task_id, 2)::bigint % 3 <> 0
+            THEN min(hour) - (substr(task_id, 2)::bigint * 7919 % 5400000) * interval '1 millisecond'
+       END,
+       min(hour), max(hour) + interval '1 hour', sum(gpu_seconds_held), sum(gpu_seconds_busy),
+       min(outcome), sum(output_quantity), min(output_unit), decode(md5(task_id), 'hex')
+FROM rated_segments
+GROUP BY project_id, task_id, attempt;
 "#;
 
 const ROLLUPS: &str = r#"
@@ -151,8 +172,9 @@ FROM task_hourly GROUP BY 1, 2, 3;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.
 const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_segments_by_kind, \
-                            rated_records_by_end, task_monthly_by_cost";
+                            rated_records_by_end, task_monthly_by_cost, job_records_by_start";
 const CREATE_INDEXES: &str = r#"
+CREATE INDEX job_records_by_start ON job_records (project_id, started_at, task_id, attempt);
 CREATE INDEX rated_segments_by_hour ON rated_segments (project_id, hour);
 CREATE INDEX rated_segments_by_kind ON rated_segments (project_id, gpu_model, billing_mode, hour);
 CREATE INDEX rated_records_by_end ON rated_records (project_id, end_hour);
@@ -179,6 +201,7 @@ async fn load(conn: &mut PgConnection, records: i64) {
         .execute(&mut *conn)
         .await
         .unwrap();
+    execute_script(conn, RECORDS).await;
     execute_script(conn, ROLLUPS).await;
     execute_script(conn, CREATE_INDEXES).await;
     execute_script(conn, "VACUUM ANALYZE").await;
@@ -293,22 +316,6 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
         .unwrap();
 }
 
-/// The sizes to measure: `TASKLEDGER_BENCH_SIZES` (comma-separated record counts), or 1 and
-/// 10 million.
-fn sizes() -> Vec<i64> {
-    match std::env::var("TASKLEDGER_BENCH_SIZES") {
-        Ok(raw) => raw
-            .split(',')
-            .map(|size| {
-                size.trim()
-                    .parse()
-                    .expect("TASKLEDGER_BENCH_SIZES: record counts")
-            })
-            .collect(),
-        Err(_) => vec![1_000_000, 10_000_000],
-    }
-}
-
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -324,7 +331,14 @@ fn main() {
             max_connections: 20,
         };
         let cluster = support::start_cluster(dir.path(), options).await.unwrap();
-        for records in sizes() {
+        let sizes = match std::env::var(RECORDS_ENV) {
+            Ok(raw) => vec![
+                raw.parse()
+                    .expect("TASKLEDGER_BENCH_RECORDS: a number of records"),
+            ],
+            Err(_) => SIZES.to_vec(),
+        };
+        for records in sizes {
             measure(&cluster, records).await;
         }
         cluster.stop().await.unwrap();

@@ -147,6 +147,25 @@ pub struct Figures {
     pub output: Vec<OutputView>,
 }
 
+/// How long the attempts that started in a period waited to start: the queue wait of an
+/// attempt is `started_at − queued_at`, counted only for attempts that reported
+/// `queued_at`. It is time, shown next to cost and never added to it.
+///
+/// Percentiles are exact and by nearest rank, as PostgreSQL's `percentile_disc`: the p-th
+/// percentile of n waits is the ⌈p × n⌉-th shortest, always one attempt's own wait. Attempts
+/// and total add up over the groups of a period; percentiles do not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QueueWait {
+    /// Attempts that started in the period and reported `queued_at`.
+    pub attempts: i64,
+    /// The ⌈n / 2⌉-th shortest of the n waits, in seconds.
+    pub p50_seconds: Decimal,
+    /// The ⌈0.95 × n⌉-th shortest of the n waits, in seconds.
+    pub p95_seconds: Decimal,
+    /// The sum of the waits, in seconds.
+    pub total_seconds: Decimal,
+}
+
 /// Sums of one group, before the derived figures are computed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FigureSums {

@@ -133,6 +133,14 @@ fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<Co
 /// its attempts ended when none of them completed. Unused commitment of reserved contracts
 /// scoped to the project accrues hour by hour up to `as_of`; that of unscoped contracts is
 /// not the project's (it goes to the monthly report's `shared` row).
+///
+/// Next to the cost, never part of it: `queue_wait`, over the attempts (job records) that
+/// started in the period (each in the group holding its `started_at`) and reported
+/// `queued_at`. An attempt's queue wait is `started_at − queued_at`; `p50_seconds` and
+/// `p95_seconds` are exact nearest-rank percentiles (PostgreSQL's `percentile_disc`): of n
+/// waits, the ⌈n / 2⌉-th and ⌈0.95 × n⌉-th shortest, each one attempt's own wait, in
+/// seconds as a decimal string. `attempts` and `total_seconds` of the groups add up to the
+/// whole; percentiles do not. `queue_wait` is null where no attempt reported `queued_at`.
 #[utoipa::path(get, path = "/v1/projects/{id}/cost", tag = "cost",
     params(("id" = String, Path, description = "Project id"), CostParams),
     security(("bearer" = [])),

@@ -1,5 +1,6 @@
 //! What a project's GPU time cost over a period (COST_MODEL.md §2–4), read from the rated
-//! rollups, with the unused commitment of its own reserved contracts.
+//! rollups, with the unused commitment of its own reserved contracts; and, next to it, how
+//! long its attempts waited to start (§7), read from the job records.
 
 use std::collections::BTreeMap;
 
@@ -10,12 +11,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::commitment::unused_commitment;
-use crate::domain::figures::{FigureSums, Figures, Grouping, SUM_SCALE};
+use crate::domain::figures::{FigureSums, Figures, Grouping, QueueWait, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::ledger::LedgerResult;
 use crate::store;
 
+/// The money figures of one group of a period.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct GroupView {
     /// The day, month, model, mode, outcome or label value; null for what has none (records
@@ -23,6 +25,20 @@ pub struct GroupView {
     pub key: Option<String>,
     #[serde(flatten)]
     pub figures: Figures,
+}
+
+/// One group of a project's cost: its money figures, and the queue wait of the attempts that
+/// started in it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CostGroupView {
+    /// The day, month, model, mode, outcome or label value; null for what has none (records
+    /// without the label, or unused commitment when grouping by outcome or label).
+    pub key: Option<String>,
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// Queue wait of the group's attempts that started in the period; null when none
+    /// reported `queued_at`.
+    pub queue_wait: Option<QueueWait>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -35,8 +51,18 @@ pub struct CostView {
     pub as_of: DateTime<Utc>,
     #[serde(flatten)]
     pub figures: Figures,
-    /// Present with `group_by`: the groups in key order; they add up exactly to the figures
-    /// above.
+    /// Queue wait of the attempts that started in the period, next to their cost and never
+    /// part of it; null when none reported `queued_at`.
+    pub queue_wait: Option<QueueWait>,
+    /// Present with `group_by`: the groups in key order; their money figures add up exactly
+    /// to the figures above, and so do their queue wait's `attempts` and `total_seconds`.
+    pub groups: Vec<CostGroupView>,
+}
+
+/// The money figures of a period: the whole, and its groups in key order with a grouping.
+#[derive(Debug)]
+pub struct PeriodFigures {
+    pub figures: Figures,
     pub groups: Vec<GroupView>,
 }
 
@@ -56,38 +82,45 @@ pub struct CostOf<'a> {
     pub currency: &'a str,
 }
 
-/// A project's cost over a period, from its rated data.
+/// A project's cost over a period, from its rated data, with the queue wait of the
+/// attempts that started in it.
 ///
 /// Every figure covers the segments in `[from, to)`: a record spanning the period's edge
 /// counts with the part inside it. Figures counted per record (tasks, retries, failures,
-/// output) belong to the period holding the record's `ended_at`. Unused commitment of
-/// reserved contracts scoped to the project accrues hour by hour up to `as_of`.
+/// output) belong to the period holding the record's `ended_at`; queue wait belongs to the
+/// period holding its `started_at`. Unused commitment of reserved contracts scoped to the
+/// project accrues hour by hour up to `as_of`.
 pub async fn project_cost(
     conn: &mut sqlx::PgConnection,
     of: CostOf<'_>,
     query: &CostQuery,
     tz: Tz,
 ) -> LedgerResult<CostView> {
-    let mut groups: BTreeMap<Option<String>, FigureSums> = BTreeMap::new();
-    for row in store::cost::cost_sums(conn, of.project, query.period, &query.grouping, tz).await? {
-        let (key, sums) = row.into_parts();
-        groups.entry(key).or_default().add_segments(&sums);
-    }
-    for row in store::cost::record_sums(conn, of.project, query.period, &query.grouping, tz).await?
+    let mut groups = group_sums(conn, of, query, tz).await?;
+    let mut waits = BTreeMap::new();
+    let mut whole_wait = None;
+    for row in store::cost::queue_waits(conn, of.project, query.period, &query.grouping, tz).await?
     {
-        let (key, counts) = row.into_parts();
-        groups.entry(key).or_default().add_records(&counts);
+        let whole = row.whole;
+        let (key, wait) = row.into_parts();
+        if whole {
+            whole_wait = Some(normalized(wait));
+        } else {
+            waits.insert(key, normalized(wait));
+        }
     }
-    add_unused_commitment(conn, of, query, tz, &mut groups).await?;
-    let mut whole = FigureSums::default();
-    for group in groups.values() {
-        whole.merge(group);
+    // A group with queue wait always has rated time or records too (an attempt's first hour
+    // lies in the group holding its start); should it have none, it still shows, at zero cost.
+    for key in waits.keys() {
+        groups.entry(key.clone()).or_default();
     }
+    let whole = merged(&groups);
     let groups = match query.grouping {
         Grouping::Whole => Vec::new(),
         _ => groups
             .into_iter()
-            .map(|(key, group)| GroupView {
+            .map(|(key, group)| CostGroupView {
+                queue_wait: waits.remove(&key),
                 key,
                 figures: group.figures(),
             })
@@ -100,11 +133,76 @@ pub async fn project_cost(
         to: query.period.1,
         as_of: query.as_of,
         figures: whole.figures(),
+        queue_wait: whole_wait,
         groups,
     })
 }
 
-/// A project's cost over a whole ledger month, with unused commitment accrued up to `as_of`.
+/// The money figures of a project over a period, as [`project_cost`] has them.
+async fn period_figures(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    query: &CostQuery,
+    tz: Tz,
+) -> LedgerResult<PeriodFigures> {
+    let groups = group_sums(conn, of, query, tz).await?;
+    let whole = merged(&groups);
+    let groups = match query.grouping {
+        Grouping::Whole => Vec::new(),
+        _ => groups
+            .into_iter()
+            .map(|(key, group)| GroupView {
+                key,
+                figures: group.figures(),
+            })
+            .collect(),
+    };
+    Ok(PeriodFigures {
+        figures: whole.figures(),
+        groups,
+    })
+}
+
+/// The sums of each group of the period (one group, keyed null, without a grouping).
+async fn group_sums(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    query: &CostQuery,
+    tz: Tz,
+) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
+    let mut groups: BTreeMap<Option<String>, FigureSums> = BTreeMap::new();
+    for row in store::cost::cost_sums(conn, of.project, query.period, &query.grouping, tz).await? {
+        let (key, sums) = row.into_parts();
+        groups.entry(key).or_default().add_segments(&sums);
+    }
+    for row in store::cost::record_sums(conn, of.project, query.period, &query.grouping, tz).await?
+    {
+        let (key, counts) = row.into_parts();
+        groups.entry(key).or_default().add_records(&counts);
+    }
+    add_unused_commitment(conn, of, query, tz, &mut groups).await?;
+    Ok(groups)
+}
+
+fn merged(groups: &BTreeMap<Option<String>, FigureSums>) -> FigureSums {
+    let mut whole = FigureSums::default();
+    for group in groups.values() {
+        whole.merge(group);
+    }
+    whole
+}
+
+fn normalized(wait: QueueWait) -> QueueWait {
+    QueueWait {
+        p50_seconds: wait.p50_seconds.normalize(),
+        p95_seconds: wait.p95_seconds.normalize(),
+        total_seconds: wait.total_seconds.normalize(),
+        ..wait
+    }
+}
+
+/// A project's money figures over a whole ledger month, with unused commitment accrued up to
+/// `as_of`.
 pub async fn month_cost(
     conn: &mut sqlx::PgConnection,
     of: CostOf<'_>,
@@ -112,13 +210,13 @@ pub async fn month_cost(
     grouping: Grouping,
     as_of: DateTime<Utc>,
     tz: Tz,
-) -> LedgerResult<CostView> {
+) -> LedgerResult<PeriodFigures> {
     let query = CostQuery {
         period: month_bounds(month, tz),
         grouping,
         as_of,
     };
-    project_cost(conn, of, &query, tz).await
+    period_figures(conn, of, &query, tz).await
 }
 
 /// A project's spend in a month up to `as_of` (COST_MODEL §5): the cost of the month's ledger
@@ -144,7 +242,7 @@ pub async fn month_spend(
         grouping: Grouping::Whole,
         as_of,
     };
-    Ok(project_cost(conn, of, &query, tz).await?.figures.total)
+    Ok(period_figures(conn, of, &query, tz).await?.figures.total)
 }
 
 /// The group key of a ledger hour, for figures computed per hour (unused commitment).

@@ -15,7 +15,7 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::figures::{Grouping, RecordCounts, SUM_SCALE, SegmentSums};
+use crate::domain::figures::{Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums};
 use crate::domain::rating::Outcome;
 use crate::store::rollups::PeriodSplit;
 
@@ -82,6 +82,33 @@ impl RecordSums {
                 failures: self.failures,
                 tasks_completed: self.tasks_completed,
                 tasks_failed: self.tasks_failed,
+            },
+        )
+    }
+}
+
+/// Queue wait of one group's attempts, or of the whole period's.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct QueueWaitSums {
+    pub key: Option<String>,
+    /// This row is the whole period's, not a group's (whose key may be null too).
+    pub whole: bool,
+    pub attempts: i64,
+    pub p50_seconds: Decimal,
+    pub p95_seconds: Decimal,
+    pub total_seconds: Decimal,
+}
+
+impl QueueWaitSums {
+    /// The group key and its queue wait.
+    pub fn into_parts(self) -> (Option<String>, QueueWait) {
+        (
+            self.key,
+            QueueWait {
+                attempts: self.attempts,
+                p50_seconds: self.p50_seconds,
+                p95_seconds: self.p95_seconds,
+                total_seconds: self.total_seconds,
             },
         )
     }
@@ -256,6 +283,64 @@ pub async fn record_sums(
         ),
     };
     fetch_grouped(conn, &sql, project, period, grouping, tz).await
+}
+
+/// The group key of a job record by its `started_at`; the ledger time zone or the label key
+/// is `$4`.
+fn start_key(grouping: &Grouping) -> &'static str {
+    match grouping {
+        Grouping::Whole => "NULL::text",
+        Grouping::Day => "to_char(started_at AT TIME ZONE $4, 'YYYY-MM-DD')",
+        Grouping::Month => "to_char(started_at AT TIME ZONE $4, 'YYYY-MM')",
+        Grouping::GpuModel => "gpu_model",
+        Grouping::BillingMode => "billing_mode",
+        Grouping::Outcome => "outcome",
+        Grouping::Label(_) => "labels ->> $4",
+    }
+}
+
+/// Queue wait of the attempts of `project` that started in `[from, to)` and reported
+/// `queued_at`, by group and for the whole period (the row marked `whole`); percentiles are
+/// PostgreSQL's `percentile_disc`, exact and by nearest rank. Groups, and the whole, where no
+/// attempt reported it have no row.
+pub async fn queue_waits(
+    conn: &mut PgConnection,
+    project: &str,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    grouping: &Grouping,
+    tz: Tz,
+) -> sqlx::Result<Vec<QueueWaitSums>> {
+    // Percentiles of the whole cannot be had from those of its groups, so the whole is a
+    // grouping set of its own.
+    let (key_column, whole, sets) = match grouping {
+        Grouping::Whole => ("NULL::text", "true", "()"),
+        _ => ("key", "grouping(key) = 1", "(key), ()"),
+    };
+    // Waits are sorted and summed as intervals, which compare faster than numeric seconds;
+    // `extract` then gives the exact numeric seconds (to the microsecond) of the results.
+    let sql = format!(
+        "SELECT {key_column} AS key, {whole} AS whole, count(*) AS attempts, \
+                extract(epoch FROM percentile_disc(0.5) WITHIN GROUP (ORDER BY wait)) \
+                    AS p50_seconds, \
+                extract(epoch FROM percentile_disc(0.95) WITHIN GROUP (ORDER BY wait)) \
+                    AS p95_seconds, \
+                extract(epoch FROM sum(wait)) AS total_seconds \
+         FROM (SELECT {key} AS key, started_at - queued_at AS wait \
+               FROM job_records \
+               WHERE project_id = $1 AND started_at >= $2 AND started_at < $3 \
+                 AND queued_at IS NOT NULL) AS waits \
+         GROUP BY GROUPING SETS ({sets}) HAVING count(*) > 0",
+        key = start_key(grouping),
+    );
+    let query = sqlx::query_as::<_, QueueWaitSums>(&sql)
+        .bind(project)
+        .bind(from)
+        .bind(to);
+    let query = match extra_parameter(grouping, tz) {
+        Some(extra) => query.bind(extra),
+        None => query,
+    };
+    query.fetch_all(conn).await
 }
 
 /// GPU-seconds each of `contracts` rated for `project`, per ledger hour of `[from, to)`.
