@@ -372,6 +372,21 @@ pub const TASK_SUMS: [&str; 16] = [
     "queue_waits",
 ];
 
+/// SQL reading `columns` of `{family}_{level}` for the projects matching `projects`, where
+/// `time` lies in `[start, end)`.
+fn level_rows(
+    family: &str,
+    level: &str,
+    columns: &str,
+    projects: &str,
+    (time, start, end): (&str, &str, &str),
+) -> String {
+    format!(
+        "SELECT {columns} FROM {family}_{level} \
+         WHERE project_id {projects} AND {time} >= {start} AND {time} < {end}"
+    )
+}
+
 /// A period `[from, to)` of ledger hours, split into the whole ledger months it covers,
 /// the other whole ledger days, and the hours left over before and after them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -471,10 +486,7 @@ impl PeriodSplit {
         let daily = columns.replace("{key}", day_key);
         let hourly = columns.replace("{key}", hour_key);
         let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
-            format!(
-                "SELECT {columns} FROM {family}_{level} \
-                 WHERE project_id {projects} AND {time} >= {start} AND {time} < {end}"
-            )
+            level_rows(family, level, columns, projects, (time, start, end))
         };
         [
             select(&monthly, "monthly", "month", &first_month, &end_month),
@@ -519,10 +531,7 @@ impl PeriodSplit {
         let monthly = columns.replace("{key}", month_key);
         let hourly = columns.replace("{key}", hour_key);
         let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
-            format!(
-                "SELECT {columns} FROM {family}_{level} \
-                 WHERE project_id {projects} AND {time} >= {start} AND {time} < {end}"
-            )
+            level_rows(family, level, columns, projects, (time, start, end))
         };
         [
             select(&monthly, "monthly", "month", &first_month, &end_month),
