@@ -19,3 +19,4 @@ mod rollups;
 mod support;
 mod task_list;
 mod tasks;
+mod utilisation;
