@@ -323,3 +323,70 @@ async fn a_record_keeps_its_telemetry_and_a_slice_its_profile() {
     assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     assert_eq!(response.json()["duplicates"], 1);
 }
+
+#[tokio::test]
+async fn the_monthly_report_shows_the_headline_next_to_the_cost() {
+    let app = app_with_records().await;
+    let json = app
+        .get("/v1/reports/monthly/2026-11", &app.admin)
+        .await
+        .json();
+    let line = &json["projects"][0];
+    assert_eq!(line["project"], "vision");
+    assert_money(&line["utilisation"]["gpu_util"], "0.842857");
+    assert_money(&line["looks_busy_cost"], "12.5");
+
+    let csv = app
+        .get("/v1/reports/monthly/2026-11?format=csv", &app.admin)
+        .await;
+    assert_eq!(csv.status, StatusCode::OK, "{}", csv.text());
+    let mut reader = csv::Reader::from_reader(csv.body.as_slice());
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_owned)
+        .collect();
+    let project = reader
+        .records()
+        .map(|row| row.unwrap())
+        .find(|row| &row[0] == "project")
+        .unwrap();
+    let column = |name: &str| -> String {
+        let index = header.iter().position(|h| h == name).unwrap();
+        project[index].to_owned()
+    };
+    // GPU-Util 84 % against SM active 42 %; of the memory reported, 1 − 0.375 went unused.
+    assert_eq!(column("gpu_util"), "0.8429");
+    assert_eq!(column("sm_active"), "0.4222");
+    assert_eq!(column("unused_memory_share"), "0.625");
+    assert_eq!(column("looks_busy_cost"), "12.50");
+}
+
+#[tokio::test]
+async fn slices_use_a_reserved_card_by_their_share_of_it() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract("H100", "reserved", "7.00")
+        .project("vision")
+        .committed_gpus(1)
+        .valid_from("2026-11-02T00:00:00Z")
+        .valid_until("2026-11-02T02:00:00Z")
+        .create(&app)
+        .await;
+    // Three 1g slices for an hour: 3/7 of a card-hour, priced 3 × 7.00 × 1/7 = 3.00, leave
+    // 4/7 of the first hour's committed card unused (4.00), and the second hour's whole card
+    // (7.00). Counted as three cards, they would leave nothing unused in the first hour.
+    app.ingest(vec![
+        record("sliced", "2026-11-02T00:00:00Z", "2026-11-02T01:00:00Z")
+            .billing_mode("reserved")
+            .gpu_count(3)
+            .with("mig_profile", "1g.10gb"),
+    ])
+    .await;
+    let view = cost(&app, NOVEMBER).await;
+    assert_money(&view["gpu_seconds_held"], "10800");
+    assert_close(&view["breakdown"]["unmeasured"], exact("3"), 18);
+    assert_close(&view["breakdown"]["unused_commitment"], exact("11"), 18);
+    assert_close(&view["total"], exact("14"), 18);
+}
