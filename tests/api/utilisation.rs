@@ -390,3 +390,55 @@ async fn slices_use_a_reserved_card_by_their_share_of_it() {
     assert_close(&view["breakdown"]["unused_commitment"], exact("11"), 18);
     assert_close(&view["total"], exact("14"), 18);
 }
+
+#[tokio::test]
+async fn csv_and_ndjson_imports_take_the_same_fields() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract("H100", "on_demand", "2.50").create(&app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("dcgm.csv");
+    std::fs::write(
+        &csv,
+        "project,task_id,gpu_model,gpu_count,started_at,ended_at,outcome,gpu_util,sm_active,memory_peak_gib,mig_profile\n\
+         vision,i1,H100,1,2026-11-02T10:00:00Z,2026-11-02T12:00:00Z,completed,0.95,0.30,20,\n\
+         vision,i2,H100,2,2026-11-06T00:00:00Z,2026-11-06T01:00:00Z,completed,,0.7,10,3g.40gb\n\
+         vision,i3,H100,1,2026-11-06T00:00:00Z,2026-11-06T01:00:00Z,completed,1.5,,,\n",
+    )
+    .unwrap();
+    let ndjson = dir.path().join("dcgm.ndjson");
+    std::fs::write(
+        &ndjson,
+        format!(
+            "{}\n",
+            json!(
+                record("n1", "2026-11-03T00:00:00Z", "2026-11-03T02:00:00Z")
+                    .with("dram_active", 0.4)
+                    .with("memory_peak_gib", 60)
+                    .with("memory_total_gib", 80)
+            )
+        ),
+    )
+    .unwrap();
+    let summary =
+        taskledger::ledger::import::import_files(&app.pool, &[csv, ndjson], &Default::default())
+            .await
+            .unwrap();
+    assert_eq!(summary.accepted, 3);
+    assert_eq!(summary.rejected.len(), 1);
+    assert!(
+        summary.rejected[0].reason.contains("gpu_util"),
+        "{:?}",
+        summary.rejected
+    );
+    let i2 = app
+        .get("/v1/projects/vision/job-records/i2/1", &app.admin)
+        .await
+        .json();
+    assert_eq!(i2["record"]["mig_profile"], "3g.40gb");
+    assert_money(&i2["record"]["memory_total_gib"], "40");
+    let view = cost(&app, NOVEMBER).await;
+    // i1: 7200 × 0.30, i2: 7200 × 0.70 busy.
+    assert_money(&view["gpu_seconds_busy"], "7200");
+    assert_money(&view["utilisation"]["dram_active"], "0.4");
+}
