@@ -310,6 +310,15 @@ async fn a_record_keeps_its_telemetry_and_a_slice_its_profile() {
     assert_eq!(u5["mig_profile"], "3g.40gb");
     assert_money(&u5["memory_total_gib"], "40");
     assert_money(&u5["sm_active"], "0.7");
+    // The task page shows the attempt's telemetry, and its busy time from SM activity.
+    let task = app
+        .get("/v1/projects/vision/tasks/u5", &app.admin)
+        .await
+        .json();
+    let attempt = &task["attempts"][0];
+    assert_eq!(attempt["mig_profile"], "3g.40gb");
+    assert_money(&attempt["gpu_seconds_busy"], "5040");
+    assert_close(&attempt["total"], seventh_of("15"), 20);
     // The same record posted again, the slice spelt as another driver does, is a duplicate.
     let ingest = app.token("ingest", &["vision"]).await;
     let again = record("u5", "2026-11-06T00:00:00Z", "2026-11-06T01:00:00Z")
