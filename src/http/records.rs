@@ -29,6 +29,7 @@ use crate::http::pagination::{Page, PageParams};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::ingest::{self, Submitted};
+use crate::ledger::instruments;
 use crate::ledger::records::{self, RecordHistory};
 use crate::store;
 use crate::store::records::{RecordFilter, RecordRow, VersionRow};
@@ -421,6 +422,9 @@ pub async fn post_job_records(
             Err(errors) => violations.extend(errors),
         }
     }
+    if !violations.is_empty() {
+        instruments::job_records_rejected(values.len() - batch.len());
+    }
     violations.into_result()?;
     check_scope(&principal, &batch)?;
     let stored = ingest::ingest(&state.pool, batch, &state.settings).await?;
@@ -448,6 +452,7 @@ fn check_scope(principal: &Principal, batch: &[Submitted]) -> ApiResult<()> {
     if forbidden.is_empty() {
         Ok(())
     } else {
+        instruments::job_records_rejected(forbidden.len());
         Err(ApiError::ForbiddenFields(
             format!(
                 "{} records name projects this token may not post to; nothing was written",

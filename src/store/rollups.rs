@@ -333,6 +333,19 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     Ok(Some(done))
 }
 
+/// How many delta rows wait to be compacted, over every rollup (each counted through its
+/// partial index of delta rows).
+pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
+    let counts = rollups()
+        .iter()
+        .map(|rollup| format!("(SELECT count(*) FROM {} WHERE delta <> 0)", rollup.table))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    sqlx::query_scalar(&format!("SELECT {counts}"))
+        .fetch_one(pool)
+        .await
+}
+
 /// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task months from
 /// the rated segments and records (see [`rebuild_tasks`]), when they were built for another
 /// ledger time zone than `tz` (or never recorded one), so that their days and months are

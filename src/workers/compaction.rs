@@ -2,24 +2,31 @@
 //! writers keep appending.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
+
+use crate::ledger::instruments;
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    instruments::process_started();
     loop {
+        let started = Instant::now();
         match crate::store::rollups::compact(&pool).await {
-            Ok(Some(done)) if done.delta_rows > 0 => {
-                tracing::debug!(
-                    delta_rows = done.delta_rows,
-                    emptied_rows = done.emptied_rows,
-                    "rollups compacted"
-                );
+            Ok(Some(done)) => {
+                instruments::compaction_done(done.delta_rows, started.elapsed());
+                if done.delta_rows > 0 {
+                    tracing::debug!(
+                        delta_rows = done.delta_rows,
+                        emptied_rows = done.emptied_rows,
+                        "rollups compacted"
+                    );
+                }
             }
-            Ok(_) => {}
+            Ok(None) => instruments::compaction_done_elsewhere(),
             Err(error) => tracing::warn!(error = format!("{error:#}"), "rollup compaction failed"),
         }
         tokio::select! {
