@@ -9,6 +9,8 @@ pub mod focus;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;
+pub mod slurm;
+pub mod source;
 pub mod summary;
 pub mod task;
 pub mod validation;
