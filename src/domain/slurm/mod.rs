@@ -243,6 +243,44 @@ pub fn parse_elapsed(raw: &str) -> Result<i64, String> {
     Ok(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 }
 
+/// The two shapes of sacct output.
+#[derive(Debug, Clone)]
+pub enum Format {
+    /// `sacct --json`.
+    Json,
+    /// `sacct --parsable` / `--parsable2` with a header.
+    Text(text::TextOptions),
+}
+
+/// Reads one sacct output named `name` and converts its jobs.
+pub fn batch(format: &Format, name: &str, input: &str, mapping: &Mapping) -> SourceBatch {
+    let (jobs, problems, has_account) = match format {
+        Format::Json => {
+            let (jobs, problems) = json::read(name, input);
+            (jobs, problems, true)
+        }
+        Format::Text(options) => {
+            let read = text::read(name, input, options);
+            (read.jobs, read.problems, read.has_account)
+        }
+    };
+    if !has_account && mapping.project.is_none() && !jobs.is_empty() {
+        let mut batch = SourceBatch {
+            jobs_read: jobs.len(),
+            unparsable: problems,
+            ..SourceBatch::default()
+        };
+        batch.unparsable.insert(
+            0,
+            Problem::new(name, "the output has no Account field: give --project"),
+        );
+        return batch;
+    }
+    let mut batch = convert(jobs, mapping);
+    batch.unparsable.splice(0..0, problems);
+    batch
+}
+
 /// Maps read jobs to job-record inputs: finished jobs with GPUs become records, the others are
 /// counted by reason. A requeued job's runs are its attempts: `Restarts + 1` where every run
 /// of it reports Restarts, else their order of submission.
