@@ -99,7 +99,7 @@ fn job_of(job: &Value, job_id: String, location: String) -> Result<SlurmJob, Str
         eligible: time("eligible")?,
         start: time("start")?,
         end: time("end")?,
-        elapsed_seconds: number(&job["time"]["elapsed"])?.filter(|s| *s >= 0),
+        suspended_seconds: number(&job["time"]["suspended"])?.filter(|s| *s >= 0),
         restarts: number(&job["restart_cnt"])?.and_then(|n| u32::try_from(n).ok()),
         gpus: gpus_of(&job["tres"]["allocated"])?,
         usage,

@@ -50,8 +50,8 @@ pub struct SlurmJob {
     pub eligible: Option<DateTime<Utc>>,
     pub start: Option<DateTime<Utc>>,
     pub end: Option<DateTime<Utc>>,
-    /// Seconds it ran, suspended time excluded.
-    pub elapsed_seconds: Option<i64>,
+    /// Seconds it was suspended between Start and End.
+    pub suspended_seconds: Option<i64>,
     /// How often it had been requeued when this run started.
     pub restarts: Option<u32>,
     pub gpus: GpuTres,
@@ -382,13 +382,13 @@ fn record_of(
     if let Some(queued) = queued {
         record["queued_at"] = json!(format_time(queued));
     }
-    // Suspended time is in the span but not in Elapsed: the GPUs were not held then.
+    // A suspended job gives its GPUs back until it resumes.
     let span = (ended - started).num_seconds();
-    if let Some(elapsed) = job.elapsed_seconds
-        && (0..span).contains(&elapsed)
+    if let Some(suspended) = job.suspended_seconds
+        && (1..=span).contains(&suspended)
     {
         record["gpu_seconds_held"] =
-            json!((Decimal::from(count) * Decimal::from(elapsed)).to_string());
+            json!((Decimal::from(count) * Decimal::from(span - suspended)).to_string());
     }
     let labels = labels(job);
     if !labels.is_empty() {
@@ -443,7 +443,7 @@ mod tests {
             eligible: Some(utc("2024-05-01T09:10:00Z")),
             start: Some(utc("2024-05-01T10:00:00Z")),
             end: Some(utc("2024-05-01T11:00:00Z")),
-            elapsed_seconds: Some(3600),
+            suspended_seconds: Some(0),
             restarts: None,
             gpus,
             usage: GpuUsage::default(),
@@ -603,9 +603,12 @@ mod tests {
     #[test]
     fn suspended_time_is_not_held() {
         let mut suspended = job("5");
-        suspended.elapsed_seconds = Some(1800);
+        suspended.suspended_seconds = Some(1800);
         let batch = convert(vec![suspended], &Mapping::default());
-        assert_eq!(batch.records[0].value["gpu_seconds_held"], "3600");
+        assert_eq!(
+            batch.records[0].value["gpu_seconds_held"], "3600",
+            "2 GPUs × 30 minutes"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub const COLLECTED_FIELDS: [&str; 17] = [
     "Eligible",
     "Start",
     "End",
-    "ElapsedRaw",
+    "Suspended",
     "Restarts",
     "AllocTRES",
     "TRESUsageInMax",
@@ -107,8 +107,7 @@ pub fn read(name: &str, text: &str, options: &TextOptions) -> TextRead {
         "Eligible",
         "Start",
         "End",
-        "ElapsedRaw",
-        "Elapsed",
+        "Suspended",
         "Restarts",
         "AllocTRES",
         "TRESUsageInMax",
@@ -213,14 +212,10 @@ impl<'a> Row<'a> {
                 .map_err(|reason| format!("{field}: {reason}"))
         };
         let state = State::parse(self.get("State").unwrap_or_default())?;
-        let elapsed_seconds = match (self.get("ElapsedRaw"), self.get("Elapsed")) {
-            (Some(raw), _) => Some(
-                raw.parse::<i64>()
-                    .map_err(|_| format!("ElapsedRaw `{raw}` is not a number of seconds"))?,
-            ),
-            (None, Some(raw)) => Some(parse_elapsed(raw)?),
-            (None, None) => None,
-        };
+        let suspended_seconds = self
+            .get("Suspended")
+            .map(|raw| parse_elapsed(raw).map_err(|reason| format!("Suspended: {reason}")))
+            .transpose()?;
         let restarts = self
             .get("Restarts")
             .map(|raw| {
@@ -247,7 +242,7 @@ impl<'a> Row<'a> {
             eligible: time("Eligible")?,
             start: time("Start")?,
             end: time("End")?,
-            elapsed_seconds,
+            suspended_seconds,
             restarts,
             gpus: tres::gpus_of_text(self.get("AllocTRES").unwrap_or_default())?,
             usage,
