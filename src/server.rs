@@ -98,13 +98,7 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
             collectors::deliver(&destination, batch).await?
         }
         None => {
-            let database = Database::open(
-                config.database_url.as_deref(),
-                &config.data_dir,
-                config.db_pool_size,
-                true,
-            )
-            .await?;
+            let database = cli::open(&config).await?;
             cli::prepare(&database.pool, &config).await?;
             let destination = Destination::Local {
                 pool: database.pool.clone(),

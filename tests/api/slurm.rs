@@ -340,7 +340,6 @@ fn line(fields: &[(&str, &str)]) -> String {
 fn job(id: &str, state: &str, restarts: &str, tres: &str, start: &str, end: &str) -> String {
     line(&[
         ("JobID", id),
-        ("JobIDRaw", id),
         ("JobName", "train"),
         ("Account", "ml-research"),
         ("User", "ada"),

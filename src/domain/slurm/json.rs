@@ -6,8 +6,8 @@
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
 
+use super::job::{SlurmJob, State};
 use super::tres::{self, GpuTres, GpuUsage};
-use super::{SlurmJob, State};
 use crate::domain::source::Problem;
 
 /// Reads a whole `sacct --json` document named `name`; the jobs it could read, and a problem

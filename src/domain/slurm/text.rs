@@ -6,17 +6,16 @@ use std::collections::BTreeMap;
 
 use chrono_tz::Tz;
 
+use super::job::{SlurmJob, State, parse_elapsed, parse_time};
 use super::tres::{self, GpuUsage};
-use super::{SlurmJob, State, parse_elapsed, parse_time};
 use crate::domain::source::Problem;
 
 /// The fields an allocation line must have.
 pub const REQUIRED_FIELDS: [&str; 5] = ["JobID", "State", "Start", "End", "AllocTRES"];
 
-/// The fields `taskledger collect slurm` asks sacct for.
-pub const COLLECTED_FIELDS: [&str; 17] = [
+/// The fields read, which `taskledger collect slurm` asks sacct for.
+pub const COLLECTED_FIELDS: [&str; 16] = [
     "JobID",
-    "JobIDRaw",
     "JobName",
     "Account",
     "User",
@@ -94,27 +93,10 @@ pub fn read(name: &str, text: &str, options: &TextOptions) -> TextRead {
         return read;
     }
     read.has_account = column("Account").is_some();
-    let columns: BTreeMap<&str, usize> = [
-        "JobID",
-        "JobName",
-        "Account",
-        "User",
-        "Partition",
-        "QOS",
-        "Cluster",
-        "State",
-        "Submit",
-        "Eligible",
-        "Start",
-        "End",
-        "Suspended",
-        "Restarts",
-        "AllocTRES",
-        "TRESUsageInMax",
-    ]
-    .into_iter()
-    .filter_map(|field| column(field).map(|at| (field, at)))
-    .collect();
+    let columns: BTreeMap<&str, usize> = COLLECTED_FIELDS
+        .into_iter()
+        .filter_map(|field| column(field).map(|at| (field, at)))
+        .collect();
     let mut latest_run: BTreeMap<String, usize> = BTreeMap::new();
     for (number, line) in lines {
         let location = format!("{name}:{number}");
