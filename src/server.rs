@@ -8,8 +8,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::cli::{self, Cli, Command, Config};
+use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config};
+use crate::collectors::slurm::SlurmCollector;
+use crate::collectors::{self, Destination, StateFile, WindowRequest};
 use crate::db::Database;
+use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::{setup, tokens};
 use crate::workers;
@@ -35,6 +38,7 @@ pub fn main() -> ExitCode {
                 println!("{}", crate::http::openapi().to_pretty_json()?);
                 Ok(())
             }
+            Command::Collect { source } => collect(cli.config, source).await,
             command => cli::run(cli.config, command).await,
         }
     });
@@ -54,6 +58,84 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// `collect <source>`: reads the window, delivers it to the server or the local database,
+/// prints the summary, and moves the state on when nothing failed.
+async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
+    let CollectSource::Slurm(args) = source;
+    let collector = SlurmCollector {
+        sacct: args.sacct,
+        extra_arguments: args.sacct_args,
+        mapping: args.mapping.mapping(),
+    };
+    let state = args.run.state.clone().map(|path| StateFile {
+        path,
+        collector: "slurm",
+    });
+    let window = collectors::window(
+        &window_request(&args.run, &config)?,
+        state.as_ref(),
+        chrono::Utc::now(),
+    )?;
+    let batch = collector.read(window).await?;
+    let summary = match &args.run.server {
+        Some(url) => {
+            let token = std::env::var("TASKLEDGER_TOKEN")
+                .ok()
+                .map(|token| token.trim().to_owned())
+                .filter(|token| !token.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--server needs an ingest token in TASKLEDGER_TOKEN")
+                })?;
+            let destination = Destination::Server {
+                url: url.clone(),
+                token,
+                client: reqwest::Client::builder()
+                    .timeout(std::time::Duration::from_secs(300))
+                    .build()?,
+            };
+            collectors::deliver(&destination, batch).await?
+        }
+        None => {
+            let database = cli::open(&config).await?;
+            cli::prepare(&database.pool, &config).await?;
+            let destination = Destination::Local {
+                pool: database.pool.clone(),
+                settings: config.settings(),
+            };
+            let delivered = collectors::deliver(&destination, batch).await;
+            database.close().await?;
+            delivered?
+        }
+    };
+    println!(
+        "slurm {} .. {}",
+        window.since.to_rfc3339(),
+        window.until.to_rfc3339()
+    );
+    print!("{}", summary.render(100));
+    collectors::remember(state.as_ref(), window, &summary)?;
+    anyhow::ensure!(
+        !summary.failed(),
+        "{} problems; the state stays where it was, so the next run reads this window again",
+        summary.problems.len()
+    );
+    Ok(())
+}
+
+fn window_request(args: &CollectorArgs, config: &Config) -> anyhow::Result<WindowRequest> {
+    let bound = |raw: &Option<String>, flag: &str| {
+        raw.as_deref()
+            .map(|raw| parse_day_or_instant(raw, config.timezone))
+            .transpose()
+            .map_err(|error| anyhow::anyhow!("{flag}: {error}"))
+    };
+    Ok(WindowRequest {
+        since: bound(&args.since, "--since")?,
+        until: bound(&args.until, "--until")?,
+        overlap: args.overlap,
+    })
 }
 
 /// A bound, not yet serving, HTTP server. Binding first lets tests use port 0 and read the

@@ -15,6 +15,7 @@ pub mod projects;
 pub mod records;
 pub mod reports;
 pub mod setup;
+pub mod sources;
 pub mod tasks;
 pub mod tokens;
 

@@ -15,6 +15,7 @@ mod ingest;
 mod queue_wait;
 mod reports;
 mod rollups;
+mod slurm;
 #[path = "../support/mod.rs"]
 mod support;
 mod task_list;
