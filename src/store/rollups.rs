@@ -13,6 +13,7 @@ use chrono_tz::Tz;
 use sqlx::{PgConnection, PgPool};
 
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
+use crate::store::jobs::COMPACTION;
 
 /// What a rollup sums: GPU time and cost of segments, or counts of records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,8 +190,6 @@ fn rollups() -> Vec<Rollup> {
     rollups
 }
 
-/// Compaction runs in one transaction at a time, across replicas.
-const COMPACTION_LOCK: (i32, i32) = (0x726f_6c6c, 1);
 const SETTING_TIMEZONE: &str = "rollup_timezone";
 
 impl Rollup {
@@ -240,8 +239,8 @@ pub struct Compaction {
 pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     let mut tx = pool.begin().await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
-        .bind(COMPACTION_LOCK.0)
-        .bind(COMPACTION_LOCK.1)
+        .bind(COMPACTION.0)
+        .bind(COMPACTION.1)
         .fetch_one(&mut *tx)
         .await?;
     if !locked {
@@ -279,8 +278,8 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-        .bind(COMPACTION_LOCK.0)
-        .bind(COMPACTION_LOCK.1)
+        .bind(COMPACTION.0)
+        .bind(COMPACTION.1)
         .execute(&mut *tx)
         .await?;
     let built_for: Option<String> = sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
