@@ -14,6 +14,7 @@ pub mod extract;
 pub mod fx_rates;
 pub mod health;
 pub mod pagination;
+pub mod problems;
 pub mod projects;
 pub mod records;
 pub mod reports;
