@@ -771,7 +771,16 @@ const RECORD_PATH: &str = "/v1/projects/vision/job-records/train-1/1";
 /// A service with a project and one job record stored; returns the record as it reads back.
 async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
     let service = Service::spawn(data_dir);
-    let created = service
+    post_a_project_and_a_record(&service, &service).await;
+    let stored = service.get(RECORD_PATH).await;
+    assert_eq!(stored.status, 200, "{}", stored.body);
+    (service, stored.body)
+}
+
+/// Creates project `vision` through one service and posts a record of it through another (or
+/// the same).
+async fn post_a_project_and_a_record(project_via: &Service, record_via: &Service) {
+    let created = project_via
         .call(
             reqwest::Method::POST,
             "/v1/projects",
@@ -779,7 +788,7 @@ async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
         )
         .await;
     assert_eq!(created.status, 201, "{}", created.body);
-    let ingested = service
+    let ingested = record_via
         .call(
             reqwest::Method::POST,
             "/v1/job-records",
@@ -791,9 +800,6 @@ async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
         )
         .await;
     assert_eq!(ingested.status, 200, "{}", ingested.body);
-    let stored = service.get(RECORD_PATH).await;
-    assert_eq!(stored.status, 200, "{}", stored.body);
-    (service, stored.body)
 }
 
 #[tokio::test]
@@ -1137,26 +1143,7 @@ async fn two_replicas_on_one_database_share_the_background_work() {
             .await
             .unwrap();
     }
-    let created = replicas[0]
-        .call(
-            reqwest::Method::POST,
-            "/v1/projects",
-            Some(r#"{"id": "vision", "name": "Vision", "currency": "USD"}"#),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{}", created.body);
-    let ingested = replicas[1]
-        .call(
-            reqwest::Method::POST,
-            "/v1/job-records",
-            Some(
-                r#"[{"project": "vision", "task_id": "train-1", "gpu_model": "H100", "gpu_count": 8,
-                    "started_at": "2026-11-20T10:00:00Z", "ended_at": "2026-11-20T11:00:00Z",
-                    "outcome": "completed"}]"#,
-            ),
-        )
-        .await;
-    assert_eq!(ingested.status, 200, "{}", ingested.body);
+    post_a_project_and_a_record(&replicas[0], &replicas[1]).await;
     assert!(pending_rollup_deltas(&pg).await > 0);
 
     let ran_before = [
