@@ -34,7 +34,9 @@ use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use taskledger::domain::access::Role;
 use taskledger::domain::rating::{BillingMode, Outcome};
-use taskledger::domain::record::{JobRecord, Output, RecordKey, duration_seconds, format_time};
+use taskledger::domain::record::{
+    JobRecord, Output, RecordKey, Telemetry, duration_seconds, format_time,
+};
 use taskledger::http::state::AppState;
 use taskledger::server::Application;
 use taskledger::store;
@@ -447,6 +449,7 @@ impl Generator {
             failures: i32::from(outcome == Outcome::Failed) + attempt - 1,
             output,
             labels,
+            telemetry: Telemetry::default(),
         }
     }
 

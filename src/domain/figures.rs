@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 
 use super::rating::Outcome;
 use super::summary::{cost_per_completed_task, unit_costs};
+use super::utilisation::{UtilSums, Utilisation};
 
 /// What the figures of a period are grouped by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +146,24 @@ pub struct Figures {
     /// total / tasks_completed; null when no task completed.
     pub cost_per_completed_task: Option<Decimal>,
     pub output: Vec<OutputView>,
+    /// What the GPUs really did, from the telemetry of the records that reported it:
+    /// averages weighted by GPU-seconds held, each with its coverage. Null when no record
+    /// of the group reported any.
+    #[serde(default)]
+    pub utilisation: Option<Utilisation>,
+    /// Cost of the records whose GPU-Util was at least 0.8 while their SMs were active less
+    /// than 0.4 of the time: busy on the dashboard, idle on the chip. Part of productive and
+    /// idle, never added to the total. Null when no record reported both figures.
+    #[serde(default)]
+    pub looks_busy_cost: Option<Decimal>,
+    /// GPU-seconds of memory paid for and not used: Σ held × (1 − memory peak / memory
+    /// total). Null when no record reported its memory peak.
+    #[serde(default)]
+    pub unused_memory_gpu_seconds: Option<Decimal>,
+    /// The cost share of that memory: Σ cost × (1 − memory peak / memory total), inside the
+    /// total. Null when no record reported its memory peak.
+    #[serde(default)]
+    pub unused_memory_cost: Option<Decimal>,
 }
 
 /// How long the attempts that started in a period waited to start: the queue wait of an
@@ -185,6 +204,7 @@ pub struct FigureSums {
     completed_cost: Decimal,
     /// Unit → (quantity, direct cost).
     output: BTreeMap<String, (Decimal, Decimal)>,
+    util: UtilSums,
 }
 
 impl FigureSums {
@@ -213,6 +233,10 @@ impl FigureSums {
         self.tasks_failed += counts.tasks_failed;
         self.retries += counts.retries;
         self.failures += counts.failures;
+    }
+
+    pub fn add_util(&mut self, sums: &UtilSums) {
+        self.util.merge(sums);
     }
 
     pub fn add_unused_commitment(&mut self, cost: Decimal) {
@@ -248,6 +272,7 @@ impl FigureSums {
             *q += quantity;
             *d += direct;
         }
+        self.util.merge(&other.util);
     }
 
     pub fn total(&self) -> Decimal {
@@ -298,6 +323,10 @@ impl FigureSums {
                     }
                 })
                 .collect(),
+            utilisation: self.util.utilisation(self.gpu_seconds_held),
+            looks_busy_cost: self.util.looks_busy_cost(),
+            unused_memory_gpu_seconds: self.util.unused_memory_gpu_seconds(),
+            unused_memory_cost: self.util.unused_memory_cost(),
         }
     }
 }

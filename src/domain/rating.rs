@@ -25,6 +25,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::gpu::ComputeShare;
 use super::ledger_time::{LedgerHour, SECONDS_PER_HOUR, seconds_between};
 
 /// How GPU time was bought; contracts price each mode separately.
@@ -63,6 +64,9 @@ pub struct RecordToRate {
     /// `None` means unmeasured, never "fully busy".
     pub gpu_seconds_busy: Option<Decimal>,
     pub outcome: Outcome,
+    /// For a MIG slice, its share of the card: its GPU-seconds are slice-seconds, each
+    /// priced at that share of the card's contract price.
+    pub compute_share: Option<ComputeShare>,
 }
 
 /// A price per GPU-hour, valid over `[valid_from, valid_until)`, optionally scoped.
@@ -410,7 +414,14 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             None => Err(UnratedReason::NoContract),
             Some(contract) => self.price_per_gpu_hour(contract, hour.month),
         };
-        let cost = price.map(|price| share.held * price / SECONDS_PER_HOUR);
+        let cost = price.map(|price| {
+            let card_cost = share.held * price;
+            let cost = match self.record.compute_share {
+                Some(slice) => slice.of(card_cost),
+                None => card_cost,
+            };
+            cost / SECONDS_PER_HOUR
+        });
         Segment {
             start,
             end,
@@ -546,6 +557,7 @@ mod tests {
             gpu_seconds_held: Decimal::from(gpus * (ended_at - started_at).num_seconds()),
             gpu_seconds_busy: None,
             outcome: Outcome::Completed,
+            compute_share: None,
         }
     }
 
@@ -804,6 +816,7 @@ mod tests {
         );
         let r5 = RecordToRate {
             outcome: Outcome::Failed,
+            compute_share: None,
             ..record(
                 "B200",
                 BillingMode::OnDemand,
@@ -827,6 +840,7 @@ mod tests {
         let parts_of = |outcome, busy: Option<&str>, gpus| {
             let r = RecordToRate {
                 outcome,
+                compute_share: None,
                 gpu_seconds_busy: busy.map(dec),
                 ..record(
                     "H100",
@@ -1033,6 +1047,7 @@ mod tests {
 
         let with = |outcome, busy: Option<&str>, record: RecordToRate| RecordToRate {
             outcome,
+            compute_share: None,
             gpu_seconds_busy: busy.map(dec),
             ..record
         };
@@ -1388,6 +1403,7 @@ mod tests {
                             gpu_seconds_busy: busy_permille
                                 .map(|permille| held * Decimal::new(permille, 3)),
                             outcome,
+                            compute_share: None,
                         }
                     },
                 )

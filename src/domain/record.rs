@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::gpu;
 use super::rating::{BillingMode, Outcome};
 use super::validation::{Violations, escape_pointer_token};
 use super::values::ProjectId;
@@ -26,7 +27,7 @@ pub const MAX_GPU_COUNT: u32 = 1_000_000;
 /// How far in the future `ended_at` may lie (clock skew between CI and the server).
 pub const FUTURE_TOLERANCE_SECONDS: i64 = 300;
 
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 25] = [
     "project",
     "task_id",
     "attempt",
@@ -45,7 +46,18 @@ const FIELDS: [&str; 18] = [
     "failures",
     "output",
     "labels",
+    "gpu_util",
+    "sm_active",
+    "tensor_active",
+    "dram_active",
+    "memory_peak_gib",
+    "memory_total_gib",
+    "mig_profile",
 ];
+
+/// The largest memory one GPU or slice may report, in GiB; beyond it a value is a unit
+/// mistake (bytes or MiB for GiB).
+pub const MAX_MEMORY_GIB: u32 = 4096;
 
 impl BillingMode {
     pub fn as_str(&self) -> &'static str {
@@ -160,6 +172,37 @@ pub struct JobRecord {
     pub failures: i32,
     pub output: Option<Output>,
     pub labels: BTreeMap<String, String>,
+    pub telemetry: Telemetry,
+}
+
+/// What DCGM measured of a record, each optional: time-averages over the held time, per
+/// GPU, from 0 to 1, the peak memory used per GPU and the memory of the GPU (or slice), and
+/// the MIG profile the record ran on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Telemetry {
+    /// Any kernel running (`DCGM_FI_DEV_GPU_UTIL` / 100): GPU-Util as `nvidia-smi` shows it.
+    pub gpu_util: Option<Decimal>,
+    /// Share of time the SMs had work (`DCGM_FI_PROF_SM_ACTIVE`).
+    pub sm_active: Option<Decimal>,
+    /// Share of cycles the tensor cores worked (`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`).
+    pub tensor_active: Option<Decimal>,
+    /// Share of cycles the memory bandwidth was in use (`DCGM_FI_PROF_DRAM_ACTIVE`).
+    pub dram_active: Option<Decimal>,
+    pub memory_peak_gib: Option<Decimal>,
+    /// Given with a peak: as posted, or else the memory of the slice or GPU model.
+    pub memory_total_gib: Option<Decimal>,
+    /// The canonical name (`3g.40gb`) of the MIG profile; `gpu_count` then counts slices.
+    pub mig_profile: Option<String>,
+}
+
+impl Telemetry {
+    /// The MIG profile the record ran on, from its stored canonical name.
+    pub fn mig(&self, gpu_model: &str) -> Option<gpu::MigProfile> {
+        let name = self.mig_profile.as_deref()?;
+        gpu::mig_profile(gpu_model, name)
+            .ok()
+            .map(|(_, profile)| profile)
+    }
 }
 
 impl JobRecord {
@@ -241,6 +284,7 @@ impl JobRecord {
             .unwrap_or(Some(0));
         let output = fields.output();
         let labels = fields.labels();
+        let telemetry = fields.telemetry(gpu_model.as_deref());
 
         let at = |name: &str| format!("{pointer}/{name}");
         if let (Some(started), Some(ended)) = (started_at, ended_at)
@@ -331,6 +375,7 @@ impl JobRecord {
             failures,
             output,
             labels,
+            telemetry,
         ) {
             (
                 Some(project),
@@ -350,6 +395,7 @@ impl JobRecord {
                 Some(failures),
                 Some(output),
                 Some(labels),
+                Some(telemetry),
             ) => Ok(JobRecord {
                 key: RecordKey {
                     project,
@@ -371,6 +417,7 @@ impl JobRecord {
                 failures: failures as i32,
                 output,
                 labels,
+                telemetry,
             }),
             _ => unreachable!("every field either parsed or was reported"),
         }
@@ -393,13 +440,18 @@ impl JobRecord {
         Canonical {
             attempt: self.key.attempt,
             billing_mode: self.billing_mode.as_str(),
+            dram_active: canonical_decimal(self.telemetry.dram_active),
             ended_at: format_time(self.ended_at),
             failures: self.failures,
             gpu_count: self.gpu_count.normalize().to_string(),
             gpu_model: &self.gpu_model,
             gpu_seconds_busy: self.gpu_seconds_busy.map(|b| b.normalize().to_string()),
             gpu_seconds_held: self.gpu_seconds_held.normalize().to_string(),
+            gpu_util: canonical_decimal(self.telemetry.gpu_util),
             labels: &self.labels,
+            memory_peak_gib: canonical_decimal(self.telemetry.memory_peak_gib),
+            memory_total_gib: canonical_decimal(self.telemetry.memory_total_gib),
+            mig_profile: self.telemetry.mig_profile.as_deref(),
             outcome: self.outcome.as_str(),
             output: self.output.as_ref().map(|o| CanonicalOutput {
                 quantity: o.quantity.normalize().to_string(),
@@ -410,26 +462,43 @@ impl JobRecord {
             queued_at: self.queued_at.map(format_time),
             region: self.region.as_deref(),
             retries: self.retries,
+            sm_active: canonical_decimal(self.telemetry.sm_active),
             started_at: format_time(self.started_at),
             task_id: &self.key.task_id,
+            tensor_active: canonical_decimal(self.telemetry.tensor_active),
         }
     }
 }
 
+fn canonical_decimal(value: Option<Decimal>) -> Option<String> {
+    value.map(|v| v.normalize().to_string())
+}
+
 /// The canonical form of a record. Its fields are declared in key order, so serialising it
 /// writes the same bytes as the key-sorted JSON object that [`JobRecord::content_hash`] has
-/// always hashed: stored hashes stay valid.
+/// always hashed: stored hashes stay valid. The telemetry fields are left out where absent,
+/// so that a record without telemetry hashes as it always has.
 #[derive(Serialize)]
 struct Canonical<'a> {
     attempt: i32,
     billing_mode: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dram_active: Option<String>,
     ended_at: String,
     failures: i32,
     gpu_count: String,
     gpu_model: &'a str,
     gpu_seconds_busy: Option<String>,
     gpu_seconds_held: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_util: Option<String>,
     labels: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_peak_gib: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_total_gib: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mig_profile: Option<&'a str>,
     outcome: &'static str,
     output: Option<CanonicalOutput<'a>>,
     project: &'a str,
@@ -437,8 +506,12 @@ struct Canonical<'a> {
     queued_at: Option<String>,
     region: Option<&'a str>,
     retries: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sm_active: Option<String>,
     started_at: String,
     task_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensor_active: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -637,6 +710,103 @@ impl<'a> Fields<'a> {
             (true, Some(quantity), Some(unit)) => Some(Some(Output { quantity, unit })),
             _ => None,
         }
+    }
+
+    /// A share from 0 to 1.
+    fn fraction(&mut self, name: &str) -> Option<Option<Decimal>> {
+        let Some(value) = self.decimal(name) else {
+            return Some(None);
+        };
+        let parsed = value.map(|fraction| {
+            if (Decimal::ZERO..=Decimal::ONE).contains(&fraction) {
+                Ok(fraction.normalize())
+            } else {
+                Err(format!(
+                    "must be from 0 to 1 (a share, not a percentage), got {fraction}"
+                ))
+            }
+        })?;
+        Some(self.check(name, parsed))
+    }
+
+    /// A memory size in GiB; `positive` refuses 0.
+    fn memory(&mut self, name: &str, positive: bool) -> Option<Option<Decimal>> {
+        let Some(value) = self.decimal(name) else {
+            return Some(None);
+        };
+        let parsed = value.map(|gib| {
+            let max = Decimal::from(MAX_MEMORY_GIB);
+            if gib < Decimal::ZERO || (positive && gib.is_zero()) {
+                Err(format!(
+                    "must be {} 0 GiB, got {gib}",
+                    if positive { "greater than" } else { "at least" }
+                ))
+            } else if gib > max {
+                Err(format!("must be at most {max} GiB per GPU, got {gib}"))
+            } else {
+                Ok(gib.normalize())
+            }
+        })?;
+        Some(self.check(name, parsed))
+    }
+
+    /// The telemetry fields, with the memory total defaulted from the slice or the model
+    /// where a peak is given.
+    fn telemetry(&mut self, gpu_model: Option<&str>) -> Option<Telemetry> {
+        let gpu_util = self.fraction("gpu_util");
+        let sm_active = self.fraction("sm_active");
+        let tensor_active = self.fraction("tensor_active");
+        let dram_active = self.fraction("dram_active");
+        let peak = self.memory("memory_peak_gib", false);
+        let total = self.memory("memory_total_gib", true);
+        let profile = match self.text("mig_profile", MAX_NAME_CHARS) {
+            None => Some(None),
+            Some(None) => None,
+            Some(Some(raw)) => {
+                let parsed = gpu_model
+                    .map(|model| gpu::mig_profile(model, &raw).map(|(_, profile)| profile));
+                match parsed {
+                    // The model is missing or invalid, which is reported on its own.
+                    None => None,
+                    Some(parsed) => self.check("mig_profile", parsed).map(Some),
+                }
+            }
+        };
+        let (peak, total, profile) = (peak?, total?, profile?);
+        let known_total = profile
+            .map(|profile| Decimal::from(profile.memory_gib))
+            .or_else(|| {
+                gpu_model
+                    .and_then(gpu::lookup)
+                    .map(|spec| Decimal::from(spec.memory_gib))
+            });
+        let total = match (peak, total) {
+            (Some(_), None) => known_total,
+            (_, total) => total,
+        };
+        if let (Some(peak), Some(total)) = (peak, total)
+            && peak > total
+        {
+            let what = match self
+                .object
+                .get("memory_total_gib")
+                .is_some_and(|t| !t.is_null())
+            {
+                true => format!("memory_total_gib ({total})"),
+                false => format!("the {total} GiB of this GPU model or slice"),
+            };
+            self.check::<()>("memory_peak_gib", Err(format!("must not exceed {what}")));
+            return None;
+        }
+        Some(Telemetry {
+            gpu_util: gpu_util?,
+            sm_active: sm_active?,
+            tensor_active: tensor_active?,
+            dram_active: dram_active?,
+            memory_peak_gib: peak,
+            memory_total_gib: total,
+            mig_profile: profile.map(|profile| profile.name()),
+        })
     }
 
     fn labels(&mut self) -> Option<BTreeMap<String, String>> {

@@ -108,8 +108,8 @@ pub struct TaskFigures {
     pub failed_attempts: i64,
     pub retries: i64,
     pub failures: i64,
-    /// `started_at − queued_at` summed over the `queue_waits` attempts that reported
-    /// `queued_at`.
+    /// `started_at − queued_at` summed over the `queue_waits` attempts, of those that ended
+    /// in the period, that reported `queued_at`.
     pub queue_wait_seconds: Decimal,
     pub queue_waits: i64,
 }

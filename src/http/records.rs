@@ -30,6 +30,7 @@ use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryP
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::ingest::{self, Submitted};
+use crate::ledger::instruments;
 use crate::ledger::records::{self, RecordHistory};
 use crate::store;
 use crate::store::records::{RecordFilter, RecordRow, VersionRow};
@@ -84,6 +85,30 @@ pub struct JobRecordInput {
     pub output: Option<OutputView>,
     /// At most 32 labels; keys of letters, digits, `_-./`.
     pub labels: Option<BTreeMap<String, String>>,
+    /// GPU-Util from 0 to 1 (`DCGM_FI_DEV_GPU_UTIL` / 100), averaged over the held time.
+    #[schema(value_type = Option<String>, example = "0.91")]
+    pub gpu_util: Option<Decimal>,
+    /// SM activity from 0 to 1 (`DCGM_FI_PROF_SM_ACTIVE`). Without `gpu_seconds_busy`,
+    /// busy = held × `sm_active`.
+    #[schema(value_type = Option<String>, example = "0.38")]
+    pub sm_active: Option<Decimal>,
+    /// Tensor-core activity from 0 to 1 (`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`).
+    #[schema(value_type = Option<String>, example = "0.12")]
+    pub tensor_active: Option<Decimal>,
+    /// Memory-bandwidth activity from 0 to 1 (`DCGM_FI_PROF_DRAM_ACTIVE`).
+    #[schema(value_type = Option<String>, example = "0.25")]
+    pub dram_active: Option<Decimal>,
+    /// Peak framebuffer memory used per GPU (or slice), GiB; at most `memory_total_gib`.
+    #[schema(value_type = Option<String>, example = "20")]
+    pub memory_peak_gib: Option<Decimal>,
+    /// Memory per GPU (or slice), GiB, greater than 0; with a peak and without this, the
+    /// memory of the MIG profile or of the GPU model when the model is known.
+    #[schema(value_type = Option<String>, example = "80")]
+    pub memory_total_gib: Option<Decimal>,
+    /// A MIG profile of `gpu_model` (`<g>g.<memory>gb`, e.g. `3g.40gb`): `gpu_count` then
+    /// counts slices, each priced at g/7 of the card's contract price.
+    #[schema(example = "3g.40gb")]
+    pub mig_profile: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -127,6 +152,26 @@ pub struct RecordView {
     pub failures: i32,
     pub output: Option<OutputView>,
     pub labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub gpu_util: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub sm_active: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub tensor_active: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub dram_active: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub memory_peak_gib: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub memory_total_gib: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
     /// 1 when first stored; each correction adds one.
     pub version: i32,
     pub ingested_at: DateTime<Utc>,
@@ -160,6 +205,13 @@ impl From<RecordRow> for RecordView {
             retries: row.retries,
             failures: row.failures,
             labels: row.labels.0,
+            gpu_util: row.gpu_util.map(|v| v.normalize()),
+            sm_active: row.sm_active.map(|v| v.normalize()),
+            tensor_active: row.tensor_active.map(|v| v.normalize()),
+            dram_active: row.dram_active.map(|v| v.normalize()),
+            memory_peak_gib: row.memory_peak_gib.map(|v| v.normalize()),
+            memory_total_gib: row.memory_total_gib.map(|v| v.normalize()),
+            mig_profile: row.mig_profile,
             version: row.version,
             ingested_at: row.ingested_at,
             updated_at: row.updated_at,
@@ -373,6 +425,9 @@ pub async fn post_job_records(
             Err(errors) => violations.extend(errors),
         }
     }
+    if !violations.is_empty() {
+        instruments::job_records_rejected(values.len() - batch.len());
+    }
     violations.into_result()?;
     check_scope(&principal, &batch)?;
     let stored = ingest::ingest(&state.pool, batch, &state.settings).await?;
@@ -400,6 +455,7 @@ fn check_scope(principal: &Principal, batch: &[Submitted]) -> ApiResult<()> {
     if forbidden.is_empty() {
         Ok(())
     } else {
+        instruments::job_records_rejected(forbidden.len());
         Err(ApiError::ForbiddenFields(
             format!(
                 "{} records name projects this token may not post to; nothing was written",

@@ -15,6 +15,7 @@ use crate::domain::burn::{self, AlertKind, Burn, FORECAST_THRESHOLD};
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::{CostOf, month_spend};
+use crate::ledger::instruments;
 use crate::store;
 use crate::store::alerts::{AlertRow, NewAlert};
 use crate::store::projects::ProjectRow;
@@ -101,7 +102,7 @@ pub async fn fire_reached(
             store::alerts::enqueue_delivery(&mut tx, &row, url, &body).await?;
         }
         tracing::info!(project = %row.project_id, month = %month, threshold, kind = kind.as_str(), "budget alert fired");
-        metrics::counter!("taskledger_alerts_fired_total", "kind" => kind.as_str()).increment(1);
+        metrics::counter!(instruments::ALERTS_FIRED, "kind" => kind.as_str()).increment(1);
         fired.push(row);
     }
     tx.commit().await?;

@@ -180,6 +180,10 @@ async fn group_sums(
         let (key, counts) = row.into_parts();
         groups.entry(key).or_default().add_records(&counts);
     }
+    for row in store::cost::util_sums(conn, of.project, query.period, &query.grouping, tz).await? {
+        let (key, sums) = row.into_parts();
+        groups.entry(key).or_default().add_util(&sums);
+    }
     add_unused_commitment(conn, of, query, tz, &mut groups).await?;
     Ok(groups)
 }

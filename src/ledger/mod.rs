@@ -9,6 +9,7 @@ pub mod error;
 pub mod focus;
 pub mod import;
 pub mod ingest;
+pub mod instruments;
 pub mod pricing;
 pub mod projects;
 pub mod records;

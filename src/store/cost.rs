@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use crate::domain::figures::{Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums};
 use crate::domain::rating::Outcome;
-use crate::store::rollups::PeriodSplit;
+use crate::domain::utilisation::{MetricSums, UtilSums};
+use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Sums of segments of one group and kind.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -393,4 +394,88 @@ fn by_contract_and_hour(
         usage.entry(contract).or_default().insert(hour, seconds);
     }
     usage
+}
+
+/// Utilisation sums of one group.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UtilRow {
+    pub key: Option<String>,
+    pub gpu_util_held: Decimal,
+    pub gpu_util_weighted: Decimal,
+    pub sm_active_held: Decimal,
+    pub sm_active_weighted: Decimal,
+    pub tensor_active_held: Decimal,
+    pub tensor_active_weighted: Decimal,
+    pub dram_active_held: Decimal,
+    pub dram_active_weighted: Decimal,
+    pub memory_held: Decimal,
+    pub memory_used_weighted: Decimal,
+    pub looks_busy_cost: Decimal,
+    pub unused_memory_cost: Decimal,
+}
+
+impl UtilRow {
+    /// The group key and its sums.
+    pub fn into_parts(self) -> (Option<String>, UtilSums) {
+        let metric = |held, weighted| MetricSums { held, weighted };
+        (
+            self.key,
+            UtilSums {
+                gpu_util: metric(self.gpu_util_held, self.gpu_util_weighted),
+                sm_active: metric(self.sm_active_held, self.sm_active_weighted),
+                tensor_active: metric(self.tensor_active_held, self.tensor_active_weighted),
+                dram_active: metric(self.dram_active_held, self.dram_active_weighted),
+                memory_used: metric(self.memory_held, self.memory_used_weighted),
+                looks_busy_cost: self.looks_busy_cost,
+                unused_memory_cost: self.unused_memory_cost,
+            },
+        )
+    }
+}
+
+/// Utilisation sums of `project` over `[from, to)` by group, from the utilisation rollups
+/// (or, by label, from the period's segments with telemetry); groups without telemetry have
+/// no row.
+pub async fn util_sums(
+    conn: &mut PgConnection,
+    project: &str,
+    period: (DateTime<Utc>, DateTime<Utc>),
+    grouping: &Grouping,
+    tz: Tz,
+) -> sqlx::Result<Vec<UtilRow>> {
+    let sums = &UTIL_SUMS[1..];
+    let rounded = sums
+        .iter()
+        .map(|column| format!("round(coalesce(sum({column}), 0), {SUM_SCALE}) AS {column}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = match grouping {
+        Grouping::Label(_) => format!(
+            "SELECT key, {rounded} FROM ( \
+               SELECT {key} AS key, {util} \
+               FROM rated_segments s \
+               JOIN job_records r USING (project_id, task_id, attempt) \
+               WHERE s.project_id = $1 AND s.hour >= $2 AND s.hour < $3 AND {with_telemetry} \
+               GROUP BY 1) AS groups \
+             GROUP BY 1",
+            key = key_expression(grouping, "hour", "s."),
+            util = rollups::util_sums_sql("s."),
+            with_telemetry = rollups::has_telemetry_sql("s."),
+        ),
+        _ => format!(
+            "SELECT key, {rounded} FROM ({rows}) AS rows GROUP BY 1 HAVING sum(segments) > 0",
+            rows = PeriodSplit::rows_sql(
+                "util",
+                &format!("{{key}} AS key, {}", UTIL_SUMS.join(", ")),
+                (
+                    &month_key(grouping),
+                    &day_key(grouping),
+                    &key_expression(grouping, "hour", ""),
+                ),
+                "= $1",
+                2,
+            ),
+        ),
+    };
+    fetch_grouped(conn, &sql, project, period, grouping, tz).await
 }

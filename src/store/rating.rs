@@ -11,10 +11,12 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::domain::gpu::COMPUTE_SLICES;
 use crate::domain::ledger_time::{LedgerHour, first_of_month};
 use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_record};
-use crate::domain::record::{RecordKey, duration_seconds};
+use crate::domain::record::{RecordKey, Telemetry, duration_seconds};
 use crate::domain::task::{AttemptEnd, TaskStatus, task_marks, task_status};
+use crate::domain::utilisation::{SegmentTelemetry, busy_seconds};
 use crate::store::rollups::{self, Family, Level};
 use crate::store::{contracts, fx_rates, tasks as task_ledger};
 
@@ -44,6 +46,13 @@ struct RecordRow {
     failures: i32,
     output_quantity: Option<Decimal>,
     output_unit: Option<String>,
+    gpu_util: Option<Decimal>,
+    sm_active: Option<Decimal>,
+    tensor_active: Option<Decimal>,
+    dram_active: Option<Decimal>,
+    memory_peak_gib: Option<Decimal>,
+    memory_total_gib: Option<Decimal>,
+    mig_profile: Option<String>,
     currency: String,
 }
 
@@ -57,7 +66,19 @@ impl RecordRow {
         }
     }
 
-    fn to_rate(&self) -> RecordToRate {
+    fn telemetry(&self) -> Telemetry {
+        Telemetry {
+            gpu_util: self.gpu_util,
+            sm_active: self.sm_active,
+            tensor_active: self.tensor_active,
+            dram_active: self.dram_active,
+            memory_peak_gib: self.memory_peak_gib,
+            memory_total_gib: self.memory_total_gib,
+            mig_profile: self.mig_profile.clone(),
+        }
+    }
+
+    fn to_rate(&self, telemetry: &Telemetry) -> RecordToRate {
         RecordToRate {
             project: self.project_id.clone(),
             gpu_model: self.gpu_model.clone(),
@@ -68,8 +89,15 @@ impl RecordRow {
             started_at: self.started_at,
             ended_at: self.ended_at,
             gpu_seconds_held: self.gpu_seconds_held,
-            gpu_seconds_busy: self.gpu_seconds_busy,
+            gpu_seconds_busy: busy_seconds(
+                self.gpu_seconds_busy,
+                self.gpu_seconds_held,
+                self.sm_active,
+            ),
             outcome: self.outcome,
+            compute_share: telemetry
+                .mig(&self.gpu_model)
+                .map(|profile| profile.compute_share()),
         }
     }
 }
@@ -96,6 +124,12 @@ struct SegmentColumns {
     unmeasured: Vec<Decimal>,
     failed: Vec<Decimal>,
     output_quantity: Vec<Option<Decimal>>,
+    gpu_util: Vec<Option<Decimal>>,
+    sm_active: Vec<Option<Decimal>>,
+    tensor_active: Vec<Option<Decimal>>,
+    dram_active: Vec<Option<Decimal>>,
+    memory_used_share: Vec<Option<Decimal>>,
+    mig_slices: Vec<Option<i16>>,
 }
 
 impl SegmentColumns {
@@ -106,8 +140,15 @@ impl SegmentColumns {
         fx: &fx_rates::RateTable,
         tz: Tz,
     ) -> anyhow::Result<()> {
-        let record = row.to_rate();
+        let telemetry = row.telemetry();
+        let record = row.to_rate(&telemetry);
         let segments = rate_record(&record, contracts, fx, tz);
+        let carried = SegmentTelemetry::of(&telemetry);
+        let mig_slices = record
+            .compute_share
+            .map(|share| i16::try_from(share.slices))
+            .transpose()
+            .context("MIG slices out of range")?;
         // Output belongs to completed records and is booked where the record ends.
         let output = match record.outcome {
             Outcome::Completed => row.output_unit.as_ref().zip(row.output_quantity),
@@ -137,6 +178,12 @@ impl SegmentColumns {
             self.failed.push(segment.parts.failed);
             self.output_quantity
                 .push(output.filter(|_| seq == last).map(|(_, quantity)| quantity));
+            self.gpu_util.push(carried.gpu_util);
+            self.sm_active.push(carried.sm_active);
+            self.tensor_active.push(carried.tensor_active);
+            self.dram_active.push(carried.dram_active);
+            self.memory_used_share.push(carried.memory_used_share);
+            self.mig_slices.push(mig_slices);
         }
         Ok(())
     }
@@ -165,16 +212,27 @@ impl SegmentColumns {
             .bind(&self.unmeasured)
             .bind(&self.failed)
             .bind(&self.output_quantity)
+            .bind(&self.gpu_util)
+            .bind(&self.sm_active)
+            .bind(&self.tensor_active)
+            .bind(&self.dram_active)
+            .bind(&self.memory_used_share)
+            .bind(&self.mig_slices)
     }
 }
 
 const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[], \
      $5::timestamptz[], $6::text[], $7::text[], $8::text[], $9::uuid[], $10::text[], $11::text[], \
      $12::numeric[], $13::numeric[], $14::numeric[], $15::numeric[], $16::numeric[], \
-     $17::numeric[], $18::numeric[], $19::numeric[]) \
+     $17::numeric[], $18::numeric[], $19::numeric[], $20::numeric[], $21::numeric[], \
+     $22::numeric[], $23::numeric[], $24::numeric[], $25::smallint[]) \
      AS s(project_id, task_id, attempt, seq, hour, gpu_model, billing_mode, outcome, contract_id, \
           unrated_reason, output_unit, gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, \
-          unmeasured, failed, output_quantity)";
+          unmeasured, failed, output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
+          memory_used_share, mig_slices)";
+
+/// The parameters [`SegmentColumns::bind`] binds.
+const SEGMENT_PARAMETERS: usize = 25;
 
 /// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s rollup
 /// at every level, tagged with the delta number in the CTE `tag`; `tz` is the parameter
@@ -193,6 +251,20 @@ fn append_diff(family: Family, diff: &str, tz: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A CTE `util_diff` of the utilisation sums (see `util_hourly`) the segment changes in
+/// `changes` make, per hourly key; only segments with some telemetry take part.
+fn util_diff(changes: &str) -> String {
+    format!(
+        "util_diff AS ( \
+           SELECT project_id, hour, gpu_model, billing_mode, outcome, sum(sign) AS segments, \
+                  {sums} \
+           FROM {changes} WHERE {with_telemetry} \
+           GROUP BY project_id, hour, gpu_model, billing_mode, outcome)",
+        sums = rollups::util_sums_sql(""),
+        with_telemetry = rollups::has_telemetry_sql(""),
+    )
 }
 
 /// New `rated_records` rows, column by column.
@@ -337,7 +409,9 @@ pub async fn rate_records(
     let attempts = sqlx::query_as::<_, RecordRow>(
         "SELECT r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, r.provider, \
                 r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
-                r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, p.currency \
+                r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, r.gpu_util, \
+                r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
+                r.memory_total_gib, r.mig_profile, p.currency \
          FROM job_records r JOIN projects p ON p.id = r.project_id \
          WHERE (r.project_id, r.task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
          ORDER BY r.project_id, r.task_id, r.attempt",
@@ -391,7 +465,7 @@ pub async fn rate_records(
         "WITH old AS ( \
            DELETE FROM rated_segments \
            WHERE (project_id, task_id, attempt) IN \
-                 (SELECT * FROM UNNEST($20::text[], $21::text[], $22::int[])) \
+                 (SELECT * FROM UNNEST($26::text[], $27::text[], $28::int[])) \
            RETURNING *), \
          changes AS ( \
            SELECT -1 AS sign, project_id, task_id, attempt, seq, hour, gpu_model, \
@@ -399,7 +473,8 @@ pub async fn rate_records(
                   -gpu_seconds_held AS gpu_seconds_held, \
                   -gpu_seconds_busy AS gpu_seconds_busy, -cost AS cost, \
                   -productive AS productive, -idle AS idle, -unmeasured AS unmeasured, \
-                  -failed AS failed, -output_quantity AS output_quantity \
+                  -failed AS failed, -output_quantity AS output_quantity, gpu_util, \
+                  sm_active, tensor_active, dram_active, memory_used_share, mig_slices \
            FROM old \
            UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
          diff AS ( \
@@ -411,23 +486,28 @@ pub async fn rate_records(
                   sum(coalesce(cost, 0)) AS cost, \
                   sum(productive) AS productive, sum(idle) AS idle, \
                   sum(unmeasured) AS unmeasured, sum(failed) AS failed, \
-                  sum(coalesce(output_quantity, 0)) AS output_quantity \
+                  sum(coalesce(output_quantity, 0)) AS output_quantity, \
+                  sum(CASE WHEN mig_slices IS NULL THEN gpu_seconds_held \
+                           ELSE gpu_seconds_held * mig_slices / {COMPUTE_SLICES} END) \
+                      AS card_seconds_held \
            FROM changes \
            GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
                     unrated_reason, output_unit), \
+         {util_diff}, \
          tag AS (SELECT nextval('rollup_deltas') AS delta), \
          {cost_levels}, \
          usage AS ( \
          INSERT INTO contract_usage_hourly \
            (contract_id, hour, project_id, segments, gpu_seconds_held, delta) \
-         SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held), \
+         SELECT contract_id, hour, project_id, sum(segments), sum(card_seconds_held), \
                 min(tag.delta) \
          FROM diff, tag WHERE contract_id IS NOT NULL AND billing_mode = 'reserved' \
          GROUP BY contract_id, hour, project_id \
-         HAVING (sum(segments), sum(gpu_seconds_held)) <> (0, 0)), \
+         HAVING (sum(segments), sum(card_seconds_held)) <> (0, 0)), \
+         {util_levels}, \
          old_records AS ( \
            DELETE FROM rated_records \
-           WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($36::text[], $37::text[])) \
+           WHERE (project_id, task_id) IN (SELECT * FROM UNNEST($42::text[], $43::text[])) \
            RETURNING *), \
          record_changes AS ( \
            SELECT -1 AS sign, * FROM old_records \
@@ -442,10 +522,12 @@ pub async fn rate_records(
          {record_levels}, \
          {tasks} \
          SELECT {emptied}",
-        cost_levels = append_diff(Family::Cost, "diff", "$23"),
-        new_records = new_records(24),
-        record_levels = append_diff(Family::Records, "record_diff", "$23"),
-        tasks = task_ledger::add_changes("$23", "changes", "record_changes"),
+        cost_levels = append_diff(Family::Cost, "diff", "$29"),
+        util_diff = util_diff("changes"),
+        util_levels = append_diff(Family::Util, "util_diff", "$29"),
+        new_records = new_records(SEGMENT_PARAMETERS + 5),
+        record_levels = append_diff(Family::Records, "record_diff", "$29"),
+        tasks = task_ledger::add_changes("$29", "changes", "record_changes"),
         emptied = task_ledger::emptied_rows(),
     );
     let query = sqlx::query_as::<_, (Vec<String>,)>(&sql);

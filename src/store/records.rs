@@ -9,7 +9,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::domain::rating::{BillingMode, Outcome};
-use crate::domain::record::{JobRecord, Output, RecordKey};
+use crate::domain::record::{JobRecord, Output, RecordKey, Telemetry};
 
 /// What happened to each record of a batch handed to [`insert_batch`].
 #[derive(Debug, Default)]
@@ -33,42 +33,69 @@ pub async fn insert_batch(
     hashes: &[Vec<u8>],
 ) -> sqlx::Result<InsertOutcome> {
     let columns = Columns::of(records);
-    let inserted: Vec<(String, String, i32)> = sqlx::query_as(
+    // Most batches carry no telemetry; they are stored without binding its columns.
+    let telemetry = records
+        .iter()
+        .any(|r| r.telemetry != Telemetry::default())
+        .then(|| TelemetryColumns::of(records));
+    let (extra_columns, extra_values, extra_arrays, extra_names) = match telemetry {
+        Some(_) => (
+            ", gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, \
+             memory_total_gib, mig_profile",
+            ", gu, sa, ta, da, mp, mt, mg",
+            ", $21::numeric[], $22::numeric[], $23::numeric[], $24::numeric[], \
+             $25::numeric[], $26::numeric[], $27::text[]",
+            ", gu, sa, ta, da, mp, mt, mg",
+        ),
+        None => ("", "", "", ""),
+    };
+    let sql = format!(
         "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
              billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
              gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
-             content_hash) \
-         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch \
+             content_hash{extra_columns}) \
+         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch{extra_values} \
          FROM UNNEST($1::text[], $2::text[], $3::int[], $4::text[], $5::numeric[], $6::text[], \
                      $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], \
                      $11::timestamptz[], $12::numeric[], $13::numeric[], $14::text[], $15::int[], \
-                     $16::int[], $17::numeric[], $18::text[], $19::text[], $20::bytea[]) \
-              AS u(p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l, ch) \
+                     $16::int[], $17::numeric[], $18::text[], $19::text[], $20::bytea[]{extra_arrays}) \
+              AS u(p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l, ch{extra_names}) \
          ON CONFLICT (project_id, task_id, attempt) DO NOTHING \
-         RETURNING project_id, task_id, attempt",
-    )
-    .bind(&columns.project)
-    .bind(&columns.task_id)
-    .bind(&columns.attempt)
-    .bind(&columns.gpu_model)
-    .bind(&columns.gpu_count)
-    .bind(&columns.billing_mode)
-    .bind(&columns.provider)
-    .bind(&columns.region)
-    .bind(&columns.queued_at)
-    .bind(&columns.started_at)
-    .bind(&columns.ended_at)
-    .bind(&columns.held)
-    .bind(&columns.busy)
-    .bind(&columns.outcome)
-    .bind(&columns.retries)
-    .bind(&columns.failures)
-    .bind(&columns.output_quantity)
-    .bind(&columns.output_unit)
-    .bind(&columns.labels)
-    .bind(hashes)
-    .fetch_all(&mut *conn)
-    .await?;
+         RETURNING project_id, task_id, attempt"
+    );
+    let query = sqlx::query_as(&sql)
+        .bind(&columns.project)
+        .bind(&columns.task_id)
+        .bind(&columns.attempt)
+        .bind(&columns.gpu_model)
+        .bind(&columns.gpu_count)
+        .bind(&columns.billing_mode)
+        .bind(&columns.provider)
+        .bind(&columns.region)
+        .bind(&columns.queued_at)
+        .bind(&columns.started_at)
+        .bind(&columns.ended_at)
+        .bind(&columns.held)
+        .bind(&columns.busy)
+        .bind(&columns.outcome)
+        .bind(&columns.retries)
+        .bind(&columns.failures)
+        .bind(&columns.output_quantity)
+        .bind(&columns.output_unit)
+        .bind(&columns.labels)
+        .bind(hashes);
+    let query = match &telemetry {
+        Some(t) => query
+            .bind(&t.gpu_util)
+            .bind(&t.sm_active)
+            .bind(&t.tensor_active)
+            .bind(&t.dram_active)
+            .bind(&t.memory_peak_gib)
+            .bind(&t.memory_total_gib)
+            .bind(&t.mig_profile),
+        None => query,
+    };
+    let inserted: Vec<(String, String, i32)> = query.fetch_all(&mut *conn).await?;
 
     let mut outcome = InsertOutcome {
         inserted: inserted
@@ -208,6 +235,34 @@ impl Columns {
     }
 }
 
+/// The telemetry columns of a batch, for `UNNEST`.
+#[derive(Default)]
+struct TelemetryColumns {
+    gpu_util: Vec<Option<Decimal>>,
+    sm_active: Vec<Option<Decimal>>,
+    tensor_active: Vec<Option<Decimal>>,
+    dram_active: Vec<Option<Decimal>>,
+    memory_peak_gib: Vec<Option<Decimal>>,
+    memory_total_gib: Vec<Option<Decimal>>,
+    mig_profile: Vec<Option<String>>,
+}
+
+impl TelemetryColumns {
+    fn of(records: &[JobRecord]) -> Self {
+        let mut c = TelemetryColumns::default();
+        for t in records.iter().map(|r| &r.telemetry) {
+            c.gpu_util.push(t.gpu_util);
+            c.sm_active.push(t.sm_active);
+            c.tensor_active.push(t.tensor_active);
+            c.dram_active.push(t.dram_active);
+            c.memory_peak_gib.push(t.memory_peak_gib);
+            c.memory_total_gib.push(t.memory_total_gib);
+            c.mig_profile.push(t.mig_profile.clone());
+        }
+        c
+    }
+}
+
 /// A stored record with its bookkeeping.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RecordRow {
@@ -233,14 +288,23 @@ pub struct RecordRow {
     pub output_quantity: Option<Decimal>,
     pub output_unit: Option<String>,
     pub labels: sqlx::types::Json<BTreeMap<String, String>>,
+    pub gpu_util: Option<Decimal>,
+    pub sm_active: Option<Decimal>,
+    pub tensor_active: Option<Decimal>,
+    pub dram_active: Option<Decimal>,
+    pub memory_peak_gib: Option<Decimal>,
+    pub memory_total_gib: Option<Decimal>,
+    pub mig_profile: Option<String>,
     pub ingested_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_count, \
+/// The columns a [`RecordRow`] reads.
+pub const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_count, \
     billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
     gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
-    ingested_at, updated_at";
+    gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, memory_total_gib, \
+    mig_profile, ingested_at, updated_at";
 
 impl RecordRow {
     /// The record as it was validated.
@@ -272,6 +336,15 @@ impl RecordRow {
                 _ => None,
             },
             labels: self.labels.0.clone(),
+            telemetry: Telemetry {
+                gpu_util: self.gpu_util.map(|v| v.normalize()),
+                sm_active: self.sm_active.map(|v| v.normalize()),
+                tensor_active: self.tensor_active.map(|v| v.normalize()),
+                dram_active: self.dram_active.map(|v| v.normalize()),
+                memory_peak_gib: self.memory_peak_gib.map(|v| v.normalize()),
+                memory_total_gib: self.memory_total_gib.map(|v| v.normalize()),
+                mig_profile: self.mig_profile.clone(),
+            },
         }
     }
 }
@@ -371,7 +444,9 @@ pub async fn replace(
              billing_mode = $6, provider = $7, region = $8, queued_at = $9, started_at = $10, \
              ended_at = $11, gpu_seconds_held = $12, gpu_seconds_busy = $13, outcome = $14, \
              retries = $15, failures = $16, output_quantity = $17, output_unit = $18, \
-             labels = $19::jsonb, content_hash = $20, updated_at = now() \
+             labels = $19::jsonb, content_hash = $20, gpu_util = $21, sm_active = $22, \
+             tensor_active = $23, dram_active = $24, memory_peak_gib = $25, \
+             memory_total_gib = $26, mig_profile = $27, updated_at = now() \
          WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
     )
     .bind(&record.key.project)
@@ -394,6 +469,13 @@ pub async fn replace(
     .bind(record.output.as_ref().map(|o| o.unit.clone()))
     .bind(labels)
     .bind(record.content_hash())
+    .bind(record.telemetry.gpu_util)
+    .bind(record.telemetry.sm_active)
+    .bind(record.telemetry.tensor_active)
+    .bind(record.telemetry.dram_active)
+    .bind(record.telemetry.memory_peak_gib)
+    .bind(record.telemetry.memory_total_gib)
+    .bind(&record.telemetry.mig_profile)
     .execute(conn)
     .await?;
     Ok(())

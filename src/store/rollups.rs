@@ -13,6 +13,7 @@ use chrono_tz::Tz;
 use sqlx::{PgConnection, PgPool};
 
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
+use crate::domain::utilisation::{LOOKS_BUSY_GPU_UTIL, LOOKS_BUSY_SM_ACTIVE};
 use crate::store::jobs::COMPACTION;
 
 /// What a rollup sums: GPU time and cost of segments, or counts of records.
@@ -22,15 +23,18 @@ pub enum Family {
     Cost,
     /// Sums of `rated_records`.
     Records,
+    /// Utilisation sums of the `rated_segments` that carry telemetry.
+    Util,
 }
 
 impl Family {
-    const ALL: [Family; 2] = [Family::Cost, Family::Records];
+    const ALL: [Family; 3] = [Family::Cost, Family::Records, Family::Util];
 
     fn name(self) -> &'static str {
         match self {
             Family::Cost => "cost",
             Family::Records => "records",
+            Family::Util => "util",
         }
     }
 
@@ -46,7 +50,9 @@ impl Family {
                 "project_id, {period}, gpu_model, billing_mode, outcome, contract_id, \
                  unrated_reason, output_unit"
             ),
-            Family::Records => format!("project_id, {period}, gpu_model, billing_mode, outcome"),
+            Family::Records | Family::Util => {
+                format!("project_id, {period}, gpu_model, billing_mode, outcome")
+            }
         }
     }
 
@@ -72,6 +78,7 @@ impl Family {
                 "tasks_completed",
                 "tasks_failed",
             ],
+            Family::Util => &UTIL_SUMS,
         }
     }
 
@@ -82,9 +89,63 @@ impl Family {
     fn constraint(self, level: Level) -> String {
         match self {
             Family::Cost => format!("{}_key", self.table(level)),
-            Family::Records => format!("{}_pkey", self.table(level)),
+            Family::Records | Family::Util => format!("{}_pkey", self.table(level)),
         }
     }
+}
+
+/// The summed columns of the utilisation rollups, `segments` first.
+pub const UTIL_SUMS: [&str; 13] = [
+    "segments",
+    "gpu_util_held",
+    "gpu_util_weighted",
+    "sm_active_held",
+    "sm_active_weighted",
+    "tensor_active_held",
+    "tensor_active_weighted",
+    "dram_active_held",
+    "dram_active_weighted",
+    "memory_held",
+    "memory_used_weighted",
+    "looks_busy_cost",
+    "unused_memory_cost",
+];
+
+/// The utilisation sums (every column of [`UTIL_SUMS`] but `segments`) over segment rows
+/// with the `rated_segments` columns, named as in [`UTIL_SUMS`]; `prefix` qualifies the
+/// columns (`s.`). Segments without telemetry add nothing.
+pub fn util_sums_sql(prefix: &str) -> String {
+    let metric = |column: &str, held: &str, weighted: &str| {
+        format!(
+            "coalesce(sum({prefix}gpu_seconds_held) FILTER (WHERE {prefix}{column} IS NOT NULL), \
+                      0) AS {held}, \
+             coalesce(sum({prefix}gpu_seconds_held * {prefix}{column}), 0) AS {weighted}"
+        )
+    };
+    format!(
+        "{gpu_util}, {sm_active}, {tensor_active}, {dram_active}, {memory}, \
+         coalesce(sum({prefix}cost) FILTER (WHERE {prefix}gpu_util >= {LOOKS_BUSY_GPU_UTIL} \
+                                       AND {prefix}sm_active < {LOOKS_BUSY_SM_ACTIVE}), 0) \
+             AS looks_busy_cost, \
+         coalesce(sum({prefix}cost * (1 - {prefix}memory_used_share)), 0) AS unused_memory_cost",
+        gpu_util = metric("gpu_util", "gpu_util_held", "gpu_util_weighted"),
+        sm_active = metric("sm_active", "sm_active_held", "sm_active_weighted"),
+        tensor_active = metric(
+            "tensor_active",
+            "tensor_active_held",
+            "tensor_active_weighted"
+        ),
+        dram_active = metric("dram_active", "dram_active_held", "dram_active_weighted"),
+        memory = metric("memory_used_share", "memory_held", "memory_used_weighted"),
+    )
+}
+
+/// Whether a `rated_segments` row (columns qualified by `prefix`) carries some telemetry.
+pub fn has_telemetry_sql(prefix: &str) -> String {
+    format!(
+        "num_nonnulls({prefix}gpu_util, {prefix}sm_active, {prefix}tensor_active, \
+                      {prefix}dram_active, {prefix}memory_used_share) > 0"
+    )
 }
 
 /// The period a rollup row covers: a ledger hour, day or month.
@@ -271,6 +332,19 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     Ok(Some(done))
 }
 
+/// How many delta rows wait to be compacted, over every rollup (each counted through its
+/// partial index of delta rows).
+pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
+    let counts = rollups()
+        .iter()
+        .map(|rollup| format!("(SELECT count(*) FROM {} WHERE delta <> 0)", rollup.table))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    sqlx::query_scalar(&format!("SELECT {counts}"))
+        .fetch_one(pool)
+        .await
+}
+
 /// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task months from
 /// the rated segments and records (see [`rebuild_tasks`]), when they were built for another
 /// ledger time zone than `tz` (or never recorded one), so that their days and months are
@@ -291,8 +365,8 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     }
     // Writers append to these tables; this waits for them and keeps them out meanwhile.
     sqlx::query(
-        "LOCK TABLE cost_daily, records_daily, cost_monthly, records_monthly, task_monthly \
-         IN EXCLUSIVE MODE",
+        "LOCK TABLE cost_daily, records_daily, util_daily, cost_monthly, records_monthly, \
+         util_monthly, task_monthly IN EXCLUSIVE MODE",
     )
     .execute(&mut *tx)
     .await?;

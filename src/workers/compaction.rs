@@ -2,19 +2,23 @@
 //! writers keep appending. Replicas take turns: compaction holds a lock across them.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::ledger::instruments;
 use crate::workers::{RunOutcome, record_run};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    instruments::process_started();
     loop {
+        let started = Instant::now();
         match crate::store::rollups::compact(&pool).await {
             Ok(Some(done)) => {
+                instruments::compaction_done(done.delta_rows, started.elapsed());
                 record_run("compaction", RunOutcome::Ran);
                 if done.delta_rows > 0 {
                     tracing::debug!(
@@ -24,7 +28,10 @@ pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output 
                     );
                 }
             }
-            Ok(None) => record_run("compaction", RunOutcome::Locked),
+            Ok(None) => {
+                instruments::compaction_done_elsewhere();
+                record_run("compaction", RunOutcome::Locked);
+            }
             Err(error) => tracing::warn!(error = format!("{error:#}"), "rollup compaction failed"),
         }
         tokio::select! {

@@ -23,6 +23,5 @@ fn record_run(job: &'static str, outcome: RunOutcome) {
         RunOutcome::Locked => "locked",
         RunOutcome::NotDue => "not_due",
     };
-    metrics::counter!("taskledger_background_runs_total", "job" => job, "outcome" => outcome)
-        .increment(1);
+    crate::ledger::instruments::background_run(job, outcome);
 }

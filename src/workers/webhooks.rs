@@ -11,6 +11,7 @@ use rand::Rng;
 use sha2::Sha256;
 use sqlx::PgPool;
 
+use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
 use crate::store::alerts::{self, Attempt, DueDelivery, NextStep};
 
 /// The header carrying `sha256=<hex HMAC-SHA256 of the body>`.
@@ -101,19 +102,19 @@ impl Webhooks {
         let (attempt, next) = self.attempt(&delivery).await;
         alerts::record_attempt(&mut tx, &delivery, &attempt, next).await?;
         tx.commit().await?;
+        if next != NextStep::Delivered {
+            metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
+        }
         match next {
             NextStep::Delivered => {
-                metrics::counter!("taskledger_alert_deliveries_total", "result" => "delivered")
-                    .increment(1)
+                metrics::counter!(ALERT_DELIVERIES, "result" => "delivered").increment(1)
             }
             NextStep::RetryAt(_) => {
-                metrics::counter!("taskledger_alert_deliveries_total", "result" => "retry")
-                    .increment(1)
+                metrics::counter!(ALERT_DELIVERIES, "result" => "retry").increment(1)
             }
             NextStep::GiveUp => {
                 tracing::warn!(alert = %delivery.alert_id, url = %delivery.url, "gave up delivering an alert");
-                metrics::counter!("taskledger_alert_deliveries_total", "result" => "gave_up")
-                    .increment(1)
+                metrics::counter!(ALERT_DELIVERIES, "result" => "gave_up").increment(1)
             }
         }
         Ok(true)

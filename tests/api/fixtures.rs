@@ -137,7 +137,7 @@ impl Contract {
         self.with("committed_gpus", gpus)
     }
 
-    fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
+    pub fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
         self.0[field] = value.into();
         self
     }
@@ -230,7 +230,7 @@ impl Record {
         self
     }
 
-    fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
+    pub fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
         self.0[field] = value.into();
         self
     }

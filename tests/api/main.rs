@@ -20,3 +20,4 @@ mod rollups;
 mod support;
 mod task_list;
 mod tasks;
+mod utilisation;
