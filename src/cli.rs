@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -79,6 +80,30 @@ pub struct Config {
         global = true
     )]
     pub db_pool_size: u32,
+    /// How long SIGTERM waits for requests in flight before closing them, in seconds.
+    #[arg(
+        long,
+        env = "TASKLEDGER_SHUTDOWN_GRACE_SECONDS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub shutdown_grace_seconds: u64,
+    /// How often budget burn is re-evaluated, in seconds (shared by all replicas).
+    #[arg(
+        long,
+        env = "TASKLEDGER_BURN_TICK_SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub burn_tick_seconds: Option<u64>,
+    /// How often rollups are compacted, in seconds.
+    #[arg(
+        long,
+        env = "TASKLEDGER_COMPACTION_SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub compaction_seconds: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -275,6 +300,20 @@ fn parse_role(raw: &str) -> Result<Role, String> {
 }
 
 impl Config {
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_seconds)
+    }
+
+    /// The burn tick's interval, when configured.
+    pub fn burn_tick_interval(&self) -> Option<Duration> {
+        self.burn_tick_seconds.map(Duration::from_secs)
+    }
+
+    /// The compaction interval, when configured.
+    pub fn compaction_interval(&self) -> Option<Duration> {
+        self.compaction_seconds.map(Duration::from_secs)
+    }
+
     pub fn settings(&self) -> Settings {
         Settings {
             timezone: self.timezone,

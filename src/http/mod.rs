@@ -15,6 +15,7 @@ pub mod fx_rates;
 pub mod health;
 pub mod observe;
 pub mod pagination;
+pub mod problems;
 pub mod projects;
 pub mod records;
 pub mod reports;

@@ -33,9 +33,10 @@ pub const ALERTS_FIRED: &str = "taskledger_alerts_fired_total";
 pub const DB_POOL_CONNECTIONS: &str = "taskledger_db_pool_connections";
 pub const DB_POOL_MAX: &str = "taskledger_db_pool_max_connections";
 pub const DB_POOL_TIMEOUTS: &str = "taskledger_db_pool_acquire_timeouts_total";
+pub const BACKGROUND_RUNS: &str = "taskledger_background_runs_total";
 
 /// Every metric: name, unit, kind and help text.
-pub const ALL: [Metric; 18] = [
+pub const ALL: [Metric; 19] = [
     Metric::counter(
         HTTP_REQUESTS,
         "HTTP requests answered, by route template, method and status",
@@ -104,6 +105,11 @@ pub const ALL: [Metric; 18] = [
         DB_POOL_TIMEOUTS,
         "Database calls that waited the full acquire timeout for a pool connection and \
          failed (answered 503)",
+    ),
+    Metric::counter(
+        BACKGROUND_RUNS,
+        "Turns of this process at a periodic job (compaction, burn_tick), by outcome: ran, \
+         locked (another replica was running it), not_due (another replica ran it lately)",
     ),
 ];
 
@@ -252,6 +258,11 @@ pub fn compaction_done(rows: i64, took: Duration) {
 /// Records that another replica held the compaction lock: compaction is being done.
 pub fn compaction_done_elsewhere() {
     LAST_COMPACTION_MS.store(unix_ms(), Ordering::Relaxed);
+}
+
+/// Records a turn of this process at the periodic `job` and what it came to.
+pub fn background_run(job: &'static str, outcome: &'static str) {
+    counter!(BACKGROUND_RUNS, "job" => job, "outcome" => outcome).increment(1);
 }
 
 /// Starts the compaction age at the process start.

@@ -1,5 +1,5 @@
 //! Folds the rollups' delta rows into their compacted rows, so that reads stay small while
-//! writers keep appending.
+//! writers keep appending. Replicas take turns: compaction holds a lock across them.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use crate::ledger::instruments;
+use crate::workers::{RunOutcome, record_run};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -18,6 +19,7 @@ pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output 
         match crate::store::rollups::compact(&pool).await {
             Ok(Some(done)) => {
                 instruments::compaction_done(done.delta_rows, started.elapsed());
+                record_run("compaction", RunOutcome::Ran);
                 if done.delta_rows > 0 {
                     tracing::debug!(
                         delta_rows = done.delta_rows,
@@ -26,7 +28,10 @@ pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output 
                     );
                 }
             }
-            Ok(None) => instruments::compaction_done_elsewhere(),
+            Ok(None) => {
+                instruments::compaction_done_elsewhere();
+                record_run("compaction", RunOutcome::Locked);
+            }
             Err(error) => tracing::warn!(error = format!("{error:#}"), "rollup compaction failed"),
         }
         tokio::select! {

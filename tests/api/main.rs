@@ -12,6 +12,7 @@ mod foundation;
 mod hostile;
 mod import;
 mod ingest;
+mod jobs;
 mod queue_wait;
 mod reports;
 mod rollups;
