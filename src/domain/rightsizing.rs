@@ -124,6 +124,35 @@ pub struct Advice {
     pub saving: Decimal,
 }
 
+impl Advice {
+    /// What the estimate assumes, in words, for a workload on `gpu_model` needing `need`.
+    pub fn assumption(&self, gpu_model: &str, need: &Need) -> String {
+        match &self.recommendation {
+            Recommendation::Mig(profile) => {
+                let mut said = format!(
+                    "Assumes the same run time on one {} slice per GPU as on whole {gpu_model} \
+                     GPUs, the slice priced at {}/{COMPUTE_SLICES} of the card's contract.",
+                    profile.name(),
+                    profile.slices
+                );
+                if need.sm_active_p95.is_none() {
+                    said.push_str(
+                        " No record reported SM activity, so only memory was compared: check \
+                         that the slice's compute suffices.",
+                    );
+                }
+                said
+            }
+            Recommendation::GpuModel(model) => format!(
+                "Assumes the same run time on the {} as on the {gpu_model}, priced by the {} \
+                 contracts rating would choose for this GPU time. Only memory was compared: \
+                 SM activity on one model says little of another.",
+                model.gpu_model, model.gpu_model
+            ),
+        }
+    }
+}
+
 /// Why a workload gets no recommendation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Skip {
@@ -308,6 +337,11 @@ mod tests {
         );
         assert_eq!(advice.share, dec("0.428571"));
         assert_eq!(advice.saving, dec("4"));
+        assert_eq!(
+            advice.assumption("H100", &need),
+            "Assumes the same run time on one 3g.40gb slice per GPU as on whole H100 GPUs, the \
+             slice priced at 3/7 of the card's contract."
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod pagination;
 pub mod projects;
 pub mod records;
 pub mod reports;
+pub mod rightsizing;
 pub mod state;
 pub mod tasks;
 pub mod tokens;
@@ -83,6 +84,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(fx_rates::router())
         .merge(cost::router())
         .merge(tasks::router())
+        .merge(rightsizing::router())
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())

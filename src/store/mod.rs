@@ -10,6 +10,7 @@ pub mod fx_rates;
 pub mod projects;
 pub mod rating;
 pub mod records;
+pub mod rightsizing;
 pub mod rollups;
 pub mod settings;
 pub mod tasks;

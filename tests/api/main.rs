@@ -14,6 +14,7 @@ mod import;
 mod ingest;
 mod queue_wait;
 mod reports;
+mod rightsizing;
 mod rollups;
 mod slurm;
 #[path = "../support/mod.rs"]
