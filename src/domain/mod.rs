@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;
+pub mod rightsizing;
 pub mod slurm;
 pub mod source;
 pub mod summary;

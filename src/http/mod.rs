@@ -19,6 +19,7 @@ pub mod problems;
 pub mod projects;
 pub mod records;
 pub mod reports;
+pub mod rightsizing;
 pub mod state;
 pub mod tasks;
 pub mod tokens;
@@ -84,6 +85,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(fx_rates::router())
         .merge(cost::router())
         .merge(tasks::router())
+        .merge(rightsizing::router())
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())

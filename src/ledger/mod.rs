@@ -14,6 +14,7 @@ pub mod pricing;
 pub mod projects;
 pub mod records;
 pub mod reports;
+pub mod rightsizing;
 pub mod setup;
 pub mod sources;
 pub mod tasks;

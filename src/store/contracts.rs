@@ -243,6 +243,27 @@ pub async fn project_commitments(
     .await
 }
 
+/// Contracts for every project or for `project`, valid at some time in `[from, to)`: those
+/// that could price the project's GPU time in the period, on any model.
+pub async fn for_project(
+    conn: &mut PgConnection,
+    project: &str,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> sqlx::Result<Vec<ContractRow>> {
+    sqlx::query_as::<_, ContractRow>(&format!(
+        "SELECT {COLUMNS} FROM contracts \
+         WHERE (project_id IS NULL OR project_id = $1) \
+           AND valid_from < $3 AND (valid_until IS NULL OR valid_until > $2) \
+         ORDER BY id"
+    ))
+    .bind(project)
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await
+}
+
 /// Reserved contracts with a commitment and no project scope, valid in `[from, to)`: their
 /// unused commitment belongs to no project (the report's `shared` row).
 pub async fn shared_commitments(

@@ -11,6 +11,7 @@ pub mod jobs;
 pub mod projects;
 pub mod rating;
 pub mod records;
+pub mod rightsizing;
 pub mod rollups;
 pub mod settings;
 pub mod tasks;

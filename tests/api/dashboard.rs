@@ -425,13 +425,112 @@ async fn a_task_id_with_markup_in_it_is_shown_as_text() {
     assert_eq!(table_rows(&doms[1], "attempt-rows").len(), 1);
 }
 
+/// Project `lab` next to the worked example, on H100s at C1's 2.50 per GPU-hour, in November:
+///
+/// | workload | records | GPU-Util | SM | tensor | memory of 80 GiB | cost |
+/// | --- | --- | --- | --- | --- | --- | --- |
+/// | chat-7b | 3 × 1 GPU × 1 h | 0.95 | 0.30 | 0.10 | 16 | 7.50 |
+/// | pretrain | 3 × 8 GPUs × 1 h | 0.90 | 0.90 | 0.50 | 70 | 60 |
+/// | legacy | 1 × 1 GPU × 1 h | — | — | — | — | 2.50 |
+async fn lab_with_telemetry(app: &TestApp) {
+    app.create_project("lab", "USD").await;
+    let mut records = Vec::new();
+    for day in 1..=3 {
+        let at = |hour: u32| format!("2026-11-0{day}T{hour:02}:00:00Z");
+        records.push(
+            record(&format!("chat-{day}"), &at(0), &at(1))
+                .project("lab")
+                .label("workload", "chat-7b")
+                .with("gpu_util", "0.95")
+                .with("sm_active", "0.30")
+                .with("tensor_active", "0.10")
+                .with("memory_peak_gib", 16),
+        );
+        records.push(
+            record(&format!("pretrain-{day}"), &at(2), &at(3))
+                .project("lab")
+                .label("workload", "pretrain")
+                .gpu_count(8)
+                .with("gpu_util", "0.90")
+                .with("sm_active", "0.90")
+                .with("tensor_active", "0.50")
+                .with("memory_peak_gib", 70),
+        );
+    }
+    records.push(record("legacy", "2026-11-04T00:00:00Z", "2026-11-04T01:00:00Z").project("lab"));
+    app.ingest(records).await;
+}
+
+#[tokio::test]
+async fn the_project_page_shows_real_utilisation_and_what_right_sizing_would_save() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    lab_with_telemetry(&app).await;
+    let reader = app.token("reader", &["vision", "lab"]).await;
+    let doms = pages(
+        &app,
+        &reader,
+        &["project=lab&month=2026-11", "project=vision&month=2026-11"],
+    )
+    .await;
+    let (lab, vision) = (&doms[0], &doms[1]);
+
+    let shown = text(lab);
+    // Held: 3 × 3600 + 3 × 28800 + 3600 = 100800 GPU-s, 97200 of them with telemetry.
+    // GPU-Util (10800 × 0.95 + 86400 × 0.90) / 97200 = 0.9056; SM (3240 + 77760) / 97200 =
+    // 0.8333; tensor (1080 + 43200) / 97200 = 0.4556.
+    assert!(
+        shown.contains("GPU-Util 91% · SM active 83% · tensor 46%"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("reported for 96% of GPU time"),
+        "coverage is shown"
+    );
+    // Memory used (10800 × 16/80 + 86400 × 70/80) / 97200 = 0.8, so 20 % unused, costing
+    // 7.50 × 0.8 + 60 × 0.125 = 13.50 over 10800 × 0.8 + 86400 × 0.125 = 19440 GPU-s.
+    assert!(
+        shown.contains("Memory paid for, unused 20% 13.50 USD · 5.4 GPU-h"),
+        "{shown}"
+    );
+    // chat-7b: GPU-Util 0.95 with SM 0.30 looks busy: its 7.50.
+    assert!(shown.contains("Looks busy, isn't 7.50 USD"), "{shown}");
+
+    // chat-7b needs 16 × 1.2 = 19.2 GiB and 0.36 of the card: 3g.40gb, saving 7.50 × 4/7.
+    assert_eq!(
+        table_rows(lab, "recommendation-rows"),
+        [[
+            "chat-7b",
+            "3 × H100 up to 1 GPU",
+            "16.0 GiB",
+            "30%",
+            "MIG 3g.40gb 3/7 of the card · 40 GiB",
+            "7.50 USD",
+            "4.29 USD",
+        ]]
+    );
+    let skipped = table_rows(lab, "skipped-rows");
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0][0], "pretrain");
+    assert!(skipped[0][3].starts_with("needs 84 GiB of memory"));
+    assert!(shown.contains("1 workload on whole GPUs reported no memory peak or SM activity"));
+
+    // The worked example reported no telemetry: both panels say so.
+    assert!(vision.contains(r#"id="utilisation-empty""#));
+    assert!(text(vision).contains("No record this month reported GPU telemetry"));
+    assert!(text(vision).contains(
+        "No workload on whole GPUs reported its memory peak this month, so none can be right-sized."
+    ));
+}
+
 /// Regenerates the dashboard's screenshots in `docs/screenshots/` from the worked example.
 #[tokio::test]
 #[ignore = "writes docs/screenshots/: run by hand after changing the dashboard"]
 async fn dashboard_screenshots() {
     let app = TestApp::spawn().await;
     worked_example_with_queues(&app).await;
-    let reader = app.token("reader", &["vision"]).await;
+    lab_with_telemetry(&app).await;
+    let reader = app.token("reader", &["vision", "lab"]).await;
     let served = app.serve().await;
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
     let shots = [
@@ -444,6 +543,11 @@ async fn dashboard_screenshots() {
             "project=vision&month=2026-11&task=t2",
             "task-page.png",
             "1280,1100",
+        ),
+        (
+            "project=lab&month=2026-11",
+            "utilisation-panel.png",
+            "1280,1000",
         ),
     ]
     .map(|(hash, file, size)| {

@@ -15,6 +15,7 @@ mod ingest;
 mod jobs;
 mod queue_wait;
 mod reports;
+mod rightsizing;
 mod rollups;
 mod slurm;
 #[path = "../support/mod.rs"]
