@@ -10,6 +10,7 @@ use crate::domain::access::Principal;
 use crate::domain::values::Month;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::cost::CostOf;
@@ -46,6 +47,7 @@ pub struct RecommendationParams {
     params(("id" = String, Path, description = "Project id"), RecommendationParams),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "The month's recommendations and skipped workloads", body = RecommendationsView),
         (status = 404, description = "No such project (or not visible to this token)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Missing or invalid month, or an unknown parameter, named as `query:<name>`", body = Problem, content_type = "application/problem+json"),
