@@ -180,6 +180,7 @@ pub struct RecordView {
 
 impl From<RecordRow> for RecordView {
     fn from(row: RecordRow) -> Self {
+        let telemetry = row.telemetry.to_telemetry();
         Self {
             output: match (row.output_quantity, row.output_unit) {
                 (Some(quantity), Some(unit)) => Some(OutputView {
@@ -205,13 +206,13 @@ impl From<RecordRow> for RecordView {
             retries: row.retries,
             failures: row.failures,
             labels: row.labels.0,
-            gpu_util: row.gpu_util.map(|v| v.normalize()),
-            sm_active: row.sm_active.map(|v| v.normalize()),
-            tensor_active: row.tensor_active.map(|v| v.normalize()),
-            dram_active: row.dram_active.map(|v| v.normalize()),
-            memory_peak_gib: row.memory_peak_gib.map(|v| v.normalize()),
-            memory_total_gib: row.memory_total_gib.map(|v| v.normalize()),
-            mig_profile: row.mig_profile,
+            gpu_util: telemetry.gpu_util,
+            sm_active: telemetry.sm_active,
+            tensor_active: telemetry.tensor_active,
+            dram_active: telemetry.dram_active,
+            memory_peak_gib: telemetry.memory_peak_gib,
+            memory_total_gib: telemetry.memory_total_gib,
+            mig_profile: telemetry.mig_profile,
             version: row.version,
             ingested_at: row.ingested_at,
             updated_at: row.updated_at,

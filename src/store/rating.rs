@@ -17,6 +17,7 @@ use crate::domain::rating::{BillingMode, Contract, Outcome, RecordToRate, rate_r
 use crate::domain::record::{RecordKey, Telemetry, duration_seconds};
 use crate::domain::task::{AttemptEnd, TaskStatus, task_marks, task_status};
 use crate::domain::utilisation::{SegmentTelemetry, busy_seconds};
+use crate::store::records::TelemetryRow;
 use crate::store::rollups::{self, Family, Level};
 use crate::store::{contracts, fx_rates, tasks as task_ledger};
 
@@ -46,13 +47,8 @@ struct RecordRow {
     failures: i32,
     output_quantity: Option<Decimal>,
     output_unit: Option<String>,
-    gpu_util: Option<Decimal>,
-    sm_active: Option<Decimal>,
-    tensor_active: Option<Decimal>,
-    dram_active: Option<Decimal>,
-    memory_peak_gib: Option<Decimal>,
-    memory_total_gib: Option<Decimal>,
-    mig_profile: Option<String>,
+    #[sqlx(flatten)]
+    telemetry: TelemetryRow,
     currency: String,
 }
 
@@ -63,18 +59,6 @@ impl RecordRow {
             outcome: self.outcome,
             started_at: self.started_at,
             ended_at: self.ended_at,
-        }
-    }
-
-    fn telemetry(&self) -> Telemetry {
-        Telemetry {
-            gpu_util: self.gpu_util,
-            sm_active: self.sm_active,
-            tensor_active: self.tensor_active,
-            dram_active: self.dram_active,
-            memory_peak_gib: self.memory_peak_gib,
-            memory_total_gib: self.memory_total_gib,
-            mig_profile: self.mig_profile.clone(),
         }
     }
 
@@ -92,7 +76,7 @@ impl RecordRow {
             gpu_seconds_busy: busy_seconds(
                 self.gpu_seconds_busy,
                 self.gpu_seconds_held,
-                self.sm_active,
+                telemetry.sm_active,
             ),
             outcome: self.outcome,
             compute_share: telemetry
@@ -140,7 +124,7 @@ impl SegmentColumns {
         fx: &fx_rates::RateTable,
         tz: Tz,
     ) -> anyhow::Result<()> {
-        let telemetry = row.telemetry();
+        let telemetry = row.telemetry.to_telemetry();
         let record = row.to_rate(&telemetry);
         let segments = rate_record(&record, contracts, fx, tz);
         let carried = SegmentTelemetry::of(&telemetry);

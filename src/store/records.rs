@@ -288,13 +288,8 @@ pub struct RecordRow {
     pub output_quantity: Option<Decimal>,
     pub output_unit: Option<String>,
     pub labels: sqlx::types::Json<BTreeMap<String, String>>,
-    pub gpu_util: Option<Decimal>,
-    pub sm_active: Option<Decimal>,
-    pub tensor_active: Option<Decimal>,
-    pub dram_active: Option<Decimal>,
-    pub memory_peak_gib: Option<Decimal>,
-    pub memory_total_gib: Option<Decimal>,
-    pub mig_profile: Option<String>,
+    #[sqlx(flatten)]
+    pub telemetry: TelemetryRow,
     pub ingested_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -336,15 +331,34 @@ impl RecordRow {
                 _ => None,
             },
             labels: self.labels.0.clone(),
-            telemetry: Telemetry {
-                gpu_util: self.gpu_util.map(|v| v.normalize()),
-                sm_active: self.sm_active.map(|v| v.normalize()),
-                tensor_active: self.tensor_active.map(|v| v.normalize()),
-                dram_active: self.dram_active.map(|v| v.normalize()),
-                memory_peak_gib: self.memory_peak_gib.map(|v| v.normalize()),
-                memory_total_gib: self.memory_total_gib.map(|v| v.normalize()),
-                mig_profile: self.mig_profile.clone(),
-            },
+            telemetry: self.telemetry.to_telemetry(),
+        }
+    }
+}
+
+/// The telemetry columns of a `job_records` row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TelemetryRow {
+    pub gpu_util: Option<Decimal>,
+    pub sm_active: Option<Decimal>,
+    pub tensor_active: Option<Decimal>,
+    pub dram_active: Option<Decimal>,
+    pub memory_peak_gib: Option<Decimal>,
+    pub memory_total_gib: Option<Decimal>,
+    pub mig_profile: Option<String>,
+}
+
+impl TelemetryRow {
+    pub fn to_telemetry(&self) -> Telemetry {
+        let normal = |value: Option<Decimal>| value.map(|v| v.normalize());
+        Telemetry {
+            gpu_util: normal(self.gpu_util),
+            sm_active: normal(self.sm_active),
+            tensor_active: normal(self.tensor_active),
+            dram_active: normal(self.dram_active),
+            memory_peak_gib: normal(self.memory_peak_gib),
+            memory_total_gib: normal(self.memory_total_gib),
+            mig_profile: self.mig_profile.clone(),
         }
     }
 }
