@@ -2,6 +2,7 @@
 //! minimum GPU-hours with SM activity (or, without it, busy share) under the project's
 //! threshold fires one signed `idle_gpu` alert per task, carrying its rated cost.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -23,6 +24,29 @@ fn webhooks(app: &TestApp) -> Webhooks {
         poll_interval: Duration::from_millis(20),
     };
     Webhooks::new(app.pool.clone(), SECRET.to_owned(), policy).unwrap()
+}
+
+/// Works the outbox until nothing is due and returns the ids of every alert the receiver has
+/// got, counting an alert sent twice (a retry after a lost answer) once, as receivers do.
+async fn deliver(app: &TestApp, receiver: &Receiver) -> BTreeSet<String> {
+    let webhooks = webhooks(app);
+    for _ in 0..200 {
+        webhooks.deliver_due().await.unwrap();
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM alert_deliveries WHERE state = 'pending'")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    receiver
+        .bodies()
+        .iter()
+        .map(|(_, body)| body["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Project `vision` (USD, no budget, so no budget alert can fire) with `settings` and a
@@ -84,15 +108,16 @@ async fn an_idle_record_fires_one_signed_alert_carrying_its_cost_once_per_task()
     .with("sm_active", "0.03")]))
         .await;
 
-    let delivery = webhooks(&app);
-    assert_eq!(delivery.deliver_due().await.unwrap(), 1);
+    let delivered = deliver(&app, &receiver).await;
+    assert_eq!(delivered.len(), 1);
     let raw = receiver.raw();
-    assert_eq!(raw.len(), 1);
-    let (headers, body) = &raw[0];
-    assert_eq!(
-        headers[SIGNATURE_HEADER].to_str().unwrap(),
-        sign(SECRET, body)
-    );
+    for (headers, body) in &raw {
+        assert_eq!(
+            headers[SIGNATURE_HEADER].to_str().unwrap(),
+            sign(SECRET, body)
+        );
+    }
+    let body = &raw[0].1;
     let sent: Value = serde_json::from_slice(body).unwrap();
     assert_eq!(sent["kind"], "idle_gpu");
     assert_eq!(sent["project"], "vision");
@@ -128,11 +153,10 @@ async fn an_idle_record_fires_one_signed_alert_carrying_its_cost_once_per_task()
     ]))
     .await;
     assert_eq!(
-        delivery.deliver_due().await.unwrap(),
-        0,
+        deliver(&app, &receiver).await,
+        delivered,
         "the task's later idle attempts fire nothing"
     );
-    assert_eq!(receiver.raw().len(), 1);
 
     let listed = alerts(&app).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
@@ -194,7 +218,7 @@ async fn busy_records_short_records_and_records_without_evidence_fire_none() {
     assert_eq!(alert["measure"], "busy_share");
     assert_eq!(alert["activity"], "0.0138888888888888888888888889");
     assert_eq!(alert["cost"], "4.74", "2 GPU-hours at 2.37");
-    assert_eq!(webhooks(&app).deliver_due().await.unwrap(), 1);
+    assert_eq!(deliver(&app, &receiver).await.len(), 1);
 }
 
 #[tokio::test]
@@ -267,7 +291,7 @@ async fn the_projects_threshold_and_minimum_decide_and_null_turns_alerts_off() {
         ["after", "short"],
         "off fires nothing"
     );
-    assert_eq!(webhooks(&app).deliver_due().await.unwrap(), 2);
+    assert_eq!(deliver(&app, &receiver).await.len(), 2);
 }
 
 #[tokio::test]
@@ -343,5 +367,5 @@ async fn a_correction_that_makes_a_record_idle_fires_its_tasks_alert() {
         assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     }
     assert_eq!(idle_tasks(&app).await, ["train"], "once per task");
-    assert_eq!(webhooks(&app).deliver_due().await.unwrap(), 1);
+    assert_eq!(deliver(&app, &receiver).await.len(), 1);
 }
