@@ -3,18 +3,23 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Clock, Settings};
 use crate::db::Database;
 use crate::domain::access::Role;
 use crate::domain::figures::Grouping;
+use crate::domain::slurm::text::TextOptions;
+use crate::domain::slurm::{self, Format, Mapping};
+use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
-use crate::domain::values::Month;
+use crate::domain::values::{Month, ProjectId};
 use crate::ledger::import::{self, Summary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, reports, setup};
+use crate::ledger::{LedgerError, reports, setup, sources};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -75,6 +80,30 @@ pub struct Config {
         global = true
     )]
     pub db_pool_size: u32,
+    /// How long SIGTERM waits for requests in flight before closing them, in seconds.
+    #[arg(
+        long,
+        env = "TASKLEDGER_SHUTDOWN_GRACE_SECONDS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub shutdown_grace_seconds: u64,
+    /// How often budget burn is re-evaluated, in seconds (shared by all replicas).
+    #[arg(
+        long,
+        env = "TASKLEDGER_BURN_TICK_SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub burn_tick_seconds: Option<u64>,
+    /// How often rollups are compacted, in seconds.
+    #[arg(
+        long,
+        env = "TASKLEDGER_COMPACTION_SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub compaction_seconds: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,12 +117,26 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Import job records from JSON (an array), NDJSON or CSV files; exits non-zero when
-    /// any record was rejected.
+    /// Import job records from JSON (an array), NDJSON or CSV files, or Slurm's accounting
+    /// with --format; exits non-zero when any record was rejected.
     Import {
-        /// Files named *.json, *.ndjson, *.jsonl or *.csv.
+        /// Files named *.json, *.ndjson, *.jsonl or *.csv; with --format, any files, or `-`
+        /// for standard input.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Read Slurm's accounting: `slurm-json` is `sacct --json`, `sacct` is
+        /// `sacct --parsable`/`--parsable2` text with its header. Nothing is stored when any
+        /// job cannot be read.
+        #[arg(long, value_enum)]
+        format: Option<ImportFormat>,
+        #[command(flatten)]
+        slurm: SlurmImportArgs,
+    },
+    /// Collect finished jobs from a scheduler for a time window and post them to a server or
+    /// store them locally; run it every few minutes from a timer.
+    Collect {
+        #[command(subcommand)]
+        source: CollectSource,
     },
     /// Print the monthly report (the same as GET /v1/reports/monthly/{month}).
     Report {
@@ -107,6 +150,128 @@ pub enum Command {
     WebhookSecret,
     /// Print the OpenAPI document (the committed api/openapi.json).
     Openapi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImportFormat {
+    SlurmJson,
+    Sacct,
+}
+
+/// How Slurm's accounts and GPU types become projects and GPU models.
+#[derive(Debug, Clone, Default, PartialEq, Args)]
+pub struct SlurmMappingArgs {
+    /// Put every job in this project (required when the output has no Account field).
+    #[arg(long, value_parser = parse_project)]
+    pub project: Option<ProjectId>,
+    /// ACCOUNT=PROJECT: the project of a Slurm account (repeat); other accounts are their own
+    /// project, as a slug.
+    #[arg(long = "project-map", value_name = "ACCOUNT=PROJECT", value_parser = parse_project_map)]
+    pub project_map: Vec<(String, ProjectId)>,
+    /// PARTITION=MODEL: the model of a partition's GPUs where Slurm accounted them without a
+    /// type (repeat); otherwise they are `unknown`, shown as unrated.
+    #[arg(long = "gpu-model", value_name = "PARTITION=MODEL", value_parser = parse_pair)]
+    pub gpu_models: Vec<(String, String)>,
+}
+
+impl SlurmMappingArgs {
+    pub fn mapping(&self) -> Mapping {
+        Mapping {
+            project: self.project.clone(),
+            projects: self.project_map.iter().cloned().collect(),
+            gpu_models: self.gpu_models.iter().cloned().collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Args)]
+pub struct SlurmImportArgs {
+    #[command(flatten)]
+    pub mapping: SlurmMappingArgs,
+    /// The --delimiter sacct was run with (text only); read off the header when not given.
+    #[arg(long)]
+    pub delimiter: Option<String>,
+    /// IANA time zone of sacct's times that carry no offset (text only; default: this
+    /// machine's).
+    #[arg(long = "source-timezone")]
+    pub source_timezone: Option<chrono_tz::Tz>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CollectSource {
+    /// Run sacct for the window; jobs map as `import --format sacct` maps them.
+    Slurm(SlurmCollectArgs),
+}
+
+/// What every collector takes: where the records go and which window it reads.
+#[derive(Debug, Clone, Args)]
+pub struct CollectorArgs {
+    /// Post to this taskledger server with the ingest token in TASKLEDGER_TOKEN; without it,
+    /// store in the local database (DATABASE_URL or the embedded cluster).
+    #[arg(long, env = "TASKLEDGER_SERVER")]
+    pub server: Option<url::Url>,
+    /// A file remembering where the last successful run stopped; the next run starts there.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// Start of the window (RFC 3339, or YYYY-MM-DD in the ledger time zone); default: where
+    /// --state stopped less --overlap, else 24 hours ago.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// End of the window (as --since); default: now.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// How far before where the last run stopped to read again, for jobs recorded late
+    /// (`90s`, `10m`, `2h`, `1d`).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub overlap: chrono::TimeDelta,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SlurmCollectArgs {
+    #[command(flatten)]
+    pub run: CollectorArgs,
+    /// The sacct to run.
+    #[arg(long, default_value = "sacct")]
+    pub sacct: PathBuf,
+    /// Another argument for sacct (repeat), e.g. --sacct-arg=--clusters=a,b.
+    #[arg(long = "sacct-arg", allow_hyphen_values = true)]
+    pub sacct_args: Vec<String>,
+    #[command(flatten)]
+    pub mapping: SlurmMappingArgs,
+}
+
+fn parse_project(raw: &str) -> Result<ProjectId, String> {
+    ProjectId::parse(raw)
+}
+
+fn parse_pair(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((key, value)) if !key.is_empty() && !value.trim().is_empty() => {
+            Ok((key.to_owned(), value.trim().to_owned()))
+        }
+        _ => Err(format!("`{raw}` is not KEY=VALUE")),
+    }
+}
+
+fn parse_project_map(raw: &str) -> Result<(String, ProjectId), String> {
+    let (account, project) = parse_pair(raw)?;
+    Ok((account, ProjectId::parse(&project)?))
+}
+
+/// `90s`, `10m`, `2h` or `1d`.
+fn parse_duration(raw: &str) -> Result<chrono::TimeDelta, String> {
+    let error = || format!("`{raw}` is not a duration such as 90s, 10m, 2h or 1d");
+    let unit = raw.chars().last().ok_or_else(error)?;
+    let number: i64 = raw[..raw.len() - unit.len_utf8()]
+        .parse()
+        .map_err(|_| error())?;
+    match unit {
+        's' => Ok(chrono::TimeDelta::seconds(number)),
+        'm' => Ok(chrono::TimeDelta::minutes(number)),
+        'h' => Ok(chrono::TimeDelta::hours(number)),
+        'd' => Ok(chrono::TimeDelta::days(number)),
+        _ => Err(error()),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,6 +300,20 @@ fn parse_role(raw: &str) -> Result<Role, String> {
 }
 
 impl Config {
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_seconds)
+    }
+
+    /// The burn tick's interval, when configured.
+    pub fn burn_tick_interval(&self) -> Option<Duration> {
+        self.burn_tick_seconds.map(Duration::from_secs)
+    }
+
+    /// The compaction interval, when configured.
+    pub fn compaction_interval(&self) -> Option<Duration> {
+        self.compaction_seconds.map(Duration::from_secs)
+    }
+
     pub fn settings(&self) -> Settings {
         Settings {
             timezone: self.timezone,
@@ -147,8 +326,8 @@ impl Config {
 /// Runs a one-off command (every command but `serve`).
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve | Command::Openapi => {
-            anyhow::bail!("`serve` and `openapi` are the server's, not one-off commands")
+        Command::Serve | Command::Openapi | Command::Collect { .. } => {
+            anyhow::bail!("`serve`, `openapi` and `collect` are the server's, not one-off commands")
         }
         Command::Report { month, format } => {
             let database = open(&config).await?;
@@ -178,7 +357,17 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             println!("{}", secret?);
             Ok(())
         }
-        Command::Import { files } => {
+        Command::Import {
+            files,
+            format: Some(format),
+            slurm,
+        } => import_slurm(&config, &files, format, &slurm).await,
+        Command::Import { files, slurm, .. } => {
+            anyhow::ensure!(
+                slurm == SlurmImportArgs::default(),
+                "--project, --project-map, --gpu-model, --delimiter and --source-timezone \
+                 read Slurm's accounting: give --format slurm-json or --format sacct"
+            );
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
             let outcome = import::import_files(&database.pool, &files, &config.settings()).await;
@@ -226,8 +415,67 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// `import --format slurm-json|sacct`: every file is read and converted first; nothing is
+/// stored when any job of any of them cannot be read.
+async fn import_slurm(
+    config: &Config,
+    files: &[PathBuf],
+    format: ImportFormat,
+    args: &SlurmImportArgs,
+) -> anyhow::Result<()> {
+    let format = match format {
+        ImportFormat::SlurmJson => Format::Json,
+        ImportFormat::Sacct => Format::Text(TextOptions {
+            delimiter: args.delimiter.clone(),
+            timezone: match args.source_timezone {
+                Some(tz) => tz,
+                None => machine_timezone()?,
+            },
+        }),
+    };
+    let mapping = args.mapping.mapping();
+    let mut batch = SourceBatch::default();
+    for file in files {
+        let (name, text) = if file.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("cannot read standard input")?;
+            ("stdin".to_owned(), text)
+        } else {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            (file.display().to_string(), text)
+        };
+        batch.absorb(slurm::batch(&format, &name, &text, &mapping));
+    }
+    let database = open(config).await?;
+    prepare(&database.pool, config).await?;
+    let outcome = sources::store(&database.pool, batch, &config.settings()).await;
+    database.close().await?;
+    let summary = outcome?;
+    print!("{}", summary.render(100));
+    anyhow::ensure!(
+        !summary.failed(),
+        "{} problems; nothing of a batch with one was stored",
+        summary.problems.len()
+    );
+    Ok(())
+}
+
+/// This machine's IANA time zone.
+pub fn machine_timezone() -> anyhow::Result<chrono_tz::Tz> {
+    let name = std::env::var("TZ")
+        .ok()
+        .map(|tz| tz.trim_start_matches(':').to_owned())
+        .filter(|tz| !tz.is_empty())
+        .map_or_else(iana_time_zone::get_timezone, Ok)
+        .context("cannot tell this machine's time zone; give --source-timezone")?;
+    name.parse()
+        .map_err(|_| anyhow::anyhow!("`{name}` is not an IANA time zone; give --source-timezone"))
+}
+
 /// Opens the database for a one-off command, next to a running `serve` if there is one.
-async fn open(config: &Config) -> anyhow::Result<Database> {
+pub async fn open(config: &Config) -> anyhow::Result<Database> {
     Database::open(
         config.database_url.as_deref(),
         &config.data_dir,

@@ -2,8 +2,8 @@
 //!
 //! Dependencies point one way, left to right:
 //!
-//! `domain` ← `store` (with `db`) ← `ledger` (with `config`) ← `http`, `workers`, `cli` ←
-//! `server`
+//! `domain` ← `store` (with `db`) ← `ledger` (with `config`) ← `http`, `workers`, `cli`,
+//! `collectors` ← `server`
 //!
 //! - `domain`: validated values, access rules and the cost model (pure, no I/O);
 //! - `store`: the SQL layer, one module per aggregate; `db` connects, migrates and runs the
@@ -14,10 +14,13 @@
 //! - `http`: the REST API, one module per resource, with its OpenAPI description;
 //! - `workers`: background work (alert delivery, burn re-evaluation, rollup compaction);
 //! - `cli`: the command line's arguments and one-off commands;
+//! - `collectors`: read a scheduler's finished jobs on a schedule (Slurm's sacct) and store
+//!   or post them;
 //! - `server`: the wiring — parses the command line, opens the database, starts the
 //!   workers and serves.
 
 pub mod cli;
+pub mod collectors;
 pub mod config;
 pub mod db;
 pub mod domain;

@@ -4,12 +4,16 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::cli::{self, Cli, Command, Config};
+use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config};
+use crate::collectors::slurm::SlurmCollector;
+use crate::collectors::{self, Destination, StateFile, WindowRequest};
 use crate::db::Database;
+use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::{setup, tokens};
 use crate::workers;
@@ -35,6 +39,7 @@ pub fn main() -> ExitCode {
                 println!("{}", crate::http::openapi().to_pretty_json()?);
                 Ok(())
             }
+            Command::Collect { source } => collect(cli.config, source).await,
             command => cli::run(cli.config, command).await,
         }
     });
@@ -56,19 +61,117 @@ fn init_tracing() {
         .init();
 }
 
+/// `collect <source>`: reads the window, delivers it to the server or the local database,
+/// prints the summary, and moves the state on when nothing failed.
+async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
+    let CollectSource::Slurm(args) = source;
+    let collector = SlurmCollector {
+        sacct: args.sacct,
+        extra_arguments: args.sacct_args,
+        mapping: args.mapping.mapping(),
+    };
+    let state = args.run.state.clone().map(|path| StateFile {
+        path,
+        collector: "slurm",
+    });
+    let window = collectors::window(
+        &window_request(&args.run, &config)?,
+        state.as_ref(),
+        chrono::Utc::now(),
+    )?;
+    let batch = collector.read(window).await?;
+    let summary = match &args.run.server {
+        Some(url) => {
+            let token = std::env::var("TASKLEDGER_TOKEN")
+                .ok()
+                .map(|token| token.trim().to_owned())
+                .filter(|token| !token.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--server needs an ingest token in TASKLEDGER_TOKEN")
+                })?;
+            let destination = Destination::Server {
+                url: url.clone(),
+                token,
+                client: reqwest::Client::builder()
+                    .timeout(std::time::Duration::from_secs(300))
+                    .build()?,
+            };
+            collectors::deliver(&destination, batch).await?
+        }
+        None => {
+            let database = cli::open(&config).await?;
+            cli::prepare(&database.pool, &config).await?;
+            let destination = Destination::Local {
+                pool: database.pool.clone(),
+                settings: config.settings(),
+            };
+            let delivered = collectors::deliver(&destination, batch).await;
+            database.close().await?;
+            delivered?
+        }
+    };
+    println!(
+        "slurm {} .. {}",
+        window.since.to_rfc3339(),
+        window.until.to_rfc3339()
+    );
+    print!("{}", summary.render(100));
+    collectors::remember(state.as_ref(), window, &summary)?;
+    anyhow::ensure!(
+        !summary.failed(),
+        "{} problems; the state stays where it was, so the next run reads this window again",
+        summary.problems.len()
+    );
+    Ok(())
+}
+
+fn window_request(args: &CollectorArgs, config: &Config) -> anyhow::Result<WindowRequest> {
+    let bound = |raw: &Option<String>, flag: &str| {
+        raw.as_deref()
+            .map(|raw| parse_day_or_instant(raw, config.timezone))
+            .transpose()
+            .map_err(|error| anyhow::anyhow!("{flag}: {error}"))
+    };
+    Ok(WindowRequest {
+        since: bound(&args.since, "--since")?,
+        until: bound(&args.until, "--until")?,
+        overlap: args.overlap,
+    })
+}
+
 /// A bound, not yet serving, HTTP server. Binding first lets tests use port 0 and read the
 /// port back.
 pub struct Application {
     listener: TcpListener,
     state: AppState,
+    shutdown_grace: Duration,
 }
+
+/// How long a shutdown waits for requests in flight, unless configured otherwise.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a shutdown waits for the background workers to finish what they are doing (an
+/// alert delivery under way is bounded by its request timeout) before it cuts them off.
+const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Application {
     pub async fn bind(state: AppState, address: SocketAddr) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(address)
             .await
             .map_err(|error| anyhow::anyhow!("cannot listen on {address}: {error}"))?;
-        Ok(Self { listener, state })
+        Ok(Self {
+            listener,
+            state,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        })
+    }
+
+    /// How long, once told to shut down, to wait for requests in flight before closing them.
+    pub fn with_shutdown_grace(self, shutdown_grace: Duration) -> Self {
+        Self {
+            shutdown_grace,
+            ..self
+        }
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -77,15 +180,33 @@ impl Application {
             .expect("a bound listener has an address")
     }
 
-    /// Serves until `shutdown` completes, then lets in-flight requests finish.
+    /// Serves until `shutdown` completes, then stops accepting connections and lets requests
+    /// in flight finish, for at most the shutdown grace.
     pub async fn serve_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let router = crate::http::app(self.state);
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        let (signalled, grace_starts) = tokio::sync::oneshot::channel::<()>();
+        let served = axum::serve(self.listener, router).with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = signalled.send(());
+        });
+        let grace = self.shutdown_grace;
+        let grace_over = async move {
+            match grace_starts.await {
+                Ok(()) => tokio::time::sleep(grace).await,
+                // The server ended on its own.
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            served = served.into_future() => served?,
+            () = grace_over => tracing::warn!(
+                grace_seconds = grace.as_secs_f64(),
+                "requests still in flight at the end of the shutdown grace were cut off"
+            ),
+        }
         Ok(())
     }
 }
@@ -132,7 +253,9 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
         setup::webhook_secret(&database.pool, cli::webhook_secret_env().as_deref()).await?;
     let webhooks =
         workers::webhooks::Webhooks::new(database.pool.clone(), secret, Default::default())?;
-    let application = Application::bind(state, config.listen).await?;
+    let application = Application::bind(state, config.listen)
+        .await?
+        .with_shutdown_grace(config.shutdown_grace());
     tracing::info!(address = %application.local_addr(), "taskledger is ready");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopping = move || {
@@ -141,28 +264,60 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
             let _ = stopped.changed().await;
         }
     };
-    let delivery = tokio::spawn(webhooks.run(stopping()));
-    let compaction = tokio::spawn(workers::compaction::run(
-        database.pool.clone(),
-        workers::compaction::DEFAULT_INTERVAL,
-        stopping(),
-    ));
-    let ticker = tokio::spawn(workers::burn_tick::run(
-        database.pool.clone(),
-        settings,
-        workers::burn_tick::DEFAULT_INTERVAL,
-        stopping(),
-    ));
+    let workers = [
+        tokio::spawn(webhooks.run(stopping())),
+        tokio::spawn(workers::compaction::run(
+            database.pool.clone(),
+            config
+                .compaction_interval()
+                .unwrap_or(workers::compaction::DEFAULT_INTERVAL),
+            stopping(),
+        )),
+        tokio::spawn(workers::burn_tick::run(
+            database.pool.clone(),
+            settings,
+            config
+                .burn_tick_interval()
+                .unwrap_or(workers::burn_tick::DEFAULT_INTERVAL),
+            stopping(),
+        )),
+    ];
     let served = application
         .serve_until(async move {
             shutdown_signal().await;
             let _ = stop.send(true);
         })
         .await;
-    delivery.await?;
-    ticker.await?;
-    compaction.await?;
+    stop_workers(workers).await;
+    tracing::info!("stopped serving");
     served
+}
+
+/// Waits for the workers, told to stop, to finish their turn; cuts off those that take longer
+/// than `WORKER_STOP_TIMEOUT` (their transactions roll back, so nothing is half done).
+async fn stop_workers(workers: [tokio::task::JoinHandle<()>; 3]) {
+    let aborts: Vec<_> = workers.iter().map(|worker| worker.abort_handle()).collect();
+    let all = async {
+        for worker in workers {
+            if let Err(error) = worker.await
+                && error.is_panic()
+            {
+                tracing::error!(%error, "a background worker panicked");
+            }
+        }
+    };
+    if tokio::time::timeout(WORKER_STOP_TIMEOUT, all)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            timeout_seconds = WORKER_STOP_TIMEOUT.as_secs(),
+            "background workers did not stop in time and were cut off"
+        );
+        for abort in aborts {
+            abort.abort();
+        }
+    }
 }
 
 /// Makes sure someone can log in: the bootstrap token from the environment, or else a

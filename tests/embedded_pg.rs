@@ -504,6 +504,12 @@ struct Answer {
 
 impl Service {
     fn spawn(data_dir: &Path) -> Self {
+        Self::spawn_with(data_dir, &[])
+    }
+
+    /// With `env` added to its environment: a `DATABASE_URL` there makes it a replica on
+    /// that server instead of the owner of an embedded cluster.
+    fn spawn_with(data_dir: &Path, env: &[(&str, &str)]) -> Self {
         let mut process = Command::new(env!("CARGO_BIN_EXE_taskledger"))
             .arg("--data-dir")
             .arg(data_dir)
@@ -512,6 +518,7 @@ impl Service {
             .env("TASKLEDGER_BOOTSTRAP_TOKEN", ADMIN_SECRET)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -599,9 +606,24 @@ impl Service {
     }
 
     /// SIGTERM, as an operator stops it; it must exit cleanly and stop its cluster.
-    fn stop(mut self) {
+    fn stop(self) {
+        self.terminate();
+        self.expect_clean_exit();
+    }
+
+    fn terminate(&self) {
         kill(Pid::from_raw(self.pid()), Signal::SIGTERM).expect("SIGTERM the service");
-        let deadline = Instant::now() + EXIT_TIMEOUT;
+    }
+
+    fn has_exited(&mut self) -> bool {
+        self.process.try_wait().unwrap().is_some()
+    }
+
+    /// Waits for the service to exit, which it must do with status 0 within `EXIT_TIMEOUT`
+    /// and with its cluster stopped; returns how long it took.
+    fn expect_clean_exit(mut self) -> Duration {
+        let started = Instant::now();
+        let deadline = started + EXIT_TIMEOUT;
         let status = loop {
             if let Some(status) = self.process.try_wait().unwrap() {
                 break status;
@@ -613,12 +635,41 @@ impl Service {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
+        let took = started.elapsed();
         assert!(
             status.success(),
             "serve exited with {status}: {}",
             self.log()
         );
         assert_no_cluster_processes(&self.data_dir);
+        took
+    }
+
+    /// Waits until a line of the log contains `text`.
+    fn wait_for_log(&self, text: &str) {
+        assert!(
+            wait_until(EXIT_TIMEOUT, || self.log().contains(text)),
+            "the log never said `{text}`: {}",
+            self.log()
+        );
+    }
+
+    /// The value of a counter of `/metrics` with the given labels; 0 before it was counted.
+    async fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let metrics = self.get("/metrics").await;
+        assert_eq!(metrics.status, 200, "{}", metrics.body);
+        metrics
+            .body
+            .lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .filter(|line| {
+                labels
+                    .iter()
+                    .all(|(label, value)| line.contains(&format!("{label}=\"{value}\"")))
+            })
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .map(|value| value as u64)
+            .sum()
     }
 }
 
@@ -720,7 +771,16 @@ const RECORD_PATH: &str = "/v1/projects/vision/job-records/train-1/1";
 /// A service with a project and one job record stored; returns the record as it reads back.
 async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
     let service = Service::spawn(data_dir);
-    let created = service
+    post_a_project_and_a_record(&service, &service).await;
+    let stored = service.get(RECORD_PATH).await;
+    assert_eq!(stored.status, 200, "{}", stored.body);
+    (service, stored.body)
+}
+
+/// Creates project `vision` through one service and posts a record of it through another (or
+/// the same).
+async fn post_a_project_and_a_record(project_via: &Service, record_via: &Service) {
+    let created = project_via
         .call(
             reqwest::Method::POST,
             "/v1/projects",
@@ -728,7 +788,7 @@ async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
         )
         .await;
     assert_eq!(created.status, 201, "{}", created.body);
-    let ingested = service
+    let ingested = record_via
         .call(
             reqwest::Method::POST,
             "/v1/job-records",
@@ -740,9 +800,6 @@ async fn service_with_a_record(data_dir: &Path) -> (Service, String) {
         )
         .await;
     assert_eq!(ingested.status, 200, "{}", ingested.body);
-    let stored = service.get(RECORD_PATH).await;
-    assert_eq!(stored.status, 200, "{}", stored.body);
-    (service, stored.body)
 }
 
 #[tokio::test]
@@ -844,4 +901,396 @@ async fn serve_keeps_restarting_a_cluster_that_cannot_start() {
     assert_eq!(health["embedded_database"]["restarts"], 1, "{health}");
     assert_ne!(process_state(postmaster), Some('Z'));
     service.stop();
+}
+
+/// The body of the request left in flight by `start_a_request`.
+const IN_FLIGHT_BODY: &[u8] = br#"{"id": "late", "name": "Late", "currency": "USD"}"#;
+
+/// Sends the head of a `POST /v1/projects` and the first bytes of its body, so that the
+/// service is handling the request when this returns: it waits for the rest of the body.
+async fn start_a_request(service: &Service) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let address = service.base_url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect to the service");
+    let head = format!(
+        "POST /v1/projects HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {ADMIN_SECRET}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        IN_FLIGHT_BODY.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&IN_FLIGHT_BODY[..8]).await.unwrap();
+    // The trace layer logs a request once its handler has it.
+    service.wait_for_log("started processing request");
+    stream
+}
+
+/// The service with its request log on, as `start_a_request` needs.
+fn service_logging_requests(data_dir: &Path, grace_seconds: &str) -> Service {
+    Service::spawn_with(
+        data_dir,
+        &[
+            ("RUST_LOG", "info,tower_http=debug"),
+            ("TASKLEDGER_SHUTDOWN_GRACE_SECONDS", grace_seconds),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_request_in_flight_finish_then_stops_postgres() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = data_dir();
+    let mut service = service_logging_requests(dir.path(), "30");
+    let mut stream = start_a_request(&service).await;
+
+    service.terminate();
+    service.wait_for_log("SIGTERM received");
+    let address = service.base_url.trim_start_matches("http://").to_owned();
+    assert!(
+        wait_until(EXIT_TIMEOUT, || std::net::TcpStream::connect(&address)
+            .is_err()),
+        "still accepting connections after SIGTERM"
+    );
+    assert!(
+        !service.has_exited(),
+        "exited with a request in flight: {}",
+        service.log()
+    );
+    assert!(!cluster_processes(dir.path()).is_empty());
+
+    stream.write_all(&IN_FLIGHT_BODY[8..]).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(EXIT_TIMEOUT, stream.read_to_string(&mut response))
+        .await
+        .expect("the answer comes")
+        .expect("the answer reads");
+    assert!(
+        response.starts_with("HTTP/1.1 201"),
+        "{response}\n{}",
+        service.log()
+    );
+    assert!(response.contains(r#""id":"late""#), "{response}");
+    let log = {
+        let log = Arc::clone(&service.log);
+        move || log.lock().unwrap().join("\n")
+    };
+    let took = service.expect_clean_exit();
+    eprintln!("after the request in flight was answered, serve exited in {took:?}");
+    assert!(log().contains("stopped embedded PostgreSQL"), "{}", log());
+}
+
+#[tokio::test]
+async fn sigterm_cuts_off_a_stalled_request_after_the_shutdown_grace() {
+    let dir = data_dir();
+    let service = service_logging_requests(dir.path(), "1");
+    let _stalled = start_a_request(&service).await;
+
+    let signalled = Instant::now();
+    service.terminate();
+    let log = {
+        let log = Arc::clone(&service.log);
+        move || log.lock().unwrap().join("\n")
+    };
+    service.expect_clean_exit();
+    let took = signalled.elapsed();
+    eprintln!("with a stalled request and a 1 s grace, serve exited in {took:?}");
+    assert!(took >= Duration::from_secs(1), "did not wait for the grace");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    assert!(
+        log().contains("requests still in flight at the end of the shutdown grace were cut off"),
+        "{}",
+        log()
+    );
+}
+
+/// A webhook receiver recording the alert ids it gets. It holds each request until two are in
+/// flight at once (or `PAIR_WAIT` has passed): a replica sends one alert at a time, so only
+/// two replicas delivering side by side make a pair.
+#[derive(Clone)]
+struct PairingReceiver {
+    ids: Arc<Mutex<Vec<String>>>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    paired: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+/// Below the service's webhook request timeout (10 s), so a lone request is still answered.
+const PAIR_WAIT: Duration = Duration::from_secs(6);
+
+impl PairingReceiver {
+    async fn start() -> (Self, String) {
+        use std::sync::atomic::Ordering;
+        let receiver = Self {
+            ids: Arc::default(),
+            in_flight: Arc::default(),
+            paired: Arc::new(tokio::sync::watch::channel(false).0),
+        };
+        let state = receiver.clone();
+        let router = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: axum::http::HeaderMap| {
+                let state = state.clone();
+                async move {
+                    let id = headers["x-taskledger-alert-id"]
+                        .to_str()
+                        .unwrap()
+                        .to_owned();
+                    state.ids.lock().unwrap().push(id);
+                    if state.in_flight.fetch_add(1, Ordering::SeqCst) + 1 >= 2 {
+                        state.paired.send_replace(true);
+                    }
+                    let mut paired = state.paired.subscribe();
+                    let _ =
+                        tokio::time::timeout(PAIR_WAIT, paired.wait_for(|paired| *paired)).await;
+                    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        (receiver, url)
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.ids.lock().unwrap().clone()
+    }
+}
+
+/// Starts the replicas side by side, as a deployment does: migrations, the bootstrap token and
+/// the webhook secret are safe to race.
+fn spawn_replicas(database_url: &str, dirs: [&Path; 2]) -> [Service; 2] {
+    let env = [
+        ("DATABASE_URL", database_url),
+        ("TASKLEDGER_BURN_TICK_SECONDS", "1"),
+        ("TASKLEDGER_COMPACTION_SECONDS", "1"),
+    ];
+    std::thread::scope(|scope| {
+        let started = dirs.map(|dir| scope.spawn(move || Service::spawn_with(dir, &env)));
+        started.map(|replica| replica.join().expect("a replica starts"))
+    })
+}
+
+const BACKGROUND_RUNS: &str = "taskledger_background_runs_total";
+
+/// The turns of `job` with `outcome` that each replica counted.
+async fn runs(replicas: &[Service; 2], job: &str, outcome: &str) -> [u64; 2] {
+    let labels = [("job", job), ("outcome", outcome)];
+    [
+        replicas[0].counter(BACKGROUND_RUNS, &labels).await,
+        replicas[1].counter(BACKGROUND_RUNS, &labels).await,
+    ]
+}
+
+/// Each replica's turns of `job`, whatever they came to.
+async fn turns(replicas: &[Service; 2], job: &str) -> [u64; 2] {
+    let mut turns = [0; 2];
+    for outcome in ["ran", "locked", "not_due"] {
+        let counted = runs(replicas, job, outcome).await;
+        turns[0] += counted[0];
+        turns[1] += counted[1];
+    }
+    turns
+}
+
+async fn pending_rollup_deltas(pg: &EmbeddedPostgres) -> i64 {
+    query_i64_in(
+        pg,
+        "replicas",
+        "SELECT count(*) FROM records_hourly WHERE delta <> 0",
+    )
+    .await
+}
+
+async fn query_i64_in(pg: &EmbeddedPostgres, database: &str, sql: &str) -> i64 {
+    let mut conn = PgConnection::connect(&pg.url(database)).await.unwrap();
+    let value = sqlx::query_scalar(sql)
+        .fetch_one(&mut conn)
+        .await
+        .expect(sql);
+    conn.close().await.unwrap();
+    value
+}
+
+/// Two `serve` processes on one database, as two replicas behind a load balancer: while the
+/// test itself holds the locks of compaction and of the burn tick, both replicas keep trying
+/// and neither runs either job, so no replica can run one while the other does; each alert of
+/// the outbox reaches the receiver once, with both replicas delivering.
+#[tokio::test]
+async fn two_replicas_on_one_database_share_the_background_work() {
+    use taskledger::store::jobs::{BURN_TICK, COMPACTION};
+    init_tracing();
+    let dir = data_dir();
+    let pg = EmbeddedPostgres::start(dir.path(), TEST_OPTIONS)
+        .await
+        .expect("start cluster");
+    execute(&pg, "CREATE DATABASE replicas").await;
+    let database_url = pg.url("replicas");
+    let replica_dirs = [data_dir(), data_dir()];
+    let replicas = spawn_replicas(
+        &database_url,
+        [replica_dirs[0].path(), replica_dirs[1].path()],
+    );
+
+    // The jobs' locks, held by the test as a replica running them would.
+    let mut holder = PgConnection::connect(&database_url).await.unwrap();
+    for key in [COMPACTION, BURN_TICK] {
+        sqlx::query("SELECT pg_advisory_lock($1, $2)")
+            .bind(key.0)
+            .bind(key.1)
+            .execute(&mut holder)
+            .await
+            .unwrap();
+    }
+    post_a_project_and_a_record(&replicas[0], &replicas[1]).await;
+    assert!(pending_rollup_deltas(&pg).await > 0);
+
+    let ran_before = [
+        runs(&replicas, "compaction", "ran").await,
+        runs(&replicas, "burn_tick", "ran").await,
+    ];
+    let turns_before = [
+        turns(&replicas, "compaction").await,
+        turns(&replicas, "burn_tick").await,
+    ];
+    // Two more turns of each job on each replica: the second began after the first ended,
+    // so after the snapshot above.
+    let waiting = Instant::now();
+    loop {
+        let turns = [
+            turns(&replicas, "compaction").await,
+            turns(&replicas, "burn_tick").await,
+        ];
+        if (0..2)
+            .all(|job| (0..2).all(|replica| turns[job][replica] >= turns_before[job][replica] + 2))
+        {
+            break;
+        }
+        assert!(
+            waiting.elapsed() < EXIT_TIMEOUT,
+            "the replicas stopped running the jobs: {turns:?} after {turns_before:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        [
+            runs(&replicas, "compaction", "ran").await,
+            runs(&replicas, "burn_tick", "ran").await,
+        ],
+        ran_before,
+        "a job ran while another session held its lock"
+    );
+    assert!(
+        pending_rollup_deltas(&pg).await > 0,
+        "compacted while another session held the lock"
+    );
+
+    holder.close().await.unwrap();
+    let released = Instant::now();
+    while pending_rollup_deltas(&pg).await > 0 {
+        assert!(
+            released.elapsed() < EXIT_TIMEOUT,
+            "compaction never ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    loop {
+        let ticks = runs(&replicas, "burn_tick", "ran").await;
+        if ticks[0] + ticks[1] > ran_before[1][0] + ran_before[1][1] {
+            break;
+        }
+        assert!(
+            released.elapsed() < EXIT_TIMEOUT,
+            "the burn tick never ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The outbox: ten projects with a webhook, three alerts each.
+    let (receiver, url) = PairingReceiver::start().await;
+    let pool = taskledger::db::connect(&database_url, 2).await.unwrap();
+    let month = taskledger::domain::values::Month::parse("2026-11").unwrap();
+    let as_of = chrono::TimeZone::with_ymd_and_hms(&chrono::Utc, 2026, 11, 2, 0, 0, 0).unwrap();
+    let mut fired = 0;
+    for n in 0..10 {
+        let body = serde_json::json!({"id": format!("team-{n}"), "name": "Team", "currency": "USD",
+                                      "default_monthly_budget": "1000", "webhook_url": url});
+        let created = replicas[n % 2]
+            .call(
+                reqwest::Method::POST,
+                "/v1/projects",
+                Some(&body.to_string()),
+            )
+            .await;
+        assert_eq!(created.status, 201, "{}", created.body);
+        let project = taskledger::store::projects::get(&pool, &format!("team-{n}"))
+            .await
+            .unwrap()
+            .unwrap();
+        let burn = taskledger::domain::burn::burn(
+            1000.into(),
+            Some(1000.into()),
+            month.first_day(),
+            as_of,
+            chrono_tz::UTC,
+        );
+        let reached = taskledger::domain::burn::alerts_reached(&burn, &project.alert_thresholds);
+        fired += taskledger::ledger::alerting::fire_reached(
+            &pool, &project, month, &burn, &reached, as_of,
+        )
+        .await
+        .unwrap()
+        .len();
+    }
+    assert_eq!(fired, 30);
+    let fired_at = Instant::now();
+    while query_i64_in(
+        &pg,
+        "replicas",
+        "SELECT count(*) FROM alert_deliveries WHERE state <> 'delivered'",
+    )
+    .await
+        > 0
+    {
+        assert!(
+            fired_at.elapsed() < Duration::from_secs(60),
+            "alerts left undelivered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids = receiver.ids();
+    let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(ids.len(), 30, "{ids:?}");
+    assert_eq!(unique.len(), 30, "an alert was delivered twice: {ids:?}");
+    assert_eq!(
+        query_i64_in(
+            &pg,
+            "replicas",
+            "SELECT count(*) FROM alert_delivery_attempts"
+        )
+        .await,
+        30
+    );
+    assert!(
+        *receiver.paired.borrow(),
+        "the two replicas never delivered side by side"
+    );
+    let delivered = [("result", "delivered")];
+    let by_replica = [
+        replicas[0]
+            .counter("taskledger_alert_deliveries_total", &delivered)
+            .await,
+        replicas[1]
+            .counter("taskledger_alert_deliveries_total", &delivered)
+            .await,
+    ];
+    eprintln!("alerts delivered by each replica: {by_replica:?}");
+    assert_eq!(by_replica[0] + by_replica[1], 30);
+
+    pool.close().await;
+    let [first, second] = replicas;
+    first.stop();
+    second.stop();
+    pg.stop().await.expect("stop cluster");
 }

@@ -20,6 +20,9 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// The database of the embedded cluster.
 pub const EMBEDDED_DATABASE: &str = "taskledger";
 
+/// How long closing waits for connections still in use to come back.
+const POOL_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub fn latest_migration_version() -> i64 {
     MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
 }
@@ -81,9 +84,18 @@ impl Database {
         self.embedded.as_ref().map(Supervisor::status)
     }
 
-    /// Closes the pool, then stops the embedded cluster cleanly.
+    /// Closes the pool, then stops the embedded cluster cleanly. A connection still in use
+    /// after `POOL_CLOSE_TIMEOUT` is left to the cluster's shutdown, which ends its session.
     pub async fn close(self) -> anyhow::Result<()> {
-        self.pool.close().await;
+        if tokio::time::timeout(POOL_CLOSE_TIMEOUT, self.pool.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_use = self.pool.size() - self.pool.num_idle() as u32,
+                "database connections still in use at shutdown; closing without them"
+            );
+        }
         if let Some(supervisor) = self.embedded {
             supervisor.stop().await?;
         }

@@ -11,6 +11,8 @@ pub mod idle;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;
+pub mod slurm;
+pub mod source;
 pub mod summary;
 pub mod task;
 pub mod utilisation;

@@ -14,6 +14,7 @@ use crate::domain::values::{Month, masked_url, parse_instant};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::alerting::{self, AlertEvent, BurnView, month_holding};
@@ -70,7 +71,9 @@ pub struct AlertQuery {
 #[utoipa::path(get, path = "/v1/alerts", tag = "alerts", params(AlertQuery),
     security(("bearer" = [])),
     responses(
+        AuthProblems, QueryProblems,
         (status = 200, description = "A page of alerts", body = Page<AlertView>),
+        (status = 403, description = "An ingest token, which only posts job records", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid filter", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -172,6 +175,7 @@ pub struct BurnQuery {
     params(("id" = String, Path, description = "Project id"), BurnQuery),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "Budget, spend, burn and forecast", body = BurnView),
         (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid month or as_of", body = Problem, content_type = "application/problem+json"),

@@ -19,6 +19,7 @@ use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::projects::present;
 use crate::http::state::AppState;
 use crate::ledger::pricing;
@@ -179,10 +180,10 @@ fn scope_text(violations: &mut Violations, pointer: &str, raw: Option<&str>) -> 
 #[utoipa::path(post, path = "/v1/contracts", tag = "contracts", request_body = CreateContract,
     security(("bearer" = [])),
     responses(
+        AuthProblems, JsonBodyProblems,
         (status = 201, description = "Created; the records it prices are re-rated", body = ContractView),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "An equally specific contract (same model, mode and project/provider/region scope) overlaps it; the detail names it", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_contract(
     State(state): State<AppState>,
@@ -254,6 +255,7 @@ pub async fn create_contract(
 #[utoipa::path(get, path = "/v1/contracts", tag = "contracts", params(PageParams),
     security(("bearer" = [])),
     responses(
+        AuthProblems, QueryProblems,
         (status = 200, description = "A page of contracts in id order", body = Page<ContractView>),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -288,6 +290,7 @@ fn contract_id(raw: &str) -> ApiResult<Uuid> {
     params(("id" = String, Path, description = "Contract id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 200, description = "The contract", body = ContractView),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such contract", body = Problem, content_type = "application/problem+json"),
@@ -311,11 +314,11 @@ pub async fn get_contract(
     params(("id" = String, Path, description = "Contract id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, JsonBodyProblems,
         (status = 200, description = "The changed contract; what it prices is re-rated", body = ContractView),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such contract", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The new validity overlaps an equally specific contract", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn update_contract(
     State(state): State<AppState>,
@@ -335,6 +338,7 @@ pub async fn update_contract(
     params(("id" = String, Path, description = "Contract id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 204, description = "Deleted; what it priced is re-rated"),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such contract", body = Problem, content_type = "application/problem+json"),

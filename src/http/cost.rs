@@ -15,6 +15,7 @@ use crate::domain::validation::Violations;
 use crate::domain::values::{Month, parse_day_or_instant, parse_instant};
 use crate::http::error::{ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::cost::{self, CostOf, CostQuery, CostView};
@@ -145,6 +146,7 @@ fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<Co
     params(("id" = String, Path, description = "Project id"), CostParams),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "The project's cost over the period", body = CostView),
         (status = 404, description = "No such project (or not visible to this token)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid query parameters, named as `query:<name>`", body = Problem, content_type = "application/problem+json"),

@@ -11,6 +11,7 @@ use crate::domain::values::Month;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::ApiPath;
+use crate::http::problems::{AuthProblems, PathProblems};
 use crate::http::state::AppState;
 use crate::ledger::focus;
 
@@ -36,6 +37,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     params(("month" = String, Path, description = "YYYY-MM in the ledger time zone")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 200, description = "The FOCUS CSV", body = String, content_type = "text/csv",
             headers(("Content-Disposition" = String, description = "attachment; filename=\"focus-YYYY-MM.csv\""))),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),

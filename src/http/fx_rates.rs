@@ -17,6 +17,7 @@ use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::pricing;
 use crate::store;
@@ -85,6 +86,7 @@ fn rate_key(
     ),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, JsonBodyProblems,
         (status = 200, description = "The rate; segments it converts are re-rated", body = FxRateView),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid month, currency or rate", body = Problem, content_type = "application/problem+json"),
@@ -117,6 +119,7 @@ pub async fn put_fx_rate(
     ),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 204, description = "Deleted; segments it converted are re-rated"),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such rate", body = Problem, content_type = "application/problem+json"),
@@ -140,6 +143,7 @@ pub async fn delete_fx_rate(
 #[utoipa::path(get, path = "/v1/fx-rates", tag = "contracts", params(PageParams),
     security(("bearer" = [])),
     responses(
+        AuthProblems, QueryProblems,
         (status = 200, description = "A page of rates", body = Page<FxRateView>),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
     ))]

@@ -12,6 +12,7 @@ use utoipa_axum::routes;
 use crate::db::supervisor::ClusterState;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::state::AppState;
+use crate::ledger::instruments;
 use crate::store;
 
 /// How long readiness waits for the database before it answers 503.
@@ -152,6 +153,8 @@ pub async fn get_readyz(State(state): State<AppState>) -> ApiResult<axum::Json<H
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn get_metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // The gauges about the database are sampled at each scrape.
+    instruments::sample(&state.pool).await;
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),

@@ -13,7 +13,9 @@ pub mod exports;
 pub mod extract;
 pub mod fx_rates;
 pub mod health;
+pub mod observe;
 pub mod pagination;
+pub mod problems;
 pub mod projects;
 pub mod records;
 pub mod reports;
@@ -105,6 +107,7 @@ pub fn app(state: AppState) -> Router {
         })
         .layer(
             ServiceBuilder::new()
+                .layer(axum::middleware::from_fn(observe::record))
                 .layer(TraceLayer::new_for_http())
                 .layer(axum::middleware::map_response(error::errors_as_problems))
                 .layer(HandleErrorLayer::new(|_: tower::BoxError| async {

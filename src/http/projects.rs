@@ -17,6 +17,7 @@ use crate::http::auth::{project_not_found, require_admin, require_finance};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::projects;
 use crate::store;
@@ -161,11 +162,10 @@ fn idle_threshold(violations: &mut Violations, given: Option<Decimal>) -> Option
 #[utoipa::path(post, path = "/v1/projects", tag = "projects", request_body = CreateProject,
     security(("bearer" = [])),
     responses(
+        AuthProblems, JsonBodyProblems,
         (status = 201, description = "Created", body = ProjectView),
-        (status = 401, description = "No or bad token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_project(
     State(state): State<AppState>,
@@ -228,8 +228,8 @@ pub async fn create_project(
 #[utoipa::path(get, path = "/v1/projects", tag = "projects", params(PageParams),
     security(("bearer" = [])),
     responses(
+        AuthProblems, QueryProblems,
         (status = 200, description = "A page of projects", body = Page<ProjectView>),
-        (status = 401, description = "No or bad token", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_projects(
     State(state): State<AppState>,
@@ -271,6 +271,7 @@ pub async fn readable_project(
     params(("id" = String, Path, description = "Project id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 200, description = "The project", body = ProjectView),
         (status = 404, description = "No such project (or not visible to this token)", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -288,10 +289,10 @@ pub async fn get_project(
     params(("id" = String, Path, description = "Project id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, JsonBodyProblems,
         (status = 200, description = "The changed project", body = ProjectView),
         (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn update_project(
     State(state): State<AppState>,
@@ -365,6 +366,7 @@ fn budget_view(row: BudgetRow, currency: &str) -> BudgetView {
     params(("id" = String, Path, description = "Project id"), ("month" = String, Path, description = "YYYY-MM")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, JsonBodyProblems,
         (status = 200, description = "The month's budget", body = BudgetView),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
@@ -394,6 +396,7 @@ pub async fn put_budget(
     params(("id" = String, Path, description = "Project id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 200, description = "Monthly budgets in month order", body = Vec<BudgetView>),
         (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
     ))]

@@ -26,9 +26,11 @@ use crate::http::extract::{
     require_json_content_type,
 };
 use crate::http::pagination::{Page, PageParams};
+use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::ingest::{self, Submitted};
+use crate::ledger::instruments;
 use crate::ledger::records::{self, RecordHistory};
 use crate::store;
 use crate::store::records::{RecordFilter, RecordRow, VersionRow};
@@ -395,11 +397,13 @@ fn parse_ndjson(body: &[u8]) -> Result<Vec<Value>, ApiError> {
     ), description = "Up to 10,000 records or 16 MiB"),
     security(("bearer" = [])),
     responses(
+        AuthProblems, JsonBodyProblems,
         (status = 200, description = "Stored", body = IngestResult),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A record names a project this token may not post to", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A key is stored (or repeated) with different content", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "More than 10,000 records or 16 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is neither `application/json` nor `application/x-ndjson`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid records", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn post_job_records(
@@ -420,6 +424,9 @@ pub async fn post_job_records(
             Ok(record) => batch.push(Submitted { position, record }),
             Err(errors) => violations.extend(errors),
         }
+    }
+    if !violations.is_empty() {
+        instruments::job_records_rejected(values.len() - batch.len());
     }
     violations.into_result()?;
     check_scope(&principal, &batch)?;
@@ -448,6 +455,7 @@ fn check_scope(principal: &Principal, batch: &[Submitted]) -> ApiResult<()> {
     if forbidden.is_empty() {
         Ok(())
     } else {
+        instruments::job_records_rejected(forbidden.len());
         Err(ApiError::ForbiddenFields(
             format!(
                 "{} records name projects this token may not post to; nothing was written",
@@ -481,6 +489,7 @@ pub struct RecordQuery {
     params(("id" = String, Path, description = "Project id"), RecordQuery),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "A page of records in start order", body = Page<RecordView>),
         (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid filter", body = Problem, content_type = "application/problem+json"),
@@ -537,6 +546,7 @@ pub async fn list_job_records(
     params(("id" = String, Path, description = "Project id"), ("task_id" = String, Path, description = "Task id (percent-encoded)"), ("attempt" = i32, Path, description = "Attempt")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 200, description = "The record and its history", body = RecordWithHistory),
         (status = 404, description = "No such record", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -565,6 +575,7 @@ pub async fn get_job_record(
     request_body = JobRecordInput,
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, JsonBodyProblems,
         (status = 200, description = "The corrected record and its history", body = RecordWithHistory),
         (status = 403, description = "This token may not correct records of the project", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such record", body = Problem, content_type = "application/problem+json"),

@@ -15,6 +15,7 @@ use crate::domain::values::Month;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::reports::{self, MonthlyReport};
 
@@ -93,6 +94,7 @@ fn respond(json: String, csv: bool, month: Month) -> ApiResult<Response> {
     params(("month" = String, Path, description = "YYYY-MM"), ReportQuery),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "The report", content(
             (MonthlyReport = "application/json"),
             (String = "text/csv"),
@@ -141,6 +143,7 @@ pub struct CloseQuery {
     params(("month" = String, Path, description = "YYYY-MM"), CloseQuery),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "Closed; the frozen report", body = MonthlyReport),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The month has not ended, or is already closed", body = Problem, content_type = "application/problem+json"),

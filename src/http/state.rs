@@ -1,12 +1,14 @@
 //! What every handler gets: the pool, the settings and the metrics recorder.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 
 use crate::config::Settings;
 use crate::db::supervisor::ClusterStatus;
+use crate::ledger::instruments;
 
 /// Everything in it is either immutable, in the database, or about this process's own embedded
 /// cluster, so any number of replicas can serve the same database.
@@ -36,16 +38,40 @@ impl AppState {
     }
 }
 
+/// The buckets of every histogram, all in seconds: from a fast request to a large re-rating.
+const BUCKETS_SECONDS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// How often histogram samples are folded into their buckets between scrapes, so that they
+/// never pile up in memory when nothing scrapes.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The process-wide Prometheus recorder, installed on first use.
 fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&BUCKETS_SECONDS)
+                .expect("the bucket list is not empty")
+                .build_recorder();
             let handle = recorder.handle();
             // Another recorder may already be installed (e.g. by an embedding program); the
             // handle then renders only what this one records, which is still correct.
-            let _ = metrics::set_global_recorder(recorder);
+            if metrics::set_global_recorder(recorder).is_ok() {
+                instruments::describe();
+            }
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".to_owned())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_INTERVAL);
+                        upkeep.run_upkeep();
+                    }
+                })
+                .expect("starting the metrics upkeep thread");
             handle
         })
         .clone()

@@ -19,6 +19,7 @@ use crate::http::cost::parse_period;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams, encode_cursor};
+use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::cost::CostOf;
@@ -240,6 +241,7 @@ fn list_digest(
     ),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "A page of tasks", content(
             (Page<TaskView> = "application/json"),
             (String = "text/csv"),
@@ -313,6 +315,7 @@ pub async fn list_tasks(
     ),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 200, description = "The task", body = TaskDetailView),
         (status = 404, description = "No such project (or not visible to this token), or no such task in it", body = Problem, content_type = "application/problem+json"),
     ))]

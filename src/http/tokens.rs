@@ -14,6 +14,7 @@ use crate::http::auth::require_admin;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
+use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::store;
@@ -60,9 +61,9 @@ impl From<TokenRow> for TokenView {
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", request_body = CreateToken,
     security(("bearer" = [])),
     responses(
+        AuthProblems, JsonBodyProblems,
         (status = 201, description = "Created; the secret is in `token` and never shown again", body = CreatedToken),
         (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn create_token(
     State(state): State<AppState>,
@@ -83,6 +84,7 @@ pub async fn create_token(
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens", params(PageParams),
     security(("bearer" = [])),
     responses(
+        AuthProblems, QueryProblems,
         (status = 200, description = "A page of tokens", body = Page<TokenView>),
         (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -108,6 +110,7 @@ pub async fn list_tokens(
     params(("id" = Uuid, Path, description = "Token id")),
     security(("bearer" = [])),
     responses(
+        AuthProblems, PathProblems,
         (status = 204, description = "Revoked"),
         (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such active token", body = Problem, content_type = "application/problem+json"),

@@ -21,6 +21,7 @@ use crate::domain::record::JobRecord;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::{CostOf, month_spend};
+use crate::ledger::instruments;
 use crate::ledger::reports::round_money;
 use crate::store;
 use crate::store::alerts::{AlertRow, NewAlert, NewIdleGpuAlert};
@@ -228,7 +229,7 @@ pub async fn fire_idle_gpu(
     }
     store::alerts::enqueue_deliveries(conn, &deliveries).await?;
     if !fired.is_empty() {
-        metrics::counter!("taskledger_alerts_fired_total", "kind" => "idle_gpu")
+        metrics::counter!(instruments::ALERTS_FIRED, "kind" => "idle_gpu")
             .increment(fired.len() as u64);
     }
     Ok(fired)
@@ -273,7 +274,7 @@ pub async fn fire_reached(
             store::alerts::enqueue_delivery(&mut tx, &row, url, &body).await?;
         }
         tracing::info!(project = %row.project_id, month = %month, threshold, kind = kind.as_str(), "budget alert fired");
-        metrics::counter!("taskledger_alerts_fired_total", "kind" => kind.as_str()).increment(1);
+        metrics::counter!(instruments::ALERTS_FIRED, "kind" => kind.as_str()).increment(1);
         fired.push(row);
     }
     tx.commit().await?;

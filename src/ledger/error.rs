@@ -3,6 +3,7 @@
 
 use crate::db;
 use crate::domain::validation::{FieldError, Violations};
+use crate::ledger::instruments;
 use crate::store;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,7 @@ impl From<Violations> for LedgerError {
 impl From<sqlx::Error> for LedgerError {
     fn from(error: sqlx::Error) -> Self {
         if is_outage(&error) {
+            count_pool_timeout(&error);
             Self::Unavailable(error.to_string())
         } else {
             Self::Internal(anyhow::Error::new(error).context("a database statement failed"))
@@ -58,11 +60,20 @@ impl From<anyhow::Error> for LedgerError {
             .chain()
             .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
             .find(|cause| is_outage(cause))
+            .inspect(|cause| count_pool_timeout(cause))
             .map(ToString::to_string);
         match outage {
             Some(cause) => Self::Unavailable(cause),
             None => Self::Internal(error),
         }
+    }
+}
+
+/// A call that waited for a pool connection as long as it may: the pool is too small for
+/// the load, or the database too slow.
+fn count_pool_timeout(error: &sqlx::Error) {
+    if matches!(error, sqlx::Error::PoolTimedOut) {
+        metrics::counter!(instruments::DB_POOL_TIMEOUTS).increment(1);
     }
 }
 

@@ -11,6 +11,7 @@ use crate::domain::record::{JobRecord, RecordKey};
 use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::Month;
 use crate::ledger::alerting::{self, months_between};
+use crate::ledger::instruments::{self, BatchTimer, Rating, RatingCause};
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
 
@@ -82,6 +83,7 @@ pub async fn store_batch(
     batch: Vec<Submitted>,
     settings: &Settings,
 ) -> Result<Stored, IngestError> {
+    let _timer = BatchTimer::start();
     let tz = settings.timezone;
     let (unique, hashes, repeats) = collapse(batch)?;
     let records: Vec<JobRecord> = unique.iter().map(|s| s.record.clone()).collect();
@@ -110,9 +112,11 @@ pub async fn store_batch(
         .into_iter()
         .map(|key| (key.clone(), by_key[key].segment_bound()))
         .collect();
+    let rating = Rating::start(RatingCause::Ingest);
     store::rating::rate_in_bounded_calls(&mut tx, &bounded, tz)
         .await
         .map_err(IngestError::Rating)?;
+    rating.finished(bounded.len());
     let stored: Vec<&JobRecord> = bounded.iter().map(|(key, _)| by_key[key]).collect();
     alerting::fire_idle_gpu(&mut tx, &stored, settings.clock.now(), tz)
         .await
@@ -129,9 +133,9 @@ pub async fn store_batch(
         })
         .collect();
     alerting::evaluate_all(pool, touched, settings).await;
-    metrics::counter!("taskledger_job_records_accepted_total")
+    metrics::counter!(instruments::JOB_RECORDS, "result" => "accepted")
         .increment(outcome.inserted.len() as u64);
-    metrics::counter!("taskledger_job_records_duplicate_total")
+    metrics::counter!(instruments::JOB_RECORDS, "result" => "duplicate")
         .increment((outcome.duplicates.len() + repeats) as u64);
     Ok(Stored {
         accepted: outcome.inserted.len(),
@@ -167,6 +171,7 @@ pub async fn ingest(
 ) -> LedgerResult<Stored> {
     let unknown = unknown_projects(pool, &batch).await?;
     if !unknown.is_empty() {
+        instruments::job_records_rejected(unknown.len());
         let mut violations = Violations::default();
         for s in batch.iter().filter(|s| unknown.contains(&s.position)) {
             violations.push(
@@ -178,6 +183,11 @@ pub async fn ingest(
     }
     store_batch(pool, batch, settings)
         .await
+        .inspect_err(|error| {
+            if let IngestError::Conflicts(conflicts) = error {
+                instruments::job_records_rejected(conflicts.len());
+            }
+        })
         .map_err(|error| match error {
             IngestError::Conflicts(conflicts) => LedgerError::Conflict(
                 format!(

@@ -9,11 +9,13 @@ pub mod error;
 pub mod focus;
 pub mod import;
 pub mod ingest;
+pub mod instruments;
 pub mod pricing;
 pub mod projects;
 pub mod records;
 pub mod reports;
 pub mod setup;
+pub mod sources;
 pub mod tasks;
 pub mod tokens;
 

@@ -12,6 +12,7 @@ use crate::domain::ledger_time::month_bounds;
 use crate::domain::rating::BillingMode;
 use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::{Currency, Month};
+use crate::ledger::instruments::{Rating, RatingCause};
 use crate::ledger::{LedgerError, LedgerResult, alerting};
 use crate::store;
 use crate::store::contracts::{ContractFields, ContractRow, OVERLAP_CONSTRAINT};
@@ -41,9 +42,10 @@ async fn rerate_and_commit(
     settings: &Settings,
 ) -> LedgerResult<()> {
     let tz = settings.timezone;
-    match rerate {
+    let (rating, rerated) = match rerate {
         Rerate::Contract { fields, span } => {
-            store::rating::rerate_kind(
+            let rating = Rating::start(RatingCause::Contract);
+            let rerated = store::rating::rerate_kind(
                 &mut tx,
                 &fields.gpu_model,
                 fields.billing_mode,
@@ -52,9 +54,11 @@ async fn rerate_and_commit(
                 tz,
             )
             .await?;
+            (rating, rerated)
         }
         Rerate::Fx { month, from, to } => {
-            store::rating::rerate_fx(
+            let rating = Rating::start(RatingCause::Fx);
+            let rerated = store::rating::rerate_fx(
                 &mut tx,
                 month_bounds(month.first_day(), tz),
                 from.code(),
@@ -62,8 +66,10 @@ async fn rerate_and_commit(
                 tz,
             )
             .await?;
+            (rating, rerated)
         }
-    }
+    };
+    rating.finished(rerated);
     tx.commit().await?;
     alerting::evaluate_current_month(pool, settings).await;
     Ok(())

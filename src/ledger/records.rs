@@ -9,6 +9,7 @@ use crate::config::Settings;
 use crate::domain::record::{JobRecord, RecordKey};
 use crate::domain::values::Month;
 use crate::ledger::alerting::{self, months_between};
+use crate::ledger::instruments::{Rating, RatingCause};
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
 use crate::store::records::{RecordRow, VersionRow};
@@ -52,7 +53,9 @@ pub async fn correct(
     let changed = previous.to_record().content_hash() != record.content_hash();
     if changed {
         store::records::replace(&mut tx, &previous, &record, changed_by).await?;
+        let rating = Rating::start(RatingCause::Correction);
         store::rating::rate_records(&mut tx, std::slice::from_ref(&key), tz).await?;
+        rating.finished(1);
         alerting::fire_idle_gpu(&mut tx, &[&record], settings.clock.now(), tz).await?;
     }
     tx.commit().await?;

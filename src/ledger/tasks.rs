@@ -22,6 +22,7 @@ use crate::domain::record::duration_seconds;
 use crate::domain::task::{
     SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, cost_per_unit,
 };
+use crate::domain::utilisation::busy_seconds;
 use crate::ledger::cost::CostOf;
 use crate::ledger::reports::round_money;
 use crate::ledger::{LedgerError, LedgerResult};
@@ -382,7 +383,7 @@ pub struct AttemptView {
     /// started_at − queued_at; null without `queued_at`.
     pub queue_wait_seconds: Option<Decimal>,
     pub gpu_seconds_held: Decimal,
-    /// Null when the attempt did not measure busy time.
+    /// As reported, else held × `sm_active`; null when the attempt measured neither.
     pub gpu_seconds_busy: Option<Decimal>,
     pub retries: i32,
     pub failures: i32,
@@ -391,6 +392,21 @@ pub struct AttemptView {
     pub labels: BTreeMap<String, String>,
     /// How many times the record was posted with new content (1 for the original).
     pub version: i32,
+    /// The attempt's telemetry, where it reported it (see the job record's fields).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_util: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm_active: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor_active: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dram_active: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_peak_gib: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_total_gib: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_profile: Option<String>,
     /// The attempt's cost in the project's currency, and its parts.
     pub total: Decimal,
     pub breakdown: TaskBreakdown,
@@ -452,15 +468,18 @@ pub async fn task_detail(
     let ends: Vec<_> = attempts
         .iter()
         .map(|a| crate::domain::task::AttemptEnd {
-            attempt: a.attempt,
-            outcome: a.outcome,
-            started_at: a.started_at,
-            ended_at: a.ended_at,
+            attempt: a.record.attempt,
+            outcome: a.record.outcome,
+            started_at: a.record.started_at,
+            ended_at: a.record.ended_at,
         })
         .collect();
     let status = crate::domain::task::task_status(&ends).ok_or_else(not_found)?;
     let (final_cost, cost_per_unit) = final_cost(status.status, Some(&lifetime));
-    let mut gpu_models: Vec<String> = attempts.iter().map(|a| a.gpu_model.clone()).collect();
+    let mut gpu_models: Vec<String> = attempts
+        .iter()
+        .map(|a| a.record.gpu_model.clone())
+        .collect();
     gpu_models.sort_unstable();
     gpu_models.dedup();
     Ok(TaskDetailView {
@@ -495,7 +514,7 @@ fn attempt_view(
 ) -> AttemptView {
     let priced: Vec<&store::tasks::AttemptPricing> = pricing
         .iter()
-        .filter(|p| p.attempt == row.attempt)
+        .filter(|p| p.attempt == row.record.attempt)
         .collect();
     let sum = |part: fn(&store::tasks::AttemptPricing) -> Decimal| {
         priced.iter().map(|p| part(p)).sum::<Decimal>().normalize()
@@ -512,35 +531,46 @@ fn attempt_view(
             *unrated.entry(reason).or_default() += p.gpu_seconds_held;
         }
     }
+    let (completes_task, fails_task) = (row.completes_task, row.fails_task);
+    let record = row.record.to_record();
+    let telemetry = record.telemetry;
     AttemptView {
-        attempt: row.attempt,
-        outcome: row.outcome,
-        completes_task: row.completes_task,
-        fails_task: row.fails_task,
-        gpu_model: row.gpu_model,
-        gpu_count: row.gpu_count.normalize(),
-        billing_mode: row.billing_mode,
-        provider: row.provider,
-        region: row.region,
-        queued_at: row.queued_at,
-        started_at: row.started_at,
-        ended_at: row.ended_at,
-        queue_wait_seconds: row
+        attempt: record.key.attempt,
+        outcome: record.outcome,
+        completes_task,
+        fails_task,
+        gpu_model: record.gpu_model,
+        gpu_count: record.gpu_count,
+        billing_mode: record.billing_mode,
+        provider: record.provider,
+        region: record.region,
+        queued_at: record.queued_at,
+        started_at: record.started_at,
+        ended_at: record.ended_at,
+        queue_wait_seconds: record
             .queued_at
-            .map(|queued| duration_seconds(queued, row.started_at).normalize()),
-        gpu_seconds_held: row.gpu_seconds_held.normalize(),
-        gpu_seconds_busy: row.gpu_seconds_busy.map(|busy| busy.normalize()),
-        retries: row.retries,
-        failures: row.failures,
-        output: row
-            .output_unit
-            .zip(row.output_quantity)
-            .map(|(unit, quantity)| QuantityView {
-                unit,
-                quantity: quantity.normalize(),
-            }),
-        labels: row.labels.0,
-        version: row.version,
+            .map(|queued| duration_seconds(queued, record.started_at).normalize()),
+        gpu_seconds_held: record.gpu_seconds_held,
+        gpu_seconds_busy: busy_seconds(
+            record.gpu_seconds_busy,
+            record.gpu_seconds_held,
+            telemetry.sm_active,
+        ),
+        retries: record.retries,
+        failures: record.failures,
+        output: record.output.map(|output| QuantityView {
+            unit: output.unit,
+            quantity: output.quantity,
+        }),
+        labels: record.labels,
+        version: row.record.version,
+        gpu_util: telemetry.gpu_util,
+        sm_active: telemetry.sm_active,
+        tensor_active: telemetry.tensor_active,
+        dram_active: telemetry.dram_active,
+        memory_peak_gib: telemetry.memory_peak_gib,
+        memory_total_gib: telemetry.memory_total_gib,
+        mig_profile: telemetry.mig_profile,
         total: (breakdown.productive + breakdown.idle + breakdown.unmeasured + breakdown.failed)
             .normalize(),
         breakdown,

@@ -66,6 +66,28 @@ pub struct NewIdleGpuAlert {
     pub min_gpu_hours: Decimal,
 }
 
+/// The alerts waiting in the outbox.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutboxBacklog {
+    pub pending: i64,
+    /// Since the oldest of them fired; 0 when none waits.
+    pub oldest_age_seconds: f64,
+}
+
+pub async fn outbox_backlog(pool: &PgPool) -> sqlx::Result<OutboxBacklog> {
+    let row = sqlx::query!(
+        r#"SELECT count(*) AS "pending!",
+                  coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS "oldest_age_seconds!"
+           FROM alert_deliveries WHERE state = 'pending'"#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(OutboxBacklog {
+        pending: row.pending,
+        oldest_age_seconds: row.oldest_age_seconds,
+    })
+}
+
 /// Fires an alert unless its `(project, month, threshold, kind)` already fired; `None` then.
 /// Runs in the caller's transaction, so the event and its outbox row commit together.
 pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Option<AlertRow>> {

@@ -7,6 +7,7 @@ pub mod contracts;
 pub mod cost;
 pub mod exports;
 pub mod fx_rates;
+pub mod jobs;
 pub mod projects;
 pub mod rating;
 pub mod records;

@@ -299,7 +299,8 @@ pub struct RecordRow {
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_count, \
+/// The columns a [`RecordRow`] reads.
+pub const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_count, \
     billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
     gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
     gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, memory_total_gib, \

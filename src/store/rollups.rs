@@ -14,6 +14,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
 use crate::domain::utilisation::{LOOKS_BUSY_GPU_UTIL, LOOKS_BUSY_SM_ACTIVE};
+use crate::store::jobs::COMPACTION;
 
 /// What a rollup sums: GPU time and cost of segments, or counts of records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,8 +251,6 @@ fn rollups() -> Vec<Rollup> {
     rollups
 }
 
-/// Compaction runs in one transaction at a time, across replicas.
-const COMPACTION_LOCK: (i32, i32) = (0x726f_6c6c, 1);
 const SETTING_TIMEZONE: &str = "rollup_timezone";
 
 impl Rollup {
@@ -301,8 +300,8 @@ pub struct Compaction {
 pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     let mut tx = pool.begin().await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
-        .bind(COMPACTION_LOCK.0)
-        .bind(COMPACTION_LOCK.1)
+        .bind(COMPACTION.0)
+        .bind(COMPACTION.1)
         .fetch_one(&mut *tx)
         .await?;
     if !locked {
@@ -333,6 +332,19 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     Ok(Some(done))
 }
 
+/// How many delta rows wait to be compacted, over every rollup (each counted through its
+/// partial index of delta rows).
+pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
+    let counts = rollups()
+        .iter()
+        .map(|rollup| format!("(SELECT count(*) FROM {} WHERE delta <> 0)", rollup.table))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    sqlx::query_scalar(&format!("SELECT {counts}"))
+        .fetch_one(pool)
+        .await
+}
+
 /// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task months from
 /// the rated segments and records (see [`rebuild_tasks`]), when they were built for another
 /// ledger time zone than `tz` (or never recorded one), so that their days and months are
@@ -340,8 +352,8 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-        .bind(COMPACTION_LOCK.0)
-        .bind(COMPACTION_LOCK.1)
+        .bind(COMPACTION.0)
+        .bind(COMPACTION.1)
         .execute(&mut *tx)
         .await?;
     let built_for: Option<String> = sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")

@@ -22,8 +22,9 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::figures::SUM_SCALE;
-use crate::domain::rating::{BillingMode, Outcome};
+use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
+use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
 use crate::store::rollups::{Level, PeriodSplit, TASK_SUMS};
 
 /// The summed columns filled from segments, with the expression over a segment change
@@ -644,26 +645,8 @@ struct MonthRow {
 /// One attempt of a task, as posted, with what rating made of it.
 #[derive(Debug, sqlx::FromRow)]
 pub struct AttemptRow {
-    pub attempt: i32,
-    #[sqlx(try_from = "String")]
-    pub outcome: Outcome,
-    pub gpu_model: String,
-    pub gpu_count: Decimal,
-    #[sqlx(try_from = "String")]
-    pub billing_mode: BillingMode,
-    pub provider: Option<String>,
-    pub region: Option<String>,
-    pub queued_at: Option<DateTime<Utc>>,
-    pub started_at: DateTime<Utc>,
-    pub ended_at: DateTime<Utc>,
-    pub gpu_seconds_held: Decimal,
-    pub gpu_seconds_busy: Option<Decimal>,
-    pub retries: i32,
-    pub failures: i32,
-    pub output_quantity: Option<Decimal>,
-    pub output_unit: Option<String>,
-    pub labels: sqlx::types::Json<BTreeMap<String, String>>,
-    pub version: i32,
+    #[sqlx(flatten)]
+    pub record: RecordRow,
     /// Whether this attempt is the one that completes the task, or the one that fails it.
     pub completes_task: bool,
     pub fails_task: bool,
@@ -675,17 +658,14 @@ pub async fn attempts(
     project: &str,
     task_id: &str,
 ) -> sqlx::Result<Vec<AttemptRow>> {
-    sqlx::query_as::<_, AttemptRow>(
-        "SELECT r.attempt, r.outcome, r.gpu_model, r.gpu_count, r.billing_mode, r.provider, \
-                r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
-                r.gpu_seconds_busy, r.retries, r.failures, r.output_quantity, r.output_unit, \
-                r.labels, r.version, coalesce(d.completes_task, false) AS completes_task, \
+    sqlx::query_as::<_, AttemptRow>(&format!(
+        "SELECT r.*, coalesce(d.completes_task, false) AS completes_task, \
                 coalesce(d.fails_task, false) AS fails_task \
-         FROM job_records AS r \
+         FROM (SELECT {RECORD_COLUMNS} FROM job_records \
+               WHERE project_id = $1 AND task_id = $2) AS r \
          LEFT JOIN rated_records AS d USING (project_id, task_id, attempt) \
-         WHERE r.project_id = $1 AND r.task_id = $2 \
-         ORDER BY r.attempt",
-    )
+         ORDER BY r.attempt"
+    ))
     .bind(project)
     .bind(task_id)
     .fetch_all(conn)

@@ -1,5 +1,6 @@
 //! Re-evaluates budget burn periodically: spend grows with accrued unused commitment even
-//! when no record arrives, and a forecast crosses the budget as the month goes by.
+//! when no record arrives, and a forecast crosses the budget as the month goes by. Replicas
+//! share the schedule: one of them runs each tick, and never two at once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -7,8 +8,12 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::config::Settings;
+use crate::store::jobs;
+use crate::workers::{RunOutcome, record_run};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+
+const JOB: &str = "burn_tick";
 
 pub async fn run(
     pool: PgPool,
@@ -18,10 +23,28 @@ pub async fn run(
 ) {
     tokio::pin!(shutdown);
     loop {
-        crate::ledger::alerting::evaluate_current_month(&pool, &settings).await;
+        match tick(&pool, &settings, interval).await {
+            Ok(outcome) => record_run(JOB, outcome),
+            Err(error) => tracing::warn!(error = format!("{error:#}"), "the burn tick failed"),
+        }
         tokio::select! {
             () = &mut shutdown => return,
             () = tokio::time::sleep(interval) => {}
         }
     }
+}
+
+/// Runs the tick if no other replica is running it and none ran it within `interval`.
+async fn tick(pool: &PgPool, settings: &Settings, interval: Duration) -> sqlx::Result<RunOutcome> {
+    let Some(lock) = jobs::try_lock(pool, jobs::BURN_TICK).await? else {
+        return Ok(RunOutcome::Locked);
+    };
+    let outcome = if jobs::claim_due_run(pool, JOB, interval).await? {
+        crate::ledger::alerting::evaluate_current_month(pool, settings).await;
+        RunOutcome::Ran
+    } else {
+        RunOutcome::NotDue
+    };
+    lock.release().await?;
+    Ok(outcome)
 }

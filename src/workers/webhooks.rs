@@ -11,6 +11,7 @@ use rand::Rng;
 use sha2::Sha256;
 use sqlx::PgPool;
 
+use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
 use crate::store::alerts::{self, Attempt, DueDelivery, NextStep};
 
 /// The header carrying `sha256=<hex HMAC-SHA256 of the body>`.
@@ -84,33 +85,39 @@ impl Webhooks {
     /// Works the outbox until nothing is due; returns how many attempts were made.
     pub async fn deliver_due(&self) -> anyhow::Result<usize> {
         let mut attempts = 0;
-        loop {
-            // The row stays locked while it is sent, so no other replica sends it too.
-            let mut tx = self.pool.begin().await?;
-            let Some(delivery) = alerts::claim_due(&mut tx).await? else {
-                tx.rollback().await?;
-                return Ok(attempts);
-            };
-            let (attempt, next) = self.attempt(&delivery).await;
-            alerts::record_attempt(&mut tx, &delivery, &attempt, next).await?;
-            tx.commit().await?;
+        while self.deliver_next().await? {
             attempts += 1;
-            match next {
-                NextStep::Delivered => {
-                    metrics::counter!("taskledger_alert_deliveries_total", "result" => "delivered")
-                        .increment(1)
-                }
-                NextStep::RetryAt(_) => {
-                    metrics::counter!("taskledger_alert_deliveries_total", "result" => "retry")
-                        .increment(1)
-                }
-                NextStep::GiveUp => {
-                    tracing::warn!(alert = %delivery.alert_id, url = %delivery.url, "gave up delivering an alert");
-                    metrics::counter!("taskledger_alert_deliveries_total", "result" => "gave_up")
-                        .increment(1)
-                }
+        }
+        Ok(attempts)
+    }
+
+    /// Makes one attempt at the delivery due first; false when nothing is due.
+    async fn deliver_next(&self) -> anyhow::Result<bool> {
+        // The row stays locked while it is sent, so no other replica sends it too.
+        let mut tx = self.pool.begin().await?;
+        let Some(delivery) = alerts::claim_due(&mut tx).await? else {
+            tx.rollback().await?;
+            return Ok(false);
+        };
+        let (attempt, next) = self.attempt(&delivery).await;
+        alerts::record_attempt(&mut tx, &delivery, &attempt, next).await?;
+        tx.commit().await?;
+        if next != NextStep::Delivered {
+            metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
+        }
+        match next {
+            NextStep::Delivered => {
+                metrics::counter!(ALERT_DELIVERIES, "result" => "delivered").increment(1)
+            }
+            NextStep::RetryAt(_) => {
+                metrics::counter!(ALERT_DELIVERIES, "result" => "retry").increment(1)
+            }
+            NextStep::GiveUp => {
+                tracing::warn!(alert = %delivery.alert_id, url = %delivery.url, "gave up delivering an alert");
+                metrics::counter!(ALERT_DELIVERIES, "result" => "gave_up").increment(1)
             }
         }
+        Ok(true)
     }
 
     async fn attempt(&self, delivery: &DueDelivery) -> (Attempt, NextStep) {
@@ -166,16 +173,28 @@ impl Webhooks {
         )
     }
 
-    /// Delivers until `shutdown` completes.
+    /// Delivers until `shutdown` completes. An attempt under way is finished first (it is
+    /// bounded by the request timeout): stopping halfway would leave a delivery the receiver
+    /// got recorded as not made, to be sent again.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            if let Err(error) = self.deliver_due().await {
-                tracing::error!(error = ?error, "alert delivery failed; retrying");
-            }
+            let more_due = match self.deliver_next().await {
+                Ok(more_due) => more_due,
+                Err(error) => {
+                    tracing::error!(error = ?error, "alert delivery failed; retrying");
+                    false
+                }
+            };
+            let pause = if more_due {
+                Duration::ZERO
+            } else {
+                self.policy.poll_interval
+            };
             tokio::select! {
+                biased;
                 () = &mut shutdown => return,
-                () = tokio::time::sleep(self.policy.poll_interval) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
     }

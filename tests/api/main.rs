@@ -13,9 +13,11 @@ mod hostile;
 mod idle_alerts;
 mod import;
 mod ingest;
+mod jobs;
 mod queue_wait;
 mod reports;
 mod rollups;
+mod slurm;
 #[path = "../support/mod.rs"]
 mod support;
 mod task_list;

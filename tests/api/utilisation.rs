@@ -310,6 +310,15 @@ async fn a_record_keeps_its_telemetry_and_a_slice_its_profile() {
     assert_eq!(u5["mig_profile"], "3g.40gb");
     assert_money(&u5["memory_total_gib"], "40");
     assert_money(&u5["sm_active"], "0.7");
+    // The task page shows the attempt's telemetry, and its busy time from SM activity.
+    let task = app
+        .get("/v1/projects/vision/tasks/u5", &app.admin)
+        .await
+        .json();
+    let attempt = &task["attempts"][0];
+    assert_eq!(attempt["mig_profile"], "3g.40gb");
+    assert_money(&attempt["gpu_seconds_busy"], "5040");
+    assert_close(&attempt["total"], seventh_of("15"), 20);
     // The same record posted again, the slice spelt as another driver does, is a duplicate.
     let ingest = app.token("ingest", &["vision"]).await;
     let again = record("u5", "2026-11-06T00:00:00Z", "2026-11-06T01:00:00Z")
@@ -322,4 +331,123 @@ async fn a_record_keeps_its_telemetry_and_a_slice_its_profile() {
     let response = app.post("/v1/job-records", &ingest, json!([again])).await;
     assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     assert_eq!(response.json()["duplicates"], 1);
+}
+
+#[tokio::test]
+async fn the_monthly_report_shows_the_headline_next_to_the_cost() {
+    let app = app_with_records().await;
+    let json = app
+        .get("/v1/reports/monthly/2026-11", &app.admin)
+        .await
+        .json();
+    let line = &json["projects"][0];
+    assert_eq!(line["project"], "vision");
+    assert_money(&line["utilisation"]["gpu_util"], "0.842857");
+    assert_money(&line["looks_busy_cost"], "12.5");
+
+    let csv = app
+        .get("/v1/reports/monthly/2026-11?format=csv", &app.admin)
+        .await;
+    assert_eq!(csv.status, StatusCode::OK, "{}", csv.text());
+    let mut reader = csv::Reader::from_reader(csv.body.as_slice());
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_owned)
+        .collect();
+    let project = reader
+        .records()
+        .map(|row| row.unwrap())
+        .find(|row| &row[0] == "project")
+        .unwrap();
+    let column = |name: &str| -> String {
+        let index = header.iter().position(|h| h == name).unwrap();
+        project[index].to_owned()
+    };
+    // GPU-Util 84 % against SM active 42 %; of the memory reported, 1 − 0.375 went unused.
+    assert_eq!(column("gpu_util"), "0.8429");
+    assert_eq!(column("sm_active"), "0.4222");
+    assert_eq!(column("unused_memory_share"), "0.625");
+    assert_eq!(column("looks_busy_cost"), "12.50");
+}
+
+#[tokio::test]
+async fn slices_use_a_reserved_card_by_their_share_of_it() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract("H100", "reserved", "7.00")
+        .project("vision")
+        .committed_gpus(1)
+        .valid_from("2026-11-02T00:00:00Z")
+        .valid_until("2026-11-02T02:00:00Z")
+        .create(&app)
+        .await;
+    // Three 1g slices for an hour: 3/7 of a card-hour, priced 3 × 7.00 × 1/7 = 3.00, leave
+    // 4/7 of the first hour's committed card unused (4.00), and the second hour's whole card
+    // (7.00). Counted as three cards, they would leave nothing unused in the first hour.
+    app.ingest(vec![
+        record("sliced", "2026-11-02T00:00:00Z", "2026-11-02T01:00:00Z")
+            .billing_mode("reserved")
+            .gpu_count(3)
+            .with("mig_profile", "1g.10gb"),
+    ])
+    .await;
+    let view = cost(&app, NOVEMBER).await;
+    assert_money(&view["gpu_seconds_held"], "10800");
+    assert_close(&view["breakdown"]["unmeasured"], exact("3"), 18);
+    assert_close(&view["breakdown"]["unused_commitment"], exact("11"), 18);
+    assert_close(&view["total"], exact("14"), 18);
+}
+
+#[tokio::test]
+async fn csv_and_ndjson_imports_take_the_same_fields() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract("H100", "on_demand", "2.50").create(&app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("dcgm.csv");
+    std::fs::write(
+        &csv,
+        "project,task_id,gpu_model,gpu_count,started_at,ended_at,outcome,gpu_util,sm_active,memory_peak_gib,mig_profile\n\
+         vision,i1,H100,1,2026-11-02T10:00:00Z,2026-11-02T12:00:00Z,completed,0.95,0.30,20,\n\
+         vision,i2,H100,2,2026-11-06T00:00:00Z,2026-11-06T01:00:00Z,completed,,0.7,10,3g.40gb\n\
+         vision,i3,H100,1,2026-11-06T00:00:00Z,2026-11-06T01:00:00Z,completed,1.5,,,\n",
+    )
+    .unwrap();
+    let ndjson = dir.path().join("dcgm.ndjson");
+    std::fs::write(
+        &ndjson,
+        format!(
+            "{}\n",
+            json!(
+                record("n1", "2026-11-03T00:00:00Z", "2026-11-03T02:00:00Z")
+                    .with("dram_active", 0.4)
+                    .with("memory_peak_gib", 60)
+                    .with("memory_total_gib", 80)
+            )
+        ),
+    )
+    .unwrap();
+    let summary =
+        taskledger::ledger::import::import_files(&app.pool, &[csv, ndjson], &Default::default())
+            .await
+            .unwrap();
+    assert_eq!(summary.accepted, 3);
+    assert_eq!(summary.rejected.len(), 1);
+    assert!(
+        summary.rejected[0].reason.contains("gpu_util"),
+        "{:?}",
+        summary.rejected
+    );
+    let i2 = app
+        .get("/v1/projects/vision/job-records/i2/1", &app.admin)
+        .await
+        .json();
+    assert_eq!(i2["record"]["mig_profile"], "3g.40gb");
+    assert_money(&i2["record"]["memory_total_gib"], "40");
+    let view = cost(&app, NOVEMBER).await;
+    // i1: 7200 × 0.30, i2: 7200 × 0.70 busy.
+    assert_money(&view["gpu_seconds_busy"], "7200");
+    assert_money(&view["utilisation"]["dram_active"], "0.4");
 }

@@ -20,7 +20,7 @@ pub fn round_money(amount: Decimal, currency: &str) -> Decimal {
     rounded
 }
 
-const CSV_HEADER: [&str; 23] = [
+const CSV_HEADER: [&str; 27] = [
     "row_type",
     "month",
     "belongs_to",
@@ -44,6 +44,10 @@ const CSV_HEADER: [&str; 23] = [
     "cost_per_completed_task",
     "budget",
     "burn_pct",
+    "gpu_util",
+    "sm_active",
+    "unused_memory_share",
+    "looks_busy_cost",
 ];
 
 /// The report as CSV, from its JSON form (so a frozen report renders the same bytes every
@@ -110,9 +114,12 @@ fn project_rows(month: &str, line: &ProjectLine) -> Vec<Vec<String>> {
             .map(|burn| rounded(burn, 2))
             .unwrap_or_default(),
     );
+    project.extend(utilisation_cells(&line.figures, currency));
     let groups = line.groups.iter().map(|group| {
         let mut row = labels("group", group.key.as_deref());
         row.extend(figure_cells(&group.figures, currency));
+        row.extend([String::new(), String::new()]);
+        row.extend(utilisation_cells(&group.figures, currency));
         row
     });
     std::iter::once(project).chain(groups).collect()
@@ -150,6 +157,23 @@ fn figure_cells(figures: &Figures, currency: &str) -> Vec<String> {
             .unwrap_or_default(),
     );
     cells
+}
+
+/// The headline of what the GPUs really did: held-weighted GPU-Util against SM activity,
+/// the share of the reported memory nobody used, and the cost that looks busy. Empty where
+/// no record reported the figure.
+fn utilisation_cells(figures: &Figures, currency: &str) -> [String; 4] {
+    let utilisation = figures.utilisation.as_ref();
+    let share = |value: Option<Decimal>| value.map(|v| rounded(v, 4)).unwrap_or_default();
+    [
+        share(utilisation.and_then(|u| u.gpu_util)),
+        share(utilisation.and_then(|u| u.sm_active)),
+        share(utilisation.and_then(|u| u.memory_used_share.map(|used| Decimal::ONE - used))),
+        figures
+            .looks_busy_cost
+            .map(|cost| money(cost, currency))
+            .unwrap_or_default(),
+    ]
 }
 
 /// The shared unused commitment: all of the line's total, and all of it waste.

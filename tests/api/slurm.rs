@@ -1,0 +1,582 @@
+//! Slurm as a source: `import --format slurm-json|sacct` over the real sacct outputs in
+//! `tests/fixtures/slurm`, and `collect slurm` against a fake `sacct` on `PATH`, storing
+//! locally and posting to a served app.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use taskledger::domain::slurm::text::{COLLECTED_FIELDS, TextOptions};
+use taskledger::domain::slurm::{self, Format, Mapping};
+use taskledger::ledger::sources::{self, SourceSummary};
+
+use crate::common::TestApp;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/slurm")
+        .join(name)
+}
+
+/// The projects the fixtures' GPU jobs are accounted to, as slugs of their accounts.
+const PROJECTS: [&str; 5] = [
+    "rrg-bengioy-ad-gpu",
+    "rrg-bonhomme-ad-cpu",
+    "rrg-bonhomme-ad-gpu",
+    "def-bonhomme-cpu",
+    "def-bonhomme-gpu",
+];
+
+async fn app_with_projects() -> TestApp {
+    let app = TestApp::spawn().await;
+    for project in PROJECTS {
+        app.create_project(project, "USD").await;
+    }
+    app
+}
+
+async fn import_json(app: &TestApp, name: &str, mapping: &Mapping) -> SourceSummary {
+    let text = std::fs::read_to_string(fixture(name)).unwrap();
+    let batch = slurm::batch(&Format::Json, name, &text, mapping);
+    sources::store(&app.pool, batch, &Default::default())
+        .await
+        .unwrap()
+}
+
+async fn stored(app: &TestApp, project: &str, task: &str, attempt: u32) -> Value {
+    let response = app
+        .get(
+            &format!("/v1/projects/{project}/job-records/{task}/{attempt}"),
+            &app.admin,
+        )
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    response.json()["record"].clone()
+}
+
+async fn record_count(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM job_records")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_slurm_file_imports_with_the_gpu_jobs_it_holds() {
+    let app = app_with_projects().await;
+    // file, jobs, GPU jobs that finished (the records), not finished, finished without GPUs
+    let files: [(&str, usize, usize, usize, usize); 7] = [
+        ("slurm_21_8_8.json", 1, 1, 0, 0),
+        ("slurm_22_5_9.json", 1, 1, 0, 0),
+        ("slurm_23_2_6.json", 1, 0, 1, 0),
+        ("slurm_23_11_5.json", 1, 0, 1, 0),
+        ("v0.0.43/fromage_1716595200.json", 13, 8, 3, 2),
+        ("v0.0.43/mila_1708819200.json", 7, 3, 2, 2),
+        ("v0.0.43/raisin_base_job.json", 1, 0, 0, 1),
+    ];
+    let mapping = Mapping {
+        gpu_models: [("gpubase_bynode_b4".to_owned(), "A100".to_owned())].into(),
+        ..Mapping::default()
+    };
+    for (file, jobs, gpu_jobs, not_finished, no_gpu) in files {
+        let summary = import_json(&app, file, &mapping).await;
+        assert!(
+            summary.problems.is_empty(),
+            "{file}: {:?}",
+            summary.problems
+        );
+        assert_eq!(summary.jobs_read, jobs, "{file}");
+        assert_eq!(summary.records, gpu_jobs, "{file}");
+        assert_eq!(summary.accepted, gpu_jobs, "{file}");
+        assert_eq!(
+            summary.skipped.get("not finished").copied().unwrap_or(0),
+            not_finished,
+            "{file}"
+        );
+        assert_eq!(
+            summary.skipped.get("no GPU").copied().unwrap_or(0),
+            no_gpu,
+            "{file}"
+        );
+        assert!(
+            summary.not_stored.is_empty(),
+            "{file}: no GPU telemetry in these files"
+        );
+    }
+    assert_eq!(record_count(&app).await, 13);
+
+    // Slurm 21.08: one GPU of no recorded type, requeued at its end.
+    let requeued = stored(&app, "rrg-bengioy-ad-gpu", "55978384", 1).await;
+    assert_eq!(requeued["gpu_count"], "1");
+    assert_eq!(requeued["gpu_model"], "unknown");
+    assert_eq!(requeued["outcome"], "preempted");
+    assert_eq!(requeued["queued_at"], "2023-01-09T14:37:03Z");
+    assert_eq!(requeued["started_at"], "2023-01-09T14:37:03Z");
+    assert_eq!(requeued["ended_at"], "2023-01-10T16:49:46Z");
+    assert_eq!(
+        requeued["gpu_seconds_held"], "94363",
+        "End − Start, nothing suspended"
+    );
+    assert_eq!(
+        requeued["labels"],
+        json!({"user": "purah", "partition": "gpubackfill", "qos": "normal",
+               "cluster": "cedar", "job_name": "submitit"})
+    );
+
+    // Slurm 22.05: task 100 of array 20247445 failed on 4 nodes of 4 GPUs, accounted
+    // untyped; its partition's model comes from --gpu-model.
+    let array_task = stored(&app, "rrg-bengioy-ad-gpu", "20247445_100", 1).await;
+    assert_eq!(array_task["gpu_count"], "16");
+    assert_eq!(array_task["gpu_model"], "A100");
+    assert_eq!(array_task["outcome"], "failed");
+    assert_eq!(
+        array_task["queued_at"], "2023-08-16T04:40:14Z",
+        "Eligible, not Submit"
+    );
+    assert_eq!(array_task["started_at"], "2023-09-03T11:30:41Z");
+    assert_eq!(array_task["ended_at"], "2023-09-04T22:04:04Z");
+
+    // v0.0.43: job 6 ran out of memory on one V100; job 37 completed on two.
+    let out_of_memory = stored(&app, "rrg-bonhomme-ad-cpu", "6", 1).await;
+    assert_eq!(
+        (
+            &out_of_memory["gpu_count"],
+            &out_of_memory["gpu_model"],
+            &out_of_memory["outcome"]
+        ),
+        (&json!("1"), &json!("v100"), &json!("failed"))
+    );
+    assert_eq!(out_of_memory["started_at"], "2024-01-25T03:13:42Z");
+    assert_eq!(out_of_memory["ended_at"], "2024-01-25T03:52:45Z");
+    let two_gpus = stored(&app, "def-bonhomme-cpu", "37", 1).await;
+    assert_eq!(
+        (
+            &two_gpus["gpu_count"],
+            &two_gpus["gpu_model"],
+            &two_gpus["outcome"]
+        ),
+        (&json!("2"), &json!("v100"), &json!("completed"))
+    );
+    assert_eq!(two_gpus["queued_at"], "2024-05-24T20:45:39Z");
+    assert_eq!(two_gpus["started_at"], "2024-05-24T21:25:24Z");
+    assert_eq!(two_gpus["ended_at"], "2024-05-24T23:43:46Z");
+    let rtx = stored(&app, "def-bonhomme-cpu", "13", 1).await;
+    assert_eq!(
+        (&rtx["gpu_count"], &rtx["gpu_model"]),
+        (&json!("2"), &json!("rtx8000"))
+    );
+    assert_eq!(rtx["labels"]["cluster"], "mila");
+
+    // A second import is all duplicates.
+    let again = import_json(&app, "v0.0.43/fromage_1716595200.json", &mapping).await;
+    assert_eq!((again.accepted, again.duplicates), (0, 8));
+}
+
+/// The text fixture is the fromage JSON's jobs and steps as `sacct --parsable` would print
+/// them with `--delimiter=#`, fields in another order plus NNodes, times in Montreal time.
+#[tokio::test]
+async fn parsable_text_of_the_same_jobs_gives_the_same_records_as_the_json() {
+    let json_text = std::fs::read_to_string(fixture("v0.0.43/fromage_1716595200.json")).unwrap();
+    let from_json = slurm::batch(&Format::Json, "json", &json_text, &Mapping::default());
+    let sacct_text = std::fs::read_to_string(fixture("fromage_1716595200.parsable.txt")).unwrap();
+    assert!(
+        sacct_text.lines().next().unwrap().ends_with('#'),
+        "a trailing delimiter"
+    );
+    let text_format = Format::Text(TextOptions {
+        delimiter: None,
+        timezone: "America/Montreal".parse().unwrap(),
+    });
+    let from_text = slurm::batch(&text_format, "text", &sacct_text, &Mapping::default());
+    assert!(
+        from_text.unparsable.is_empty(),
+        "{:?}",
+        from_text.unparsable
+    );
+    let values = |batch: &taskledger::domain::source::SourceBatch| -> Vec<Value> {
+        batch.records.iter().map(|r| r.value.clone()).collect()
+    };
+    assert_eq!(from_json.records.len(), 8);
+    assert_eq!(values(&from_text), values(&from_json));
+    assert_eq!(from_text.skipped, from_json.skipped);
+    assert_eq!(
+        from_text.jobs_read, from_json.jobs_read,
+        "steps are not jobs"
+    );
+
+    // The command reads the same text from standard input and stores the same 8 records.
+    let app = app_with_projects().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
+        .args([
+            "--database-url",
+            &app.database_url,
+            "import",
+            "--format",
+            "sacct",
+        ])
+        .args(["--source-timezone", "America/Montreal", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(sacct_text.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("jobs read 13, records 8: accepted 8, duplicates 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("skipped: no GPU 2, not finished 3"),
+        "{stdout}"
+    );
+    assert_eq!(record_count(&app).await, 8);
+}
+
+fn run_import(app: &TestApp, format: &str, file: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
+        .args([
+            "--database-url",
+            &app.database_url,
+            "import",
+            "--format",
+            format,
+        ])
+        .args(["--source-timezone", "UTC"])
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn bad_slurm_input_is_located_and_nothing_of_its_batch_is_stored() {
+    let app = app_with_projects().await;
+    let dir = tempfile::tempdir().unwrap();
+    let whole = std::fs::read_to_string(fixture("v0.0.43/mila_1708819200.json")).unwrap();
+    let truncated = dir.path().join("truncated.json");
+    std::fs::write(&truncated, &whole[..whole.len() / 2]).unwrap();
+    let good = "2|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1|def-bonhomme_cpu";
+    let header = "JobID|State|Start|End|AllocTRES|Account";
+    let text_cases = [
+        (
+            "fields.txt",
+            "3|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1",
+            "fields.txt:3",
+            "5 fields where the header names 6",
+        ),
+        (
+            "state.txt",
+            "3|EXPLODED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1|def-bonhomme_cpu",
+            "state.txt:3",
+            "job 3: unknown job state `EXPLODED`",
+        ),
+        (
+            "tres.txt",
+            "3|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1,gres/gpu:a100|def-bonhomme_cpu",
+            "tres.txt:3",
+            "job 3: `gres/gpu:a100` in TRES",
+        ),
+    ];
+    let mut cases = vec![(
+        "slurm-json",
+        truncated,
+        "truncated.json:".to_owned(),
+        "not valid sacct JSON".to_owned(),
+    )];
+    for (name, bad_line, location, reason) in text_cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{header}\n{good}\n{bad_line}\n")).unwrap();
+        cases.push(("sacct", path, location.to_owned(), reason.to_owned()));
+    }
+    for (format, path, location, reason) in cases {
+        let output = run_import(&app, format, &path);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!output.status.success(), "{stdout}");
+        assert!(
+            stdout
+                .lines()
+                .any(|line| line.contains(&location) && line.contains(&reason)),
+            "{location} {reason}:\n{stdout}"
+        );
+        assert!(stdout.contains("accepted 0"), "{stdout}");
+        assert_eq!(
+            record_count(&app).await,
+            0,
+            "nothing of {location} was stored"
+        );
+    }
+    // The good line alone is stored.
+    let path = dir.path().join("good.txt");
+    std::fs::write(&path, format!("{header}\n{good}\n")).unwrap();
+    assert!(run_import(&app, "sacct", &path).status.success());
+    assert_eq!(record_count(&app).await, 1);
+}
+
+const DELIMITER: &str = "\u{1f}";
+
+/// A line of the collector's sacct output, fields as [`COLLECTED_FIELDS`] names them.
+fn line(fields: &[(&str, &str)]) -> String {
+    COLLECTED_FIELDS
+        .iter()
+        .map(|name| {
+            fields
+                .iter()
+                .find(|(field, _)| field == name)
+                .map_or("", |(_, value)| value)
+        })
+        .collect::<Vec<_>>()
+        .join(DELIMITER)
+}
+
+fn job(id: &str, state: &str, restarts: &str, tres: &str, start: &str, end: &str) -> String {
+    line(&[
+        ("JobID", id),
+        ("JobName", "train"),
+        ("Account", "ml-research"),
+        ("User", "ada"),
+        ("Partition", "gpu"),
+        ("QOS", "normal"),
+        ("Cluster", "c1"),
+        ("State", state),
+        ("Submit", "2024-05-24T08:00:00"),
+        ("Eligible", "2024-05-24T08:00:00"),
+        ("Start", start),
+        ("End", end),
+        ("Suspended", "00:00:00"),
+        ("Restarts", restarts),
+        ("AllocTRES", tres),
+    ])
+}
+
+/// The first window: 600 completed, 601 still running, 602's first run requeued (with a
+/// step that measured its GPUs), 603 without GPUs. The second window overlaps it: 600 and
+/// 602's first run again, 601 completed, 602's second run completed.
+fn sacct_outputs() -> [String; 2] {
+    let header = COLLECTED_FIELDS.join(DELIMITER);
+    let a100 = "cpu=16,mem=65536,node=1,gres/gpu=4,gres/gpu:a100=4";
+    let mig = "cpu=4,mem=16384,node=1,gres/gpu=2,gres/gpu:a100_3g.20gb=2";
+    let done_600 = job(
+        "600",
+        "COMPLETED",
+        "0",
+        a100,
+        "2024-05-24T09:00:00",
+        "2024-05-24T10:00:00",
+    );
+    let first_602 = job(
+        "602",
+        "REQUEUED",
+        "0",
+        mig,
+        "2024-05-24T09:00:00",
+        "2024-05-24T09:30:00",
+    );
+    let step_602 = line(&[
+        ("JobID", "602.0"),
+        ("State", "CANCELLED"),
+        ("AllocTRES", mig),
+        (
+            "TRESUsageInMax",
+            "cpu=00:10:00,gres/gpumem=4294967296,gres/gpuutil=87",
+        ),
+    ]);
+    let first = [
+        header.clone(),
+        done_600.clone(),
+        job(
+            "601",
+            "RUNNING",
+            "0",
+            a100,
+            "2024-05-24T09:00:00",
+            "Unknown",
+        ),
+        first_602.clone(),
+        step_602.clone(),
+        job(
+            "603",
+            "COMPLETED",
+            "0",
+            "cpu=2,mem=4096,node=1",
+            "2024-05-24T09:00:00",
+            "2024-05-24T09:05:00",
+        ),
+    ];
+    let second = [
+        header,
+        done_600,
+        job(
+            "601",
+            "COMPLETED",
+            "0",
+            a100,
+            "2024-05-24T09:00:00",
+            "2024-05-24T23:00:00",
+        ),
+        first_602,
+        step_602,
+        job(
+            "602",
+            "COMPLETED",
+            "1",
+            mig,
+            "2024-05-24T23:00:00",
+            "2024-05-25T01:00:00",
+        ),
+    ];
+    [first.join("\n") + "\n", second.join("\n") + "\n"]
+}
+
+/// A fake sacct: logs TZ and its arguments, then prints the next of the outputs.
+fn fake_sacct(dir: &Path) -> PathBuf {
+    let [first, second] = sacct_outputs();
+    std::fs::write(dir.join("first.txt"), first).unwrap();
+    std::fs::write(dir.join("second.txt"), second).unwrap();
+    let script = dir.join("sacct");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             dir='{}'\n\
+             echo \"TZ=$TZ $*\" >> \"$dir/calls\"\n\
+             if [ -e \"$dir/ran\" ]; then cat \"$dir/second.txt\"; else touch \"$dir/ran\"; cat \"$dir/first.txt\"; fi\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir.to_owned()
+}
+
+async fn collect(
+    app: &TestApp,
+    bin: &Path,
+    state: &Path,
+    until: &str,
+    server: Option<(&str, &str)>,
+) -> (bool, String) {
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskledger"));
+    command
+        .env("PATH", path)
+        .env_remove("TASKLEDGER_SERVER")
+        .args(["--database-url", &app.database_url, "collect", "slurm"])
+        .arg("--state")
+        .arg(state)
+        .args(["--until", until, "--project-map", "ml-research=vision"]);
+    if let Some((url, token)) = server {
+        command
+            .args(["--server", url])
+            .env("TASKLEDGER_TOKEN", token);
+    }
+    let output = command.output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), format!("{stdout}{stderr}"))
+}
+
+/// Runs the collector twice over overlapping windows and checks that each job was stored
+/// once, with a requeued job's runs as its attempts.
+async fn collect_twice(app: &TestApp, server: Option<(&str, &str)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_sacct(dir.path());
+    let state = dir.path().join("slurm.state");
+
+    let (ok, out) = collect(app, &bin, &state, "2024-05-25T00:00:00Z", server).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("jobs read 4, records 2: accepted 2, duplicates 0"),
+        "{out}"
+    );
+    assert!(out.contains("skipped: no GPU 1, not finished 1"), "{out}");
+    assert!(
+        out.contains("telemetry read but not stored (job records have no field for it yet): gpu_util on 1 jobs, memory_peak_gib on 1 jobs, mig_profile on 1 jobs"),
+        "{out}"
+    );
+    let (ok, out) = collect(app, &bin, &state, "2024-05-26T00:00:00Z", server).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("jobs read 4, records 4: accepted 2, duplicates 2"),
+        "{out}"
+    );
+
+    let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(calls.len(), 2);
+    for call in &calls {
+        for expected in [
+            "TZ=UTC ",
+            "--noconvert",
+            "--duplicates",
+            "--array",
+            "--parsable2",
+        ] {
+            assert!(call.contains(expected), "{call}");
+        }
+    }
+    assert!(calls[0].contains("--starttime=2024-05-24T00:00:00 --endtime=2024-05-25T00:00:00"));
+    assert!(
+        calls[1].contains("--starttime=2024-05-24T23:50:00 --endtime=2024-05-26T00:00:00"),
+        "the second window starts where the first stopped, less the overlap: {}",
+        calls[1]
+    );
+
+    assert_eq!(record_count(app).await, 4, "600, 601, 602 twice: each once");
+    let requeued = stored(app, "vision", "602", 1).await;
+    assert_eq!(requeued["outcome"], "preempted");
+    assert_eq!(requeued["gpu_model"], "a100", "the MIG slice's parent");
+    assert_eq!(requeued["gpu_count"], "2");
+    let rerun = stored(app, "vision", "602", 2).await;
+    assert_eq!(rerun["outcome"], "completed");
+    assert_eq!(rerun["started_at"], "2024-05-24T23:00:00Z");
+    assert_eq!(rerun["queued_at"], "2024-05-24T08:00:00Z");
+    let finished_later = stored(app, "vision", "601", 1).await;
+    assert_eq!(finished_later["ended_at"], "2024-05-24T23:00:00Z");
+}
+
+#[tokio::test]
+async fn collect_slurm_stores_each_job_once_over_overlapping_windows() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    collect_twice(&app, None).await;
+}
+
+#[tokio::test]
+async fn collect_slurm_posts_each_job_once_to_a_server() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let token = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let url = served.url();
+    collect_twice(&app, Some((&url, &token))).await;
+
+    // A failed post leaves the state where it was.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_sacct(dir.path());
+    let state = dir.path().join("slurm.state");
+    let (ok, out) = collect(
+        &app,
+        &bin,
+        &state,
+        "2024-05-25T00:00:00Z",
+        Some((&url, "not-a-token")),
+    )
+    .await;
+    assert!(!ok, "{out}");
+    assert!(!state.exists());
+    served.stop().await;
+}
