@@ -33,6 +33,7 @@ use tokio::sync::oneshot;
 use taskledger::config::Settings;
 use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use taskledger::domain::access::Role;
+use taskledger::domain::idle;
 use taskledger::domain::rating::{BillingMode, Outcome};
 use taskledger::domain::record::{
     JobRecord, Output, RecordKey, Telemetry, duration_seconds, format_time,
@@ -320,6 +321,8 @@ async fn migrated_database(cluster: &EmbeddedPostgres, name: &str, pool_size: u3
             default_monthly_budget: None,
             alert_thresholds: Vec::new(),
             webhook_url: None,
+            idle_gpu_threshold: Some(idle::DEFAULT_THRESHOLD),
+            idle_gpu_min_gpu_hours: idle::DEFAULT_MIN_GPU_HOURS,
         },
     )
     .await

@@ -7,6 +7,7 @@ pub mod csv_cell;
 pub mod figures;
 pub mod focus;
 pub mod gpu;
+pub mod idle;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;

@@ -1,4 +1,4 @@
-//! Budget alerts as they fired, with every delivery attempt.
+//! Alerts as they fired (budget and idle-GPU), with every delivery attempt.
 
 use axum::extract::State;
 use chrono::{DateTime, Utc};

@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::access::{Principal, Role};
+use crate::domain::idle;
 use crate::domain::validation::Violations;
 use crate::domain::values::{self, Currency, Month, ProjectId};
 use crate::http::auth::{project_not_found, require_admin, require_finance};
@@ -45,6 +46,13 @@ pub struct ProjectView {
     /// Where alerts are POSTed. Admin tokens see it whole; other tokens see only its scheme
     /// and host (`https://hooks.example.com/…`), since a webhook's path often is its secret.
     pub webhook_url: Option<String>,
+    /// A finished record that held at least `idle_gpu_min_gpu_hours` with SM activity (or,
+    /// without it, busy share) under this share fires one `idle_gpu` alert per task; null
+    /// when idle-GPU alerts are off.
+    #[schema(value_type = Option<String>, example = "0.05")]
+    pub idle_gpu_threshold: Option<Decimal>,
+    #[schema(value_type = String, example = "1")]
+    pub idle_gpu_min_gpu_hours: Decimal,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -70,6 +78,8 @@ impl From<ProjectRow> for ProjectView {
             default_monthly_budget: row.default_monthly_budget.map(|b| b.normalize()),
             alert_thresholds: row.alert_thresholds,
             webhook_url: row.webhook_url,
+            idle_gpu_threshold: row.idle_gpu_threshold.map(|t| t.normalize()),
+            idle_gpu_min_gpu_hours: row.idle_gpu_min_gpu_hours.normalize(),
             created_at: row.created_at,
             updated_at: row.updated_at,
         }
@@ -91,9 +101,17 @@ pub struct CreateProject {
     pub alert_thresholds: Option<Vec<i64>>,
     /// Where alerts are POSTed (http or https).
     pub webhook_url: Option<String>,
+    /// Default `0.05`: greater than 0 and at most 1; `null` turns idle-GPU alerts off.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub idle_gpu_threshold: Option<Option<Decimal>>,
+    /// Default `1`: GPU-hours a record must hold to be judged idle (> 0).
+    #[schema(value_type = Option<String>)]
+    pub idle_gpu_min_gpu_hours: Option<Decimal>,
 }
 
-/// Fields to change; `null` clears `team`, `default_monthly_budget` or `webhook_url`.
+/// Fields to change; `null` clears `team`, `default_monthly_budget` or `webhook_url`, and
+/// turns idle-GPU alerts off as `idle_gpu_threshold`.
 /// The id and currency of a project never change: its costs are kept in that currency.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -109,6 +127,12 @@ pub struct UpdateProject {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<String>)]
     pub webhook_url: Option<Option<String>>,
+    /// Greater than 0 and at most 1; `null` turns idle-GPU alerts off.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub idle_gpu_threshold: Option<Option<Decimal>>,
+    #[schema(value_type = Option<String>)]
+    pub idle_gpu_min_gpu_hours: Option<Decimal>,
 }
 
 /// Tells a field given as `null` (`Some(None)`) from one left out (`None`).
@@ -127,6 +151,11 @@ fn optional_text(
     max: usize,
 ) -> Option<String> {
     raw.and_then(|text| violations.check(pointer, values::bounded_text(text, max)))
+}
+
+/// An idle-GPU threshold as given: a share, or `null` for off.
+fn idle_threshold(violations: &mut Violations, given: Option<Decimal>) -> Option<Decimal> {
+    given.and_then(|t| violations.check("/idle_gpu_threshold", idle::threshold(t)))
 }
 
 /// Create a project (admin).
@@ -160,6 +189,14 @@ pub async fn create_project(
         .webhook_url
         .as_deref()
         .and_then(|url| violations.check("/webhook_url", values::webhook_url(url)));
+    let idle_gpu_threshold = match body.idle_gpu_threshold {
+        None => Some(idle::DEFAULT_THRESHOLD),
+        Some(threshold) => idle_threshold(&mut violations, threshold),
+    };
+    let idle_gpu_min_gpu_hours = body
+        .idle_gpu_min_gpu_hours
+        .and_then(|hours| violations.check("/idle_gpu_min_gpu_hours", values::positive(hours)))
+        .unwrap_or(idle::DEFAULT_MIN_GPU_HOURS);
     violations.into_result()?;
     let (Some(id), Some(name), Some(currency), Some(thresholds)) = (id, name, currency, thresholds)
     else {
@@ -173,6 +210,8 @@ pub async fn create_project(
         default_monthly_budget: budget,
         alert_thresholds: thresholds,
         webhook_url,
+        idle_gpu_threshold,
+        idle_gpu_min_gpu_hours,
     };
     let row = store::projects::insert(&state.pool, &project)
         .await?
@@ -280,6 +319,12 @@ pub async fn update_project(
         webhook_url: body.webhook_url.map(|url| {
             url.and_then(|url| violations.check("/webhook_url", values::webhook_url(&url)))
         }),
+        idle_gpu_threshold: body
+            .idle_gpu_threshold
+            .map(|threshold| idle_threshold(&mut violations, threshold)),
+        idle_gpu_min_gpu_hours: body
+            .idle_gpu_min_gpu_hours
+            .and_then(|hours| violations.check("/idle_gpu_min_gpu_hours", values::positive(hours))),
     };
     violations.into_result()?;
     let row = projects::update(&state.pool, &id, &changes, &state.settings)

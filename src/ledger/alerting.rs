@@ -1,66 +1,238 @@
-//! Firing budget alerts: each reached `(project, month, threshold, kind)` is stored once,
-//! together with its outbox row, in one transaction; the webhook worker delivers it later.
+//! Firing alerts. Budget alerts: each reached `(project, month, threshold, kind)` is stored
+//! once, together with its outbox row, in one transaction. Idle-GPU alerts: once per task,
+//! in the transaction that stores (or corrects) and rates the idle record. The webhook worker
+//! delivers both later.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::burn::{self, AlertKind, Burn, FORECAST_THRESHOLD};
+use crate::domain::idle::{IdleGpuRule, IdleMeasure};
+use crate::domain::record::JobRecord;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::{CostOf, month_spend};
 use crate::ledger::instruments;
+use crate::ledger::reports::round_money;
 use crate::store;
-use crate::store::alerts::{AlertRow, NewAlert};
+use crate::store::alerts::{AlertRow, NewAlert, NewIdleGpuAlert};
 use crate::store::projects::ProjectRow;
 
-/// An alert as it fired; also the JSON document POSTed to the project's webhook.
+/// What an alert event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertEventKind {
+    /// The month's spend reached a threshold of its budget.
+    Actual,
+    /// The month's linear forecast reached its budget.
+    Forecast,
+    /// A finished record held GPUs that did next to nothing.
+    IdleGpu,
+}
+
+impl AlertEventKind {
+    fn parse(raw: &str) -> Option<Self> {
+        match AlertKind::parse(raw) {
+            Some(AlertKind::Actual) => Some(Self::Actual),
+            Some(AlertKind::Forecast) => Some(Self::Forecast),
+            None => (raw == "idle_gpu").then_some(Self::IdleGpu),
+        }
+    }
+}
+
+/// An alert as it fired; also the JSON document POSTed to the project's webhook. Budget
+/// alerts (`actual`, `forecast`) carry `threshold`, `spend`, `budget` and `burn_pct`, and
+/// `idle_gpu` is null; an `idle_gpu` alert carries `idle_gpu`, and those are null.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AlertEvent {
     /// Stable: receivers use it to drop repeats.
     pub id: Uuid,
     pub project: String,
+    /// The budget's month; for an idle-GPU alert, the month holding the record's end.
     #[schema(value_type = String, example = "2026-11")]
     pub month: Month,
-    /// Percent of the month's budget.
-    pub threshold: i32,
-    pub kind: AlertKind,
+    /// Percent of the month's budget; null for an idle-GPU alert.
+    pub threshold: Option<i32>,
+    pub kind: AlertEventKind,
     pub currency: String,
-    #[schema(value_type = String)]
-    pub spend: Decimal,
-    #[schema(value_type = String)]
-    pub budget: Decimal,
-    #[schema(value_type = String)]
-    pub burn_pct: Decimal,
+    #[schema(value_type = Option<String>)]
+    pub spend: Option<Decimal>,
+    #[schema(value_type = Option<String>)]
+    pub budget: Option<Decimal>,
+    #[schema(value_type = Option<String>)]
+    pub burn_pct: Option<Decimal>,
     /// The month's linear forecast when it fired, if there was one.
     #[schema(value_type = Option<String>)]
     pub forecast: Option<Decimal>,
     pub fired_at: DateTime<Utc>,
+    pub idle_gpu: Option<IdleGpuAlert>,
+}
+
+/// The record an idle-GPU alert judged, how idle it was and what it cost.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct IdleGpuAlert {
+    pub task_id: String,
+    /// The attempt that was idle; the task's later attempts fire no more alerts.
+    pub attempt: i32,
+    pub gpu_model: String,
+    /// GPUs, or slices of `mig_profile`.
+    #[schema(value_type = String)]
+    pub gpu_count: Decimal,
+    pub mig_profile: Option<String>,
+    #[schema(value_type = String)]
+    pub gpu_seconds_held: Decimal,
+    /// `sm_active` as reported, or else `busy_share` (gpu_seconds_busy / gpu_seconds_held).
+    pub measure: IdleMeasure,
+    /// The measure's value, from 0 to 1.
+    #[schema(value_type = String)]
+    pub activity: Decimal,
+    /// The project's threshold the activity was under.
+    #[schema(value_type = String)]
+    pub threshold: Decimal,
+    /// The project's minimum GPU-hours held for a record to be judged.
+    #[schema(value_type = String)]
+    pub min_gpu_hours: Decimal,
+    /// The record's rated cost: its segments' costs summed in the project's currency and
+    /// rounded to the currency's minor unit (held time without a contract adds nothing).
+    #[schema(value_type = String, example = "36.00")]
+    pub cost: Decimal,
 }
 
 impl AlertEvent {
     pub fn from_row(row: &AlertRow) -> anyhow::Result<Self> {
+        let kind = AlertEventKind::parse(&row.kind)
+            .ok_or_else(|| anyhow::anyhow!("alert {} has unknown kind {}", row.id, row.kind))?;
+        let idle_gpu = match kind {
+            AlertEventKind::IdleGpu => Some(IdleGpuAlert::from_row(row)?),
+            AlertEventKind::Actual | AlertEventKind::Forecast => None,
+        };
         Ok(Self {
             id: row.id,
             project: row.project_id.clone(),
             month: Month::from_first_day(row.month),
             threshold: row.threshold,
-            kind: AlertKind::parse(&row.kind)
-                .ok_or_else(|| anyhow::anyhow!("alert {} has unknown kind {}", row.id, row.kind))?,
+            kind,
             currency: row.currency.clone(),
-            spend: row.spend.normalize(),
-            budget: row.budget.normalize(),
-            burn_pct: row.burn_pct.normalize(),
+            spend: row.spend.map(|s| s.normalize()),
+            budget: row.budget.map(|b| b.normalize()),
+            burn_pct: row.burn_pct.map(|p| p.normalize()),
             forecast: row.forecast.map(|f| f.normalize()),
             fired_at: row.fired_at,
+            idle_gpu,
         })
     }
+}
+
+impl IdleGpuAlert {
+    fn from_row(row: &AlertRow) -> anyhow::Result<Self> {
+        let missing = || anyhow::anyhow!("idle-GPU alert {} lacks its record's fields", row.id);
+        let measure = row.idle_measure.as_deref().and_then(IdleMeasure::parse);
+        Ok(Self {
+            task_id: row.task_id.clone().ok_or_else(missing)?,
+            attempt: row.attempt.ok_or_else(missing)?,
+            gpu_model: row.gpu_model.clone().ok_or_else(missing)?,
+            gpu_count: row.gpu_count.ok_or_else(missing)?.normalize(),
+            mig_profile: row.mig_profile.clone(),
+            gpu_seconds_held: row.gpu_seconds_held.ok_or_else(missing)?.normalize(),
+            measure: measure.ok_or_else(missing)?,
+            activity: row.idle_value.ok_or_else(missing)?.normalize(),
+            threshold: row.idle_threshold.ok_or_else(missing)?.normalize(),
+            min_gpu_hours: row.min_gpu_hours.ok_or_else(missing)?.normalize(),
+            cost: round_money(row.cost.ok_or_else(missing)?, &row.currency),
+        })
+    }
+}
+
+/// Judges freshly stored (or corrected) and rated records under their projects' idle-GPU
+/// rules and fires an alert for each idle one whose task has none yet, with its outbox row,
+/// in the caller's transaction. Records without activity figures cost no query; a batch with
+/// some costs one to read the rules, and with idle records one to fire and one to enqueue.
+pub async fn fire_idle_gpu(
+    conn: &mut PgConnection,
+    records: &[&JobRecord],
+    now: DateTime<Utc>,
+    tz: Tz,
+) -> anyhow::Result<Vec<AlertRow>> {
+    let evidenced: Vec<&JobRecord> = records
+        .iter()
+        .copied()
+        .filter(|r| r.telemetry.sm_active.is_some() || r.gpu_seconds_busy.is_some())
+        .collect();
+    if evidenced.is_empty() {
+        return Ok(Vec::new());
+    }
+    let projects: Vec<String> = evidenced
+        .iter()
+        .map(|r| r.key.project.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let settings: BTreeMap<String, store::projects::IdleGpuSettingsRow> =
+        store::projects::idle_gpu_settings(conn, &projects)
+            .await?
+            .into_iter()
+            .map(|row| (row.id.clone(), row))
+            .collect();
+    let mut seen_tasks = BTreeSet::new();
+    let mut candidates = Vec::new();
+    for record in evidenced {
+        let Some(project) = settings.get(&record.key.project) else {
+            continue;
+        };
+        let rule = IdleGpuRule {
+            threshold: project.idle_gpu_threshold,
+            min_gpu_hours: project.idle_gpu_min_gpu_hours,
+        };
+        let Some(activity) = rule.idle(
+            record.gpu_seconds_held,
+            record.gpu_seconds_busy,
+            record.telemetry.sm_active,
+        ) else {
+            continue;
+        };
+        if !seen_tasks.insert((&record.key.project, &record.key.task_id)) {
+            continue;
+        }
+        candidates.push(NewIdleGpuAlert {
+            project_id: record.key.project.clone(),
+            task_id: record.key.task_id.clone(),
+            attempt: record.key.attempt,
+            month: month_holding(record.ended_at, tz).first_day(),
+            currency: project.currency.clone(),
+            gpu_model: record.gpu_model.clone(),
+            gpu_count: record.gpu_count,
+            mig_profile: record.telemetry.mig_profile.clone(),
+            gpu_seconds_held: record.gpu_seconds_held,
+            idle_measure: activity.measure.as_str(),
+            idle_value: activity.value,
+            idle_threshold: rule.threshold.unwrap_or_default(),
+            min_gpu_hours: rule.min_gpu_hours,
+        });
+    }
+    let fired = store::alerts::fire_idle_gpu(conn, &candidates, now).await?;
+    let mut deliveries = Vec::new();
+    for row in &fired {
+        if let Some(url) = settings[&row.project_id].webhook_url.as_deref() {
+            let body = serde_json::to_string(&AlertEvent::from_row(row)?)?;
+            deliveries.push((row, url, body));
+        }
+        tracing::info!(project = %row.project_id, task = ?row.task_id, attempt = ?row.attempt, "idle-GPU alert fired");
+    }
+    store::alerts::enqueue_deliveries(conn, &deliveries).await?;
+    if !fired.is_empty() {
+        metrics::counter!(instruments::ALERTS_FIRED, "kind" => "idle_gpu")
+            .increment(fired.len() as u64);
+    }
+    Ok(fired)
 }
 
 /// Fires, at `now`, the reached alerts that have not fired yet and returns those it fired.
@@ -243,7 +415,9 @@ pub async fn burn_status(
     let crossed = |percent: i32, kind: AlertKind| {
         fired
             .iter()
-            .find(|a| a.threshold == percent && a.kind == kind.as_str() && a.fired_at <= as_of)
+            .find(|a| {
+                a.threshold == Some(percent) && a.kind == kind.as_str() && a.fired_at <= as_of
+            })
             .map(|a| a.fired_at)
     };
     let thresholds = project

@@ -169,7 +169,9 @@ async fn store_batch(
                 valid.retain(|s| !positions.contains(&s.position));
             }
             Err(IngestError::Database(error)) => return Err(error.into()),
-            Err(IngestError::Rating(error)) => return Err(error),
+            Err(IngestError::Rating(error) | IngestError::IdleGpuAlerts(error)) => {
+                return Err(error);
+            }
         }
     }
 }

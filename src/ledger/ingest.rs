@@ -70,10 +70,13 @@ pub enum IngestError {
     Database(#[from] sqlx::Error),
     #[error("rating the records failed: {0:#}")]
     Rating(anyhow::Error),
+    #[error("judging the records for idle GPUs failed: {0:#}")]
+    IdleGpuAlerts(anyhow::Error),
 }
 
 /// Stores a batch all or nothing: on any conflict nothing is written. What is written is
-/// rated in the same transaction, with days and months of `tz`; then the budget burn of every
+/// rated in the same transaction, with days and months of `tz`, and judged for idle GPUs
+/// there, so an idle-GPU alert commits exactly with its record; then the budget burn of every
 /// project and month it touched is re-evaluated.
 pub async fn store_batch(
     pool: &PgPool,
@@ -114,6 +117,10 @@ pub async fn store_batch(
         .await
         .map_err(IngestError::Rating)?;
     rating.finished(bounded.len());
+    let stored: Vec<&JobRecord> = bounded.iter().map(|(key, _)| by_key[key]).collect();
+    alerting::fire_idle_gpu(&mut tx, &stored, settings.clock.now(), tz)
+        .await
+        .map_err(IngestError::IdleGpuAlerts)?;
     let stored_keys: BTreeSet<&RecordKey> = outcome.inserted.iter().collect();
     tx.commit().await?;
     let touched: BTreeSet<(String, Month)> = unique
@@ -193,7 +200,7 @@ pub async fn ingest(
                     .collect(),
             ),
             IngestError::Database(error) => error.into(),
-            IngestError::Rating(error) => error.into(),
+            IngestError::Rating(error) | IngestError::IdleGpuAlerts(error) => error.into(),
         })
 }
 

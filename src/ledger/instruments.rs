@@ -91,7 +91,7 @@ pub const ALL: [Metric; 19] = [
     ),
     Metric::counter(
         ALERTS_FIRED,
-        "Budget alerts fired, by kind: actual, forecast",
+        "Alerts fired, by kind: actual, forecast (budget), idle_gpu",
     ),
     Metric::gauge(
         DB_POOL_CONNECTIONS,

@@ -34,9 +34,10 @@ pub async fn record_with_history(pool: &PgPool, key: &RecordKey) -> LedgerResult
 }
 
 /// Replaces a stored record with its corrected version, keeping the one it replaces in the
-/// history (with who replaced it), re-rates the record's task in the same transaction, and
-/// re-evaluates the budget burn of every month the old or new record touches. An identical
-/// record changes nothing.
+/// history (with who replaced it), re-rates the record's task and judges the record for idle
+/// GPUs in the same transaction (a correction that makes it idle fires the task's alert if
+/// none fired yet), and re-evaluates the budget burn of every month the old or new record
+/// touches. An identical record changes nothing.
 pub async fn correct(
     pool: &PgPool,
     record: JobRecord,
@@ -55,6 +56,7 @@ pub async fn correct(
         let rating = Rating::start(RatingCause::Correction);
         store::rating::rate_records(&mut tx, std::slice::from_ref(&key), tz).await?;
         rating.finished(1);
+        alerting::fire_idle_gpu(&mut tx, &[&record], settings.clock.now(), tz).await?;
     }
     tx.commit().await?;
     if changed {

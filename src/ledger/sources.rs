@@ -196,7 +196,9 @@ pub async fn store(
                     }));
             }
             Err(IngestError::Database(error)) => return Err(error.into()),
-            Err(IngestError::Rating(error)) => return Err(error),
+            Err(IngestError::Rating(error) | IngestError::IdleGpuAlerts(error)) => {
+                return Err(error);
+            }
         }
     }
     // Fold the rollup rows the import appended, in case no `serve` is running to do it.

@@ -19,19 +19,51 @@ pub struct NewAlert {
     pub fired_at: DateTime<Utc>,
 }
 
+/// An alert event: a budget alert (`actual`, `forecast`) has its threshold, spend, budget and
+/// burn; an idle-GPU alert (`idle_gpu`) has the record it judged and what it cost.
 #[derive(Debug, Clone)]
 pub struct AlertRow {
     pub project_id: String,
     pub id: Uuid,
     pub month: NaiveDate,
-    pub threshold: i32,
+    pub threshold: Option<i32>,
     pub kind: String,
     pub currency: String,
-    pub spend: Decimal,
-    pub budget: Decimal,
-    pub burn_pct: Decimal,
+    pub spend: Option<Decimal>,
+    pub budget: Option<Decimal>,
+    pub burn_pct: Option<Decimal>,
     pub forecast: Option<Decimal>,
     pub fired_at: DateTime<Utc>,
+    pub task_id: Option<String>,
+    pub attempt: Option<i32>,
+    pub gpu_model: Option<String>,
+    pub gpu_count: Option<Decimal>,
+    pub mig_profile: Option<String>,
+    pub gpu_seconds_held: Option<Decimal>,
+    pub idle_measure: Option<String>,
+    pub idle_value: Option<Decimal>,
+    pub idle_threshold: Option<Decimal>,
+    pub min_gpu_hours: Option<Decimal>,
+    pub cost: Option<Decimal>,
+}
+
+/// An idle-GPU alert to fire for one record, once per task.
+#[derive(Debug, Clone)]
+pub struct NewIdleGpuAlert {
+    pub project_id: String,
+    pub task_id: String,
+    pub attempt: i32,
+    /// The ledger month holding the record's end.
+    pub month: NaiveDate,
+    pub currency: String,
+    pub gpu_model: String,
+    pub gpu_count: Decimal,
+    pub mig_profile: Option<String>,
+    pub gpu_seconds_held: Decimal,
+    pub idle_measure: &'static str,
+    pub idle_value: Decimal,
+    pub idle_threshold: Decimal,
+    pub min_gpu_hours: Decimal,
 }
 
 /// The alerts waiting in the outbox.
@@ -66,7 +98,9 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT ON CONSTRAINT alert_events_once DO NOTHING \
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
-                   forecast, fired_at",
+                   forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                   gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
+                   cost",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -83,6 +117,69 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
     .await
 }
 
+/// Fires an idle-GPU alert for each record whose task has none yet, with the record's cost:
+/// the sum of its rated segments' costs in the project's currency (held time without a
+/// contract or FX rate adds nothing, as in every cost figure). Of several attempts of one
+/// task in `alerts`, the first fires. Runs in the caller's transaction, after the records
+/// were rated, so an alert commits exactly when the record that fired it does.
+pub async fn fire_idle_gpu(
+    conn: &mut PgConnection,
+    alerts: &[NewIdleGpuAlert],
+    fired_at: DateTime<Utc>,
+) -> sqlx::Result<Vec<AlertRow>> {
+    if alerts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let column = |f: fn(&NewIdleGpuAlert) -> String| alerts.iter().map(f).collect::<Vec<_>>();
+    let decimals = |f: fn(&NewIdleGpuAlert) -> Decimal| alerts.iter().map(f).collect::<Vec<_>>();
+    let ids: Vec<Uuid> = alerts.iter().map(|_| Uuid::new_v4()).collect();
+    let attempts: Vec<i32> = alerts.iter().map(|a| a.attempt).collect();
+    let months: Vec<NaiveDate> = alerts.iter().map(|a| a.month).collect();
+    let mig_profiles: Vec<Option<String>> = alerts.iter().map(|a| a.mig_profile.clone()).collect();
+    sqlx::query_as!(
+        AlertRow,
+        "INSERT INTO alert_events (project_id, id, month, kind, currency, fired_at, task_id, \
+                                   attempt, gpu_model, gpu_count, mig_profile, \
+                                   gpu_seconds_held, idle_measure, idle_value, \
+                                   idle_threshold, min_gpu_hours, cost) \
+         SELECT k.project_id, k.id, k.month, 'idle_gpu', k.currency, $15, k.task_id, \
+                k.attempt, k.gpu_model, k.gpu_count, k.mig_profile, k.held, k.measure, \
+                k.value, k.threshold, k.min_gpu_hours, \
+                (SELECT COALESCE(sum(s.cost), 0) FROM rated_segments s \
+                 WHERE s.project_id = k.project_id AND s.task_id = k.task_id \
+                   AND s.attempt = k.attempt) \
+         FROM UNNEST($1::text[], $2::uuid[], $3::date[], $4::text[], $5::text[], $6::int[], \
+                     $7::text[], $8::numeric[], $9::text[], $10::numeric[], $11::text[], \
+                     $12::numeric[], $13::numeric[], $14::numeric[]) \
+              WITH ORDINALITY AS k(project_id, id, month, currency, task_id, attempt, \
+                                   gpu_model, gpu_count, mig_profile, held, measure, value, \
+                                   threshold, min_gpu_hours, position) \
+         ORDER BY k.position \
+         ON CONFLICT (project_id, task_id) WHERE kind = 'idle_gpu' DO NOTHING \
+         RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                   forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                   gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
+                   cost",
+        &column(|a| a.project_id.clone()),
+        &ids,
+        &months,
+        &column(|a| a.currency.clone()),
+        &column(|a| a.task_id.clone()),
+        &attempts,
+        &column(|a| a.gpu_model.clone()),
+        &decimals(|a| a.gpu_count),
+        &mig_profiles as &[Option<String>],
+        &decimals(|a| a.gpu_seconds_held),
+        &column(|a| a.idle_measure.to_owned()),
+        &decimals(|a| a.idle_value),
+        &decimals(|a| a.idle_threshold),
+        &decimals(|a| a.min_gpu_hours),
+        fired_at,
+    )
+    .fetch_all(conn)
+    .await
+}
+
 /// Puts a fired alert in the outbox.
 pub async fn enqueue_delivery(
     conn: &mut PgConnection,
@@ -96,6 +193,34 @@ pub async fn enqueue_delivery(
         alert.id,
         url,
         body,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Puts fired alerts in the outbox: `(alert, url, body)` each.
+pub async fn enqueue_deliveries(
+    conn: &mut PgConnection,
+    deliveries: &[(&AlertRow, &str, String)],
+) -> sqlx::Result<()> {
+    if deliveries.is_empty() {
+        return Ok(());
+    }
+    let projects: Vec<String> = deliveries
+        .iter()
+        .map(|(a, _, _)| a.project_id.clone())
+        .collect();
+    let ids: Vec<Uuid> = deliveries.iter().map(|(a, _, _)| a.id).collect();
+    let urls: Vec<String> = deliveries.iter().map(|(_, u, _)| (*u).to_owned()).collect();
+    let bodies: Vec<String> = deliveries.iter().map(|(_, _, b)| b.clone()).collect();
+    sqlx::query!(
+        "INSERT INTO alert_deliveries (project_id, alert_id, url, body) \
+         SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[])",
+        &projects,
+        &ids,
+        &urls,
+        &bodies,
     )
     .execute(conn)
     .await?;
@@ -216,7 +341,8 @@ pub async fn list(
     let alerts = sqlx::query_as!(
         AlertRow,
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
-                forecast, fired_at \
+                forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost \
          FROM alert_events \
          WHERE ($1::text[] IS NULL OR project_id = ANY($1)) AND ($2::date IS NULL OR month = $2) \
            AND ($3::timestamptz IS NULL OR (fired_at, id) < ($3, $4)) \
@@ -257,7 +383,7 @@ pub async fn list(
     Ok((alerts, deliveries, attempts))
 }
 
-/// Alerts fired for one project and month, for the burn endpoint.
+/// Budget alerts fired for one project and month, for the burn endpoint.
 pub async fn fired_in_month(
     pool: &PgPool,
     project: &str,
@@ -266,8 +392,10 @@ pub async fn fired_in_month(
     sqlx::query_as!(
         AlertRow,
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
-                forecast, fired_at \
-         FROM alert_events WHERE project_id = $1 AND month = $2 \
+                forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost \
+         FROM alert_events \
+         WHERE project_id = $1 AND month = $2 AND kind IN ('actual', 'forecast') \
          ORDER BY kind, threshold",
         project,
         month,

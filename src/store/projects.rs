@@ -13,6 +13,9 @@ pub struct ProjectRow {
     pub default_monthly_budget: Option<Decimal>,
     pub alert_thresholds: Vec<i32>,
     pub webhook_url: Option<String>,
+    /// Activity under this share is idle; null turns idle-GPU alerts off.
+    pub idle_gpu_threshold: Option<Decimal>,
+    pub idle_gpu_min_gpu_hours: Decimal,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -26,6 +29,8 @@ pub struct NewProject {
     pub default_monthly_budget: Option<Decimal>,
     pub alert_thresholds: Vec<i32>,
     pub webhook_url: Option<String>,
+    pub idle_gpu_threshold: Option<Decimal>,
+    pub idle_gpu_min_gpu_hours: Decimal,
 }
 
 /// A change to a project: `None` leaves a field alone, `Some(None)` clears a nullable one.
@@ -36,6 +41,8 @@ pub struct ProjectChanges {
     pub default_monthly_budget: Option<Option<Decimal>>,
     pub alert_thresholds: Option<Vec<i32>>,
     pub webhook_url: Option<Option<String>>,
+    pub idle_gpu_threshold: Option<Option<Decimal>>,
+    pub idle_gpu_min_gpu_hours: Option<Decimal>,
 }
 
 /// Inserts a project; `None` when the id is taken.
@@ -43,11 +50,13 @@ pub async fn insert(pool: &PgPool, project: &NewProject) -> sqlx::Result<Option<
     sqlx::query_as!(
         ProjectRow,
         "INSERT INTO projects (id, name, team, currency, default_monthly_budget, \
-                               alert_thresholds, webhook_url) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                               alert_thresholds, webhook_url, idle_gpu_threshold, \
+                               idle_gpu_min_gpu_hours) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (id) DO NOTHING \
          RETURNING id, name, team, currency, default_monthly_budget, alert_thresholds, \
-                   webhook_url, created_at, updated_at",
+                   webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours, created_at, \
+                   updated_at",
         project.id,
         project.name,
         project.team,
@@ -55,6 +64,8 @@ pub async fn insert(pool: &PgPool, project: &NewProject) -> sqlx::Result<Option<
         project.default_monthly_budget,
         &project.alert_thresholds,
         project.webhook_url,
+        project.idle_gpu_threshold,
+        project.idle_gpu_min_gpu_hours,
     )
     .fetch_optional(pool)
     .await
@@ -64,7 +75,8 @@ pub async fn get(pool: &PgPool, id: &str) -> sqlx::Result<Option<ProjectRow>> {
     sqlx::query_as!(
         ProjectRow,
         "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
-                webhook_url, created_at, updated_at \
+                webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours, created_at, \
+                updated_at \
          FROM projects WHERE id = $1",
         id,
     )
@@ -89,7 +101,8 @@ pub async fn list(
     sqlx::query_as!(
         ProjectRow,
         "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
-                webhook_url, created_at, updated_at \
+                webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours, created_at, \
+                updated_at \
          FROM projects \
          WHERE ($1::text[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR id > $2) \
          ORDER BY id LIMIT $3",
@@ -114,10 +127,13 @@ pub async fn update(
            default_monthly_budget = CASE WHEN $5 THEN $6 ELSE default_monthly_budget END, \
            alert_thresholds = COALESCE($7, alert_thresholds), \
            webhook_url = CASE WHEN $8 THEN $9 ELSE webhook_url END, \
+           idle_gpu_threshold = CASE WHEN $10 THEN $11 ELSE idle_gpu_threshold END, \
+           idle_gpu_min_gpu_hours = COALESCE($12, idle_gpu_min_gpu_hours), \
            updated_at = now() \
          WHERE id = $1 \
          RETURNING id, name, team, currency, default_monthly_budget, alert_thresholds, \
-                   webhook_url, created_at, updated_at",
+                   webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours, created_at, \
+                   updated_at",
         id,
         changes.name,
         changes.team.is_some(),
@@ -127,6 +143,9 @@ pub async fn update(
         changes.alert_thresholds.as_deref(),
         changes.webhook_url.is_some(),
         changes.webhook_url.clone().flatten(),
+        changes.idle_gpu_threshold.is_some(),
+        changes.idle_gpu_threshold.flatten(),
+        changes.idle_gpu_min_gpu_hours,
     )
     .fetch_optional(pool)
     .await
@@ -205,8 +224,34 @@ pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<ProjectRow>> {
     sqlx::query_as!(
         ProjectRow,
         "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
-                webhook_url, created_at, updated_at \
+                webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours, created_at, \
+                updated_at \
          FROM projects ORDER BY id",
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// What judging a project's records for idle GPUs needs of it.
+#[derive(Debug, Clone)]
+pub struct IdleGpuSettingsRow {
+    pub id: String,
+    pub currency: String,
+    pub webhook_url: Option<String>,
+    pub idle_gpu_threshold: Option<Decimal>,
+    pub idle_gpu_min_gpu_hours: Decimal,
+}
+
+/// The idle-GPU settings of those of `ids` that have them turned on.
+pub async fn idle_gpu_settings(
+    conn: &mut PgConnection,
+    ids: &[String],
+) -> sqlx::Result<Vec<IdleGpuSettingsRow>> {
+    sqlx::query_as!(
+        IdleGpuSettingsRow,
+        "SELECT id, currency, webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours \
+         FROM projects WHERE id = ANY($1) AND idle_gpu_threshold IS NOT NULL",
+        ids,
     )
     .fetch_all(conn)
     .await

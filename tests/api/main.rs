@@ -10,6 +10,7 @@ mod fixtures;
 mod focus;
 mod foundation;
 mod hostile;
+mod idle_alerts;
 mod import;
 mod ingest;
 mod jobs;
