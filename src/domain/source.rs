@@ -1,7 +1,7 @@
 //! What a scheduler source hands on (a Slurm file, a collector's window): job-record inputs in
 //! the shape `POST /v1/job-records` takes, each with where it came from, how many jobs it
-//! skipped and why, what it could not read, and the measured figures it read but could not
-//! store yet.
+//! skipped and why, what it could not read, and the measured figures it read but left out of
+//! the records, and why.
 
 use std::collections::BTreeMap;
 
@@ -39,9 +39,17 @@ pub struct SourceBatch {
     pub skipped: BTreeMap<&'static str, usize>,
     /// Input that could not be read; one of these keeps the whole batch out of the ledger.
     pub unparsable: Vec<Problem>,
-    /// Figures read but left out of the records because job records have no field for them
-    /// yet, by the field they are meant for, with how many jobs carried them.
-    pub not_stored: BTreeMap<&'static str, usize>,
+    /// Figures read but left out of the records (an implausible value, a MIG profile the
+    /// catalogue does not know), by field and reason, with how many jobs carried them. The
+    /// job itself is stored without the figure.
+    pub left_out: BTreeMap<LeftOut, usize>,
+}
+
+/// A figure of a job left out of its record: the record field it was read for, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeftOut {
+    pub field: &'static str,
+    pub reason: &'static str,
 }
 
 impl SourceBatch {
@@ -49,8 +57,8 @@ impl SourceBatch {
         *self.skipped.entry(reason).or_default() += 1;
     }
 
-    pub fn read_but_not_stored(&mut self, field: &'static str) {
-        *self.not_stored.entry(field).or_default() += 1;
+    pub fn leave_out(&mut self, left_out: LeftOut) {
+        *self.left_out.entry(left_out).or_default() += 1;
     }
 
     /// Adds another batch's jobs, records and counts to this one.
@@ -61,8 +69,8 @@ impl SourceBatch {
             *self.skipped.entry(reason).or_default() += count;
         }
         self.unparsable.extend(other.unparsable);
-        for (field, count) in other.not_stored {
-            *self.not_stored.entry(field).or_default() += count;
+        for (left_out, count) in other.left_out {
+            *self.left_out.entry(left_out).or_default() += count;
         }
     }
 }

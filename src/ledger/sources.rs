@@ -11,7 +11,7 @@ use sqlx::PgPool;
 
 use crate::config::Settings;
 use crate::domain::record::{JobRecord, RecordRules};
-use crate::domain::source::SourceBatch;
+use crate::domain::source::{LeftOut, SourceBatch};
 use crate::ledger::import::{BATCH_SIZE, Rejection};
 use crate::ledger::ingest::{self, IngestError, Submitted};
 use crate::store;
@@ -27,7 +27,8 @@ pub struct SourceSummary {
     pub skipped: BTreeMap<&'static str, usize>,
     /// Unreadable input, invalid records and refused batches, each with where it came from.
     pub problems: Vec<Rejection>,
-    pub not_stored: BTreeMap<&'static str, usize>,
+    /// Figures read but left out of their records, by field and reason.
+    pub left_out: BTreeMap<LeftOut, usize>,
 }
 
 impl SourceSummary {
@@ -37,7 +38,7 @@ impl SourceSummary {
             jobs_read: batch.jobs_read,
             records: batch.records.len(),
             skipped: batch.skipped.clone(),
-            not_stored: batch.not_stored.clone(),
+            left_out: batch.left_out.clone(),
             ..Self::default()
         }
     }
@@ -70,16 +71,23 @@ impl SourceSummary {
                 skipped.join(", ")
             }
         );
-        if !self.not_stored.is_empty() {
+        if !self.left_out.is_empty() {
             let read: Vec<String> = self
-                .not_stored
+                .left_out
                 .iter()
-                .map(|(field, count)| format!("{field} on {count} jobs"))
+                .map(|(left_out, count)| {
+                    format!(
+                        "{} on {count} job{} ({})",
+                        left_out.field,
+                        if *count == 1 { "" } else { "s" },
+                        left_out.reason
+                    )
+                })
                 .collect();
             let _ = writeln!(
                 out,
-                "telemetry read but not stored (job records have no field for it yet): {}",
-                read.join(", ")
+                "telemetry read but left out (the jobs are stored without it): {}",
+                read.join("; ")
             );
         }
         if !self.problems.is_empty() {

@@ -10,7 +10,8 @@ use taskledger::domain::slurm::text::{COLLECTED_FIELDS, TextOptions};
 use taskledger::domain::slurm::{self, Format, Mapping};
 use taskledger::ledger::sources::{self, SourceSummary};
 
-use crate::common::TestApp;
+use crate::common::{TestApp, assert_money, cost};
+use crate::fixtures::{NOVEMBER, contract};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -99,7 +100,7 @@ async fn every_slurm_file_imports_with_the_gpu_jobs_it_holds() {
             "{file}"
         );
         assert!(
-            summary.not_stored.is_empty(),
+            summary.left_out.is_empty(),
             "{file}: no GPU telemetry in these files"
         );
     }
@@ -243,6 +244,15 @@ async fn parsable_text_of_the_same_jobs_gives_the_same_records_as_the_json() {
 }
 
 fn run_import(app: &TestApp, format: &str, file: &Path) -> std::process::Output {
+    run_import_with(app, format, file, &[])
+}
+
+fn run_import_with(
+    app: &TestApp,
+    format: &str,
+    file: &Path,
+    args: &[&str],
+) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
         .args([
             "--database-url",
@@ -252,9 +262,105 @@ fn run_import(app: &TestApp, format: &str, file: &Path) -> std::process::Output 
             format,
         ])
         .args(["--source-timezone", "UTC"])
+        .args(args)
         .arg(file)
         .output()
         .unwrap()
+}
+
+/// Four finished jobs of 10 November 2026, an hour each, with what their steps measured:
+///
+/// | job | AllocTRES | step's TRESUsageInMax | stored |
+/// | --- | --- | --- | --- |
+/// | 700 | 2 × h100 (80 GiB) | gpuutil 150, gpumem 120 GiB | sums over 2 GPUs: 0.75, 60 GiB of 80 |
+/// | 701 | 2 × a100_3g.20gb | gpuutil 87, gpumem 4096M | `3g.20gb`, 0.87, 4 GiB of 20; priced at 3/7 |
+/// | 702 | 1 × a100 (40 GiB) | gpuutil 250, gpumem 50G | neither: cannot be on one GPU |
+/// | 703 | 1 × a100_1c.3g.20gb | gpuutil 40 | 0.4; the compute instance is no known profile |
+const TELEMETRY_JOBS: &str = "\
+JobID|State|Start|End|AllocTRES|TRESUsageInMax
+700|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|
+700.0|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|cpu=00:10:00,gres/gpumem=128849018880,gres/gpuutil=150
+701|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|
+701.0|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|gres/gpumem=4096M,gres/gpuutil=87
+702|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|
+702.0|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|gres/gpumem=50G,gres/gpuutil=250
+703|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|
+703.0|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|gres/gpuutil=40
+";
+
+#[tokio::test]
+async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_counted() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    contract("a100", "on_demand", "7.00").create(&app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("telemetry.txt");
+    std::fs::write(&path, TELEMETRY_JOBS).unwrap();
+    let output = run_import_with(&app, "sacct", &path, &["--project", "vision"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "left-out figures do not fail the batch: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("jobs read 4, records 4: accepted 4, duplicates 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "telemetry read but left out (the jobs are stored without it): \
+             gpu_util on 1 job (above 100 % per GPU); \
+             memory_peak_gib on 1 job (above the memory of the GPU or slice); \
+             mig_profile on 1 job (not a MIG profile the catalogue knows for the model)"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(record_count(&app).await, 4);
+
+    let summed = stored(&app, "vision", "700", 1).await;
+    assert_eq!(summed["gpu_model"], "h100");
+    assert_eq!(summed["gpu_util"], "0.75", "150 % over 2 GPUs");
+    assert_eq!(summed["memory_peak_gib"], "60", "120 GiB over 2 GPUs");
+    assert_eq!(summed["memory_total_gib"], "80", "an H100's memory");
+    assert_eq!(summed["mig_profile"], Value::Null);
+
+    let sliced = stored(&app, "vision", "701", 1).await;
+    assert_eq!(
+        (&sliced["gpu_model"], &sliced["gpu_count"]),
+        (&json!("a100"), &json!("2"))
+    );
+    assert_eq!(sliced["mig_profile"], "3g.20gb");
+    assert_eq!(sliced["gpu_util"], "0.87");
+    assert_eq!(sliced["memory_peak_gib"], "4");
+    assert_eq!(sliced["memory_total_gib"], "20", "the slice's memory");
+
+    let implausible = stored(&app, "vision", "702", 1).await;
+    assert_eq!(implausible["gpu_util"], Value::Null);
+    assert_eq!(implausible["memory_peak_gib"], Value::Null);
+    assert_eq!(implausible["memory_total_gib"], Value::Null);
+
+    let compute_instance = stored(&app, "vision", "703", 1).await;
+    assert_eq!(compute_instance["gpu_model"], "a100");
+    assert_eq!(compute_instance["mig_profile"], Value::Null);
+    assert_eq!(compute_instance["gpu_util"], "0.4");
+
+    // Two 3g slices for an hour cost 2 × 7.00 × 3/7; a whole A100 for an hour 7.00, and so
+    // does the compute instance, whose profile is unknown (a whole card, as it was read).
+    let task = |id: &str| {
+        let app = &app;
+        let path = format!("/v1/projects/vision/tasks/{id}");
+        async move { cost(app, &path).await }
+    };
+    let slice_task = task("701").await;
+    assert_eq!(slice_task["attempts"][0]["mig_profile"], "3g.20gb");
+    assert_money(&slice_task["final_cost"], "6");
+    assert_money(&task("702").await["final_cost"], "7");
+    assert_money(&task("703").await["final_cost"], "7");
+    // The month: 6 + 7 + 7; the H100s have no contract and are unrated.
+    let month = cost(&app, NOVEMBER).await;
+    assert_money(&month["total"], "20");
+    assert_money(&month["unrated_gpu_seconds"], "7200");
 }
 
 #[tokio::test]
@@ -504,8 +610,8 @@ async fn collect_twice(app: &TestApp, server: Option<(&str, &str)>) {
     );
     assert!(out.contains("skipped: no GPU 1, not finished 1"), "{out}");
     assert!(
-        out.contains("telemetry read but not stored (job records have no field for it yet): gpu_util on 1 jobs, memory_peak_gib on 1 jobs, mig_profile on 1 jobs"),
-        "{out}"
+        !out.contains("left out"),
+        "602's step measured plausible figures: {out}"
     );
     let (ok, out) = collect(app, &bin, &state, "2024-05-26T00:00:00Z", server).await;
     assert!(ok, "{out}");
@@ -540,6 +646,11 @@ async fn collect_twice(app: &TestApp, server: Option<(&str, &str)>) {
     assert_eq!(requeued["outcome"], "preempted");
     assert_eq!(requeued["gpu_model"], "a100", "the MIG slice's parent");
     assert_eq!(requeued["gpu_count"], "2");
+    // Its step's figures: 87 % and 4 GiB (4294967296 bytes) of a 20 GiB slice.
+    assert_eq!(requeued["mig_profile"], "3g.20gb");
+    assert_eq!(requeued["gpu_util"], "0.87");
+    assert_eq!(requeued["memory_peak_gib"], "4");
+    assert_eq!(requeued["memory_total_gib"], "20");
     let rerun = stored(app, "vision", "602", 2).await;
     assert_eq!(rerun["outcome"], "completed");
     assert_eq!(rerun["started_at"], "2024-05-24T23:00:00Z");

@@ -8,6 +8,7 @@
 
 pub mod job;
 pub mod json;
+pub mod telemetry;
 pub mod text;
 pub mod tres;
 
@@ -236,14 +237,14 @@ fn record_of(
     let ended = job.end.ok_or("the job is finished but has no End time")?;
     let project = mapping.project_of(job)?;
     let model = gpu_model(&job.gpus, job.partition.as_deref(), mapping);
-    if model.mig_profile.is_some() {
-        batch.read_but_not_stored("mig_profile");
-    }
-    if job.usage.gpu_util.is_some() {
-        batch.read_but_not_stored("gpu_util");
-    }
-    if job.usage.memory_bytes.is_some() {
-        batch.read_but_not_stored("memory_peak_gib");
+    let (telemetry, left_out) = telemetry::telemetry(
+        &model.model,
+        model.mig_profile.as_deref(),
+        count,
+        &job.usage,
+    );
+    for left_out in left_out {
+        batch.leave_out(left_out);
     }
     let mut record = json!({
         "project": project,
@@ -269,6 +270,15 @@ fn record_of(
     {
         record["gpu_seconds_held"] =
             json!((Decimal::from(count) * Decimal::from(span - suspended)).to_string());
+    }
+    if let Some(util) = telemetry.gpu_util {
+        record["gpu_util"] = json!(util.to_string());
+    }
+    if let Some(peak) = telemetry.memory_peak_gib {
+        record["memory_peak_gib"] = json!(peak.to_string());
+    }
+    if let Some(profile) = telemetry.mig_profile {
+        record["mig_profile"] = json!(profile);
     }
     let labels = labels(job);
     if !labels.is_empty() {
@@ -303,6 +313,7 @@ mod tests {
     use self::tres::GpuUsage;
     use super::*;
     use crate::domain::rating::Outcome;
+    use crate::domain::record::{JobRecord, RecordRules};
     use chrono::{DateTime, Utc};
 
     fn utc(raw: &str) -> DateTime<Utc> {
@@ -445,6 +456,71 @@ mod tests {
         assert_eq!(
             account_slug("rrg-bengioy-ad_gpu").as_deref(),
             Some("rrg-bengioy-ad-gpu")
+        );
+    }
+
+    #[test]
+    fn telemetry_goes_into_the_record_and_odd_figures_are_counted_not_fatal() {
+        let mut sliced = job("8");
+        sliced.gpus = GpuTres::default();
+        sliced.gpus.add("gpu", 2);
+        sliced.gpus.add("gpu:a100_3g.20gb", 2);
+        sliced.usage = GpuUsage {
+            gpu_util: Some(Decimal::from(87)),
+            memory_bytes: Some(Decimal::from(4u64 << 30)),
+        };
+        let mut summed = job("9");
+        summed.gpus.add("gpu:h100", 2);
+        summed.usage = GpuUsage {
+            gpu_util: Some(Decimal::from(196)),
+            memory_bytes: Some(Decimal::from(150u64 << 30)),
+        };
+        let mut odd = job("10");
+        odd.gpus = GpuTres::default();
+        odd.gpus.add("gpu:a100_1c.3g.20gb", 1);
+        odd.usage.gpu_util = Some(Decimal::from(250));
+        let batch = convert(vec![sliced, summed, odd], &Mapping::default());
+        assert_eq!(batch.unparsable, vec![]);
+        assert_eq!(batch.records.len(), 3);
+        let sliced = &batch.records[0].value;
+        assert_eq!(sliced["gpu_model"], "a100");
+        assert_eq!(sliced["mig_profile"], "3g.20gb");
+        assert_eq!(sliced["gpu_util"], "0.87");
+        assert_eq!(sliced["memory_peak_gib"], "4");
+        // 196 % and 150 GiB on two 80 GiB H100s are sums: halved.
+        let summed = &batch.records[1].value;
+        assert_eq!(summed["gpu_util"], "0.98");
+        assert_eq!(summed["memory_peak_gib"], "75");
+        assert_eq!(summed.get("mig_profile"), None);
+        let odd = &batch.records[2].value;
+        assert_eq!(odd["gpu_model"], "a100");
+        assert_eq!(odd.get("mig_profile"), None);
+        assert_eq!(odd.get("gpu_util"), None);
+        assert_eq!(
+            batch.left_out,
+            [
+                (telemetry::MIG_UNKNOWN_PROFILE, 1),
+                (telemetry::UTIL_ABOVE_FULL, 1)
+            ]
+            .into()
+        );
+        // Every record passes the ledger's validation, with the slice's memory as total.
+        let rules = RecordRules {
+            now: utc("2024-06-01T00:00:00Z"),
+            max_duration: RecordRules::DEFAULT_MAX_DURATION,
+        };
+        let parsed: Vec<JobRecord> = batch
+            .records
+            .iter()
+            .map(|r| JobRecord::parse(&r.value, "", rules).unwrap())
+            .collect();
+        assert_eq!(
+            parsed[0].telemetry.memory_total_gib,
+            Some(Decimal::from(20))
+        );
+        assert_eq!(
+            parsed[0].telemetry.mig("a100").map(|p| p.compute_share()),
+            Some(crate::domain::gpu::ComputeShare { slices: 3 })
         );
     }
 
