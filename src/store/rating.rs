@@ -215,9 +215,6 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unmeasured, failed, output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
           memory_used_share, mig_slices)";
 
-/// The parameters [`SegmentColumns::bind`] binds.
-const SEGMENT_PARAMETERS: usize = 25;
-
 /// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s rollup
 /// at every level, tagged with the delta number in the CTE `tag`; `tz` is the parameter
 /// holding the time zone.
@@ -509,7 +506,7 @@ pub async fn rate_records(
         cost_levels = append_diff(Family::Cost, "diff", "$29"),
         util_diff = util_diff("changes"),
         util_levels = append_diff(Family::Util, "util_diff", "$29"),
-        new_records = new_records(SEGMENT_PARAMETERS + 5),
+        new_records = new_records(30),
         record_levels = append_diff(Family::Records, "record_diff", "$29"),
         tasks = task_ledger::add_changes("$29", "changes", "record_changes"),
         emptied = task_ledger::emptied_rows(),

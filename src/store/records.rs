@@ -38,23 +38,22 @@ pub async fn insert_batch(
         .iter()
         .any(|r| r.telemetry != Telemetry::default())
         .then(|| TelemetryColumns::of(records));
-    let (extra_columns, extra_values, extra_arrays, extra_names) = match telemetry {
+    let (extra_columns, extra_arrays, extra_names) = match telemetry {
         Some(_) => (
             ", gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, \
              memory_total_gib, mig_profile",
-            ", gu, sa, ta, da, mp, mt, mg",
             ", $21::numeric[], $22::numeric[], $23::numeric[], $24::numeric[], \
              $25::numeric[], $26::numeric[], $27::text[]",
             ", gu, sa, ta, da, mp, mt, mg",
         ),
-        None => ("", "", "", ""),
+        None => ("", "", ""),
     };
     let sql = format!(
         "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
              billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
              gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
              content_hash{extra_columns}) \
-         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch{extra_values} \
+         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch{extra_names} \
          FROM UNNEST($1::text[], $2::text[], $3::int[], $4::text[], $5::numeric[], $6::text[], \
                      $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], \
                      $11::timestamptz[], $12::numeric[], $13::numeric[], $14::text[], $15::int[], \
