@@ -23,6 +23,7 @@ use tempfile::TempDir;
 const TEST_OPTIONS: EmbeddedOptions = EmbeddedOptions {
     durable: false,
     max_connections: 20,
+    statement_statistics: false,
 };
 const HOLD_DATA_DIR_ENV: &str = "EMBEDDED_PG_TEST_HOLD_DATA_DIR";
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
