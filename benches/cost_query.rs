@@ -2,8 +2,8 @@
 //! 10 million job records a month.
 //!
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
-//! in SQL into the tables `rate_records` fills (segments, per-record figures, the hourly,
-//! daily and monthly rollups aggregated from them, as compaction leaves them, and each
+//! in SQL into the tables `rate_records` fills (segments, per-record figures, the daily and
+//! monthly rollups aggregated from them, as compaction leaves them, and each
 //! task's status and figures per month), across 1,000 projects, four GPU models, three
 //! billing modes and every hour of November 2026; each project also has a reserved contract
 //! with a commitment, so unused commitment is computed too. The job records the segments
@@ -119,22 +119,10 @@ GROUP BY project_id, task_id, attempt;
 "#;
 
 const ROLLUPS: &str = r#"
-INSERT INTO cost_hourly
-SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit,
-       count(*), sum(gpu_seconds_held), coalesce(sum(gpu_seconds_busy), 0), coalesce(sum(cost), 0),
-       sum(productive), sum(idle), sum(unmeasured), sum(failed), coalesce(sum(output_quantity), 0)
-FROM rated_segments
-GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit;
-
 INSERT INTO rated_records
 SELECT project_id, task_id, attempt, max(hour), min(gpu_model), min(billing_mode), min(outcome),
        0, (min(outcome) <> 'completed')::int, min(outcome) = 'completed', min(outcome) <> 'completed'
 FROM rated_segments GROUP BY project_id, task_id, attempt;
-
-INSERT INTO records_hourly
-SELECT project_id, end_hour, gpu_model, billing_mode, outcome, count(*), sum(retries),
-       sum(failures), count(*) FILTER (WHERE completes_task), count(*) FILTER (WHERE fails_task)
-FROM rated_records GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome;
 
 INSERT INTO cost_daily
 SELECT project_id, (hour AT TIME ZONE 'UTC')::date, gpu_model, billing_mode, outcome, contract_id,
@@ -230,8 +218,7 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64, projects: i64) {
     let load_time = started.elapsed();
     let (segments, rollup_rows): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM rated_segments), \
-                (SELECT count(*) FROM cost_hourly) + (SELECT count(*) FROM cost_daily) \
-                + (SELECT count(*) FROM cost_monthly)",
+                (SELECT count(*) FROM cost_daily) + (SELECT count(*) FROM cost_monthly)",
     )
     .fetch_one(&pool)
     .await

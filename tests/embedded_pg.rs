@@ -1099,7 +1099,7 @@ async fn pending_rollup_deltas(pg: &EmbeddedPostgres) -> i64 {
     query_i64_in(
         pg,
         "replicas",
-        "SELECT count(*) FROM records_hourly WHERE delta <> 0",
+        "SELECT count(*) FROM records_daily WHERE delta <> 0",
     )
     .await
 }

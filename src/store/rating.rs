@@ -215,19 +215,16 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unmeasured, failed, output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
           memory_used_share, mig_slices)";
 
-/// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s rollup
-/// at every level, tagged with the delta number in the CTE `tag`; `tz` is the parameter
-/// holding the time zone.
+/// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s daily
+/// and monthly rollups, tagged with the delta number in the CTE `tag`; `tz` is the parameter
+/// holding the time zone. (Its hourly rollup is a view over what rating stores.)
 fn append_diff(family: Family, diff: &str, tz: &str) -> String {
-    Level::ALL
+    Level::STORED
         .iter()
         .enumerate()
         .map(|(i, &level)| {
-            let source = format!("{diff}, tag");
-            let append = match level {
-                Level::Hour => rollups::append_hourly_sql(family, &source, "tag.delta"),
-                _ => rollups::append_sql(family, level, tz, &source, "min(tag.delta)"),
-            };
+            let append =
+                rollups::append_sql(family, level, tz, &format!("{diff}, tag"), "min(tag.delta)");
             format!("{diff}_append_{i} AS ({append})")
         })
         .collect::<Vec<_>>()

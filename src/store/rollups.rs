@@ -5,7 +5,9 @@
 //! (`delta = 0`). Every read sums all rows of a key, so figures are exact whether or not
 //! compaction has run. A period is read from the monthly tables for its whole ledger months,
 //! from the daily ones for its other whole ledger days, and from the hourly ones for the
-//! hours left over.
+//! hours left over. The hourly ones are views with a row per segment or per-record figures
+//! (migration 0011): a period has at most two partial days, which the segments' index by
+//! project and hour reads as fast as a table of sums, and rating writes no hourly row.
 
 use anyhow::Context;
 use chrono::{DateTime, Months, NaiveDate, Utc};
@@ -157,7 +159,9 @@ pub enum Level {
 }
 
 impl Level {
-    pub const ALL: [Level; 3] = [Level::Hour, Level::Day, Level::Month];
+    /// The levels kept as tables, which rating appends to and compaction folds. The hourly
+    /// rollups are views over the segments and per-record figures.
+    pub const STORED: [Level; 2] = [Level::Day, Level::Month];
 
     pub fn column(self) -> &'static str {
         match self {
@@ -208,20 +212,6 @@ pub fn append_sql(family: Family, level: Level, tz: &str, source: &str, delta: &
     )
 }
 
-/// An `INSERT` into `family`'s hourly table of the rows of `source`, already summed per
-/// hourly key, tagged with `delta`; rows that change nothing are left out.
-pub fn append_hourly_sql(family: Family, source: &str, delta: &str) -> String {
-    let sums = family.sums();
-    let columns = sums.join(", ");
-    let zeros = vec!["0"; sums.len()].join(", ");
-    let key = family.key(Level::Hour);
-    format!(
-        "INSERT INTO {table} ({key}, {columns}, delta) \
-         SELECT {key}, {columns}, {delta} FROM {source} WHERE ({columns}) <> ({zeros})",
-        table = family.table(Level::Hour),
-    )
-}
-
 /// One rollup table, as compaction sees it.
 struct Rollup {
     table: String,
@@ -234,7 +224,7 @@ fn rollups() -> Vec<Rollup> {
     let mut rollups: Vec<Rollup> = Family::ALL
         .iter()
         .flat_map(|&family| {
-            Level::ALL.iter().map(move |&level| Rollup {
+            Level::STORED.iter().map(move |&level| Rollup {
                 table: family.table(level),
                 constraint: family.constraint(level),
                 key: family.key(level),
@@ -748,5 +738,13 @@ mod tests {
             (split.months_start, split.months_end),
             (at(2026, 11, 1, 4), at(2026, 12, 1, 5))
         );
+    }
+
+    #[test]
+    fn the_hourly_utilisation_view_judges_looks_busy_by_the_same_thresholds() {
+        let views = include_str!("../../migrations/0011_hourly_rollups_as_views.sql");
+        assert!(views.contains(&format!(
+            "gpu_util >= {LOOKS_BUSY_GPU_UTIL} AND sm_active < {LOOKS_BUSY_SM_ACTIVE}"
+        )));
     }
 }

@@ -11,12 +11,12 @@ use uuid::Uuid;
 use super::model::{Amounts, ProjectLine, SharedContract, SharedLine};
 use crate::config::Settings;
 use crate::domain::commitment::unused_commitment;
+use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::summary::burn_pct;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
-use crate::domain::figures::Figures;
 use crate::ledger::cost::{CostOf, GroupView, month_cost, month_figures_of_projects};
 use crate::store;
 
@@ -50,9 +50,15 @@ pub(super) async fn month_lines(
         _ => {
             let mut costs = Vec::with_capacity(of.len());
             for &project in &of {
-                let cost =
-                    month_cost(conn, project, month.first_day(), grouping.clone(), as_of, tz)
-                        .await?;
+                let cost = month_cost(
+                    conn,
+                    project,
+                    month.first_day(),
+                    grouping.clone(),
+                    as_of,
+                    tz,
+                )
+                .await?;
                 costs.push((cost.figures, cost.groups));
             }
             costs
