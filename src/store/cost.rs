@@ -37,12 +37,19 @@ impl Scope<'_> {
         }
     }
 
-    /// The condition on `project_id`: the query's first parameter, or none.
+    /// The condition on `project_id`: the query's first parameter, or every project. (The
+    /// array of every project is evaluated once, so the rollups are read through their
+    /// project-leading keys rather than scanned whole.)
     fn projects(&self) -> &'static str {
         match self {
             Scope::Project(..) => "= $1",
-            Scope::EveryProject => "IS NOT NULL",
+            Scope::EveryProject => "= ANY(ARRAY(SELECT id FROM projects))",
         }
+    }
+
+    /// How the period is read from the rollups.
+    fn split(&self, period: (DateTime<Utc>, DateTime<Utc>), tz: Tz) -> PeriodSplit {
+        PeriodSplit::new(period, tz, *self.grouping() != Grouping::Day)
     }
 
     /// The group key over the monthly, daily and hourly rollups.
@@ -231,7 +238,7 @@ where
     let grouping = scope.grouping();
     let mut query = match grouping {
         Grouping::Label(_) => query.bind(period.0).bind(period.1),
-        _ => PeriodSplit::new(period, tz, *grouping != Grouping::Day).bind(query),
+        _ => scope.split(period, tz).bind(query),
     };
     if let Some(extra) = extra_parameter(grouping, tz) {
         query = query.bind(extra);
@@ -273,7 +280,7 @@ pub async fn cost_sums(
              FROM ({rows}) AS rows \
              GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
             sums = cost_columns(""),
-            rows = PeriodSplit::rows_sql(
+            rows = scope.split(period, tz).rows_sql(
                 "cost",
                 "{key} AS key, outcome, gpu_model, unrated_reason, output_unit, segments, \
                  gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, unmeasured, failed, \
@@ -315,7 +322,7 @@ pub async fn record_sums(
                     sum(tasks_failed)::bigint AS tasks_failed \
              FROM ({rows}) AS rows \
              GROUP BY 1 HAVING sum(records) > 0",
-            rows = PeriodSplit::rows_sql(
+            rows = scope.split(period, tz).rows_sql(
                 "records",
                 "{key} AS key, records, retries, failures, tasks_completed, tasks_failed",
                 (&month_keys, &day_keys, &hour_keys),
@@ -488,7 +495,7 @@ pub async fn util_sums(
         ),
         _ => format!(
             "SELECT key, {rounded} FROM ({rows}) AS rows GROUP BY 1 HAVING sum(segments) > 0",
-            rows = PeriodSplit::rows_sql(
+            rows = scope.split(period, tz).rows_sql(
                 "util",
                 &format!("{{key}} AS key, {}", UTIL_SUMS.join(", ")),
                 (&month_keys, &day_keys, &hour_keys),

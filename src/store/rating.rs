@@ -24,7 +24,7 @@ use crate::store::{contracts, fx_rates, tasks as task_ledger};
 /// The most hourly segments one rating call is asked to make. A call holds its segments in
 /// memory, so this bounds the memory of rating, whatever the batch: records of up to a month
 /// make up to 745 segments each.
-pub const SEGMENTS_PER_CALL: i64 = 50_000;
+pub const SEGMENTS_PER_CALL: i64 = 10_000;
 
 #[derive(Debug, sqlx::FromRow)]
 struct RecordRow {

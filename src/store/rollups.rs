@@ -531,11 +531,14 @@ impl PeriodSplit {
         }
     }
 
-    /// SQL reading `columns` of a rollup family (`cost` or `records`) over the period, as
-    /// one row set: whole months from `{family}_monthly`, other whole days from
+    /// SQL reading `columns` of a rollup family (`cost`, `records` or `util`) over the
+    /// period, as one row set: whole months from `{family}_monthly`, other whole days from
     /// `{family}_daily`, other hours from `{family}_hourly`. In `columns`, `{key}` stands for
-    /// the month, day or hour key. `$n` are bound by [`PeriodSplit::bind`] from `first`.
+    /// the month, day or hour key. `$n` are bound by [`PeriodSplit::bind`] from `first`. Parts
+    /// of the period that are empty are left out: with no project to lead an index, even an
+    /// empty range would otherwise scan a whole table.
     pub fn rows_sql(
+        &self,
         family: &str,
         columns: &str,
         (month_key, day_key, hour_key): (&str, &str, &str),
@@ -551,14 +554,38 @@ impl PeriodSplit {
         let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
             level_rows(family, level, columns, projects, (time, start, end))
         };
-        [
-            select(&monthly, "monthly", "month", &first_month, &end_month),
-            select(&daily, "daily", "day", &first_day, &first_month),
-            select(&daily, "daily", "day", &end_month, &end_day),
-            select(&hourly, "hourly", "hour", &from, &days_start),
-            select(&hourly, "hourly", "hour", &days_end, &to),
-        ]
-        .join(" UNION ALL ")
+        let parts = [
+            (
+                self.first_month < self.end_month,
+                select(&monthly, "monthly", "month", &first_month, &end_month),
+            ),
+            (
+                self.first_day < self.first_month,
+                select(&daily, "daily", "day", &first_day, &first_month),
+            ),
+            (
+                self.end_month < self.end_day,
+                select(&daily, "daily", "day", &end_month, &end_day),
+            ),
+            (
+                self.from < self.days_start,
+                select(&hourly, "hourly", "hour", &from, &days_start),
+            ),
+            (
+                self.days_end < self.to,
+                select(&hourly, "hourly", "hour", &days_end, &to),
+            ),
+        ];
+        let read: Vec<&str> = parts
+            .iter()
+            .filter(|(covered, _)| *covered)
+            .map(|(_, sql)| sql.as_str())
+            .collect();
+        match read.is_empty() {
+            // An empty period still reads one (empty) range, for the columns' types.
+            true => parts[3].1.clone(),
+            false => read.join(" UNION ALL "),
+        }
     }
 
     /// Binds the eight parameters [`PeriodSplit::rows_sql`] uses, in its order.
