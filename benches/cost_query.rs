@@ -168,13 +168,12 @@ FROM task_hourly GROUP BY 1, 2, 3;
 "#;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.
-const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_segments_by_kind, \
-                            rated_records_by_end, task_monthly_by_cost, job_records_by_start";
+const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_records_by_end, \
+                            task_monthly_by_cost, job_records_by_start";
 const CREATE_INDEXES: &str = r#"
 CREATE INDEX job_records_by_start ON job_records (project_id, started_at, task_id, attempt)
     INCLUDE (queued_at);
 CREATE INDEX rated_segments_by_hour ON rated_segments (project_id, hour);
-CREATE INDEX rated_segments_by_kind ON rated_segments (project_id, gpu_model, billing_mode, hour);
 CREATE INDEX rated_records_by_end ON rated_records (project_id, end_hour);
 CREATE INDEX task_monthly_by_cost ON task_monthly (project_id, month, cost DESC, task_id);
 "#;
