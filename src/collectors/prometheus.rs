@@ -45,9 +45,7 @@ impl PrometheusCollector {
     /// Reads the window: its pods, the other pods of their tasks, and what DCGM measured.
     pub async fn read(&self, window: Window, now: DateTime<Utc>) -> anyhow::Result<SourceBatch> {
         let client = reqwest::Client::builder()
-            // Prometheus gives up on its own at the query timeout; the margin covers the
-            // transfer of its answer.
-            .timeout(self.query_timeout + Duration::from_secs(10))
+            .timeout(self.client_timeout())
             .build()?;
         let queries = PodQueries {
             selector: &self.selector,
@@ -157,7 +155,7 @@ impl PrometheusCollector {
             if error.is_timeout() {
                 failed(format!(
                     "no answer within {} s",
-                    (self.query_timeout + Duration::from_secs(10)).as_secs()
+                    self.client_timeout().as_secs()
                 ))
             } else {
                 failed(format!("cannot reach Prometheus ({error})"))
@@ -174,6 +172,12 @@ impl PrometheusCollector {
             Err(error) if status.is_success() => Err(failed(error)),
             Err(error) => Err(failed(format!("answered {status}: {error}"))),
         }
+    }
+
+    /// Prometheus gives up on its own at the query timeout; the client waits a little
+    /// longer, for the transfer of its answer.
+    fn client_timeout(&self) -> Duration {
+        self.query_timeout + self.query_timeout.min(Duration::from_secs(10))
     }
 
     fn unreadable(&self, error: String) -> anyhow::Error {

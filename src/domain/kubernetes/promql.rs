@@ -233,10 +233,15 @@ impl PodQueries<'_> {
                 "max by ({POD}) (max_over_time(timestamp({})[{range}:{step}]))",
                 s("kube_pod_status_phase", &[])
             ),
-            PodFact::LastRunning => format!(
-                "max by ({POD}) (max_over_time(timestamp({} == 1)[{range}:{step}]))",
-                s("kube_pod_status_phase", &["phase=\"Running\""])
-            ),
+            // `timestamp()` answers a sample's own time only when applied to a selector
+            // itself, so the filter comes after it.
+            PodFact::LastRunning => {
+                let running = s("kube_pod_status_phase", &["phase=\"Running\""]);
+                format!(
+                    "max by ({POD}) (max_over_time((timestamp({running}) and {running} == 1)\
+                     [{range}:{step}]))"
+                )
+            }
             PodFact::Owner => format!(
                 "max by ({POD}, owner_kind, owner_name) (last_over_time({}[{range}]))",
                 s("kube_pod_owner", &[])
@@ -437,7 +442,8 @@ mod tests {
         };
         assert_eq!(
             queries.query(PodFact::LastRunning),
-            "max by (namespace, pod, uid) (max_over_time(timestamp(\
+            "max by (namespace, pod, uid) (max_over_time((timestamp(\
+             kube_pod_status_phase{cluster=\"a\", phase=\"Running\"}) and \
              kube_pod_status_phase{cluster=\"a\", phase=\"Running\"} == 1)[3600s:30s]))"
         );
         assert_eq!(
