@@ -300,9 +300,9 @@ fn parse_label_key(raw: &str) -> Result<String, String> {
         && raw
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
-    valid
-        .then(|| raw.to_owned())
-        .ok_or_else(|| format!("`{raw}` is not a label key of at most 64 letters, digits, `_`, `-`, `.` or `/`"))
+    valid.then(|| raw.to_owned()).ok_or_else(|| {
+        format!("`{raw}` is not a label key of at most 64 letters, digits, `_`, `-`, `.` or `/`")
+    })
 }
 
 fn parse_project(raw: &str) -> Result<ProjectId, String> {

@@ -15,8 +15,8 @@ use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, Prome
 use crate::collectors::prometheus::PrometheusCollector;
 use crate::collectors::slurm::SlurmCollector;
 use crate::collectors::{self, Collector, Destination, StateFile, WindowRequest};
-use crate::domain::kubernetes;
 use crate::db::Database;
+use crate::domain::kubernetes;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::{setup, tokens};

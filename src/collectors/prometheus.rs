@@ -52,16 +52,15 @@ impl PrometheusCollector {
             range: window.until - window.since,
             resolution: self.resolution,
         };
-        let answers = futures::future::try_join_all(queries.all().into_iter().map(
-            |(fact, query)| {
+        let answers =
+            futures::future::try_join_all(queries.all().into_iter().map(|(fact, query)| {
                 let client = &client;
                 async move {
                     let samples = self.query(client, &query, window.until).await?;
                     anyhow::Ok((fact, samples))
                 }
-            },
-        ))
-        .await?;
+            }))
+            .await?;
         let pods = kubernetes::pods(answers).map_err(|error| self.unreadable(error))?;
         let horizon = Horizon {
             since: window.since,
@@ -71,7 +70,12 @@ impl PrometheusCollector {
         };
         let plan = kubernetes::plan(pods, &horizon, &self.mapping);
         if plan.candidates.is_empty() {
-            return Ok(kubernetes::records(plan, &[], &Measured::default(), &self.mapping));
+            return Ok(kubernetes::records(
+                plan,
+                &[],
+                &Measured::default(),
+                &self.mapping,
+            ));
         }
 
         let earliest = plan
@@ -104,7 +108,12 @@ impl PrometheusCollector {
             .await?;
         let node_products = products
             .iter()
-            .filter_map(|s| Some((s.label("node")?.to_owned(), s.label("label_nvidia_com_gpu_product")?.to_owned())))
+            .filter_map(|s| {
+                Some((
+                    s.label("node")?.to_owned(),
+                    s.label("label_nvidia_com_gpu_product")?.to_owned(),
+                ))
+            })
             .collect();
         let dcgm: BTreeMap<_, _> = futures::stream::iter(plan.candidates.iter())
             .map(|candidate| {
@@ -127,8 +136,16 @@ impl PrometheusCollector {
             .buffer_unordered(PARALLEL_QUERIES)
             .try_collect()
             .await?;
-        let measured = Measured { dcgm, node_products };
-        Ok(kubernetes::records(plan, &attempts, &measured, &self.mapping))
+        let measured = Measured {
+            dcgm,
+            node_products,
+        };
+        Ok(kubernetes::records(
+            plan,
+            &attempts,
+            &measured,
+            &self.mapping,
+        ))
     }
 
     /// Runs an instant query at `at`.
@@ -144,9 +161,11 @@ impl PrometheusCollector {
             .context("the --prometheus URL cannot take a path")?;
         let time = format!("{}.{:03}", at.timestamp(), at.timestamp_subsec_millis());
         let timeout = format!("{}ms", self.query_timeout.as_millis());
-        let mut request = client
-            .post(endpoint.clone())
-            .form(&[("query", promql), ("time", &time), ("timeout", &timeout)]);
+        let mut request = client.post(endpoint.clone()).form(&[
+            ("query", promql),
+            ("time", &time),
+            ("timeout", &timeout),
+        ]);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }

@@ -132,7 +132,9 @@ impl Spec {
             End::Running => DATA_END,
             _ => (self.ended + self.linger).min(DATA_END),
         };
-        (first..=last).step_by(SCRAPE as usize).filter(|t| *t >= DATA_START)
+        (first..=last)
+            .step_by(SCRAPE as usize)
+            .filter(|t| *t >= DATA_START)
     }
 
     fn phase_at(&self, t: i64) -> &'static str {
@@ -203,23 +205,54 @@ fn specs() -> Vec<Spec> {
         ..A100
     };
     let mut specs = vec![
-        Spec::new("vision", "train-a-7xk2p", HOUR + 137, 2 * HOUR + 45 * MINUTE + 11)
-            .job("train-a")
-            .gpus(A100, 1),
-        Spec::new("vision", "train-b-q9w8e", 2 * HOUR + 5 * MINUTE + 3, 5 * HOUR + 33 * MINUTE + 7)
-            .job("train-b")
-            .gpus(H100, 8),
-        Spec::new("vision", "embed-x1", 3 * HOUR + 11, 4 * HOUR + 20 * MINUTE + 19)
-            .job("embed")
-            .gpus(Gpu { profiling: false, ..A100 }, 2),
+        Spec::new(
+            "vision",
+            "train-a-7xk2p",
+            HOUR + 137,
+            2 * HOUR + 45 * MINUTE + 11,
+        )
+        .job("train-a")
+        .gpus(A100, 1),
+        Spec::new(
+            "vision",
+            "train-b-q9w8e",
+            2 * HOUR + 5 * MINUTE + 3,
+            5 * HOUR + 33 * MINUTE + 7,
+        )
+        .job("train-b")
+        .gpus(H100, 8),
+        Spec::new(
+            "vision",
+            "embed-x1",
+            3 * HOUR + 11,
+            4 * HOUR + 20 * MINUTE + 19,
+        )
+        .job("embed")
+        .gpus(
+            Gpu {
+                profiling: false,
+                ..A100
+            },
+            2,
+        ),
         // A Job whose first pod failed and whose second succeeded.
-        Spec::new("nlp", "finetune-abc12", 3 * HOUR + 13, 3 * HOUR + 40 * MINUTE + 1)
-            .job("finetune")
-            .gpus(L40S, 2)
-            .end(End::Failed("Error")),
-        Spec::new("nlp", "finetune-def34", 3 * HOUR + 42 * MINUTE + 9, 5 * HOUR + 10 * MINUTE + 29)
-            .job("finetune")
-            .gpus(L40S, 2),
+        Spec::new(
+            "nlp",
+            "finetune-abc12",
+            3 * HOUR + 13,
+            3 * HOUR + 40 * MINUTE + 1,
+        )
+        .job("finetune")
+        .gpus(L40S, 2)
+        .end(End::Failed("Error")),
+        Spec::new(
+            "nlp",
+            "finetune-def34",
+            3 * HOUR + 42 * MINUTE + 9,
+            5 * HOUR + 10 * MINUTE + 29,
+        )
+        .job("finetune")
+        .gpus(L40S, 2),
         Spec::new("nlp", "oom-77kq", 6 * HOUR + 21, 6 * HOUR + 50 * MINUTE + 3)
             .job("oom")
             .gpus(A100, 1)
@@ -227,19 +260,36 @@ fn specs() -> Vec<Spec> {
         // Its container was OOM-killed once, restarted and then finished.
         Spec {
             restarts: 1,
-            ..Spec::new("nlp", "restarted-5tt", 7 * HOUR + 17, 8 * HOUR + 31 * MINUTE + 13)
-                .job("restarted")
-                .gpus(A100, 1)
+            ..Spec::new(
+                "nlp",
+                "restarted-5tt",
+                7 * HOUR + 17,
+                8 * HOUR + 31 * MINUTE + 13,
+            )
+            .job("restarted")
+            .gpus(A100, 1)
         },
         Spec {
             resources: vec![("nvidia_com_mig_3g_40gb", 1)],
             gpus: vec![mig("3g.40gb", true)],
-            ..Spec::new("research", "mig3-lp0", 4 * HOUR + 29, 6 * HOUR + 2 * MINUTE + 17).job("mig3")
+            ..Spec::new(
+                "research",
+                "mig3-lp0",
+                4 * HOUR + 29,
+                6 * HOUR + 2 * MINUTE + 17,
+            )
+            .job("mig3")
         },
         Spec {
             resources: vec![("nvidia_com_mig_1g_10gb", 2)],
             gpus: vec![mig("1g.10gb", false); 2],
-            ..Spec::new("research", "mig1-zz9", 9 * HOUR + 7, 10 * HOUR + 15 * MINUTE + 7).job("mig1")
+            ..Spec::new(
+                "research",
+                "mig1-zz9",
+                9 * HOUR + 7,
+                10 * HOUR + 15 * MINUTE + 7,
+            )
+            .job("mig1")
         },
         // A HAMi share: 30 % of the cores and 20000 MiB of one A100 80GB.
         Spec {
@@ -251,48 +301,88 @@ fn specs() -> Vec<Spec> {
             gpus: vec![A100],
             ..Spec::new("research", "shared-notebook", 5 * HOUR + 19, 7 * HOUR + 3)
         },
-        Spec::new("vision", "evicted-m2", 8 * HOUR + 23, 9 * HOUR + 12 * MINUTE + 1)
-            .job("evicted")
-            .gpus(A100, 1)
-            .end(End::Evicted),
+        Spec::new(
+            "vision",
+            "evicted-m2",
+            8 * HOUR + 23,
+            9 * HOUR + 12 * MINUTE + 1,
+        )
+        .job("evicted")
+        .gpus(A100, 1)
+        .end(End::Evicted),
         // A bare pod deleted while it ran.
-        Spec::new("vision", "debug-shell", 6 * HOUR + 1, 6 * HOUR + 47 * MINUTE + 11)
-            .gpus(A100, 1)
-            .end(End::Vanished),
+        Spec::new(
+            "vision",
+            "debug-shell",
+            6 * HOUR + 1,
+            6 * HOUR + 47 * MINUTE + 11,
+        )
+        .gpus(A100, 1)
+        .end(End::Vanished),
         Spec {
             started: None,
-            ..Spec::new("nlp", "never-ran", 10 * HOUR + 3, 10 * HOUR + 5 * MINUTE + 3)
-                .job("never-ran")
-                .gpus(A100, 1)
-                .end(End::NeverStarted)
+            ..Spec::new(
+                "nlp",
+                "never-ran",
+                10 * HOUR + 3,
+                10 * HOUR + 5 * MINUTE + 3,
+            )
+            .job("never-ran")
+            .gpus(A100, 1)
+            .end(End::NeverStarted)
         },
         // On a node dcgm-exporter does not cover: the model comes from the node's label.
         Spec {
             node: "gpu-node-9",
             gpus: vec![],
-            ..Spec::new("research", "quick-eval", 11 * HOUR + 13, 11 * HOUR + 40 * MINUTE + 21)
-                .job("quick-eval")
-                .gpus(A100, 4)
+            ..Spec::new(
+                "research",
+                "quick-eval",
+                11 * HOUR + 13,
+                11 * HOUR + 40 * MINUTE + 21,
+            )
+            .job("quick-eval")
+            .gpus(A100, 4)
         },
         // Finished in the overlap of the two windows.
-        Spec::new("vision", "overlap-r4", 11 * HOUR + 51, 13 * HOUR + 2 * MINUTE + 41)
-            .job("overlap")
-            .gpus(H100, 2),
+        Spec::new(
+            "vision",
+            "overlap-r4",
+            11 * HOUR + 51,
+            13 * HOUR + 2 * MINUTE + 41,
+        )
+        .job("overlap")
+        .gpus(H100, 2),
         // Running when the first window ends, finished in the second.
-        Spec::new("nlp", "long-k1", 12 * HOUR + 30 * MINUTE + 3, 15 * HOUR + 45 * MINUTE + 53)
-            .job("long")
-            .gpus(H100, 4),
+        Spec::new(
+            "nlp",
+            "long-k1",
+            12 * HOUR + 30 * MINUTE + 3,
+            15 * HOUR + 45 * MINUTE + 53,
+        )
+        .job("long")
+        .gpus(H100, 4),
         // A retried Job whose first pod is long deleted when the second finishes.
         Spec {
             linger: 20 * MINUTE,
-            ..Spec::new("vision", "retry-1aa", 9 * HOUR + 31, 10 * HOUR + 2 * MINUTE + 2)
-                .job("retry")
-                .gpus(A100, 1)
-                .end(End::Failed("Error"))
-        },
-        Spec::new("vision", "retry-2bb", 13 * HOUR + 31, 16 * HOUR + 2 * MINUTE + 5)
+            ..Spec::new(
+                "vision",
+                "retry-1aa",
+                9 * HOUR + 31,
+                10 * HOUR + 2 * MINUTE + 2,
+            )
             .job("retry")
-            .gpus(A100, 1),
+            .gpus(A100, 1)
+            .end(End::Failed("Error"))
+        },
+        Spec::new(
+            "vision",
+            "retry-2bb",
+            13 * HOUR + 31,
+            16 * HOUR + 2 * MINUTE + 5,
+        )
+        .job("retry")
+        .gpus(A100, 1),
         // Still running when the samples end.
         Spec::new("vision", "serve-0", 20 * HOUR + 9, DATA_END)
             .gpus(A100, 1)
@@ -308,23 +398,41 @@ fn specs() -> Vec<Spec> {
         ("nlp", A100, 4),
         ("nlp", L40S, 1),
         ("research", H100, 8),
-        ("research", Gpu { profiling: false, ..H100 }, 1),
+        (
+            "research",
+            Gpu {
+                profiling: false,
+                ..H100
+            },
+            1,
+        ),
         ("vision", A100, 2),
     ]
     .into_iter()
     .enumerate()
     {
         let start = (14 + i as i64) * HOUR + 7 * MINUTE + 17 + i as i64;
-        let mut spec = Spec::new(namespace, &format!("sweep-{i}-x"), start, start + 47 * MINUTE + 31)
-            .job(&format!("sweep-{i}"))
-            .gpus(gpu, count);
+        let mut spec = Spec::new(
+            namespace,
+            &format!("sweep-{i}-x"),
+            start,
+            start + 47 * MINUTE + 31,
+        )
+        .job(&format!("sweep-{i}"))
+        .gpus(gpu, count);
         spec.team = Some(["perception", "language"][i % 2]);
         spec.node = "gpu-node-2";
         specs.push(spec);
     }
     for i in 0..4 {
         let start = (2 + 5 * i) * HOUR + 1;
-        let mut cpu = Spec::new("batch", &format!("etl-{i}"), start, start + 30 * MINUTE + 11).job(&format!("etl-{i}"));
+        let mut cpu = Spec::new(
+            "batch",
+            &format!("etl-{i}"),
+            start,
+            start + 30 * MINUTE + 11,
+        )
+        .job(&format!("etl-{i}"));
         cpu.resources = vec![];
         cpu.node = "cpu-node-1";
         specs.push(cpu);
@@ -354,18 +462,38 @@ fn openmetrics(specs: &[Spec], base: i64) -> String {
         let owner_kind = if spec.job.is_some() { "Job" } else { "<none>" };
         let scrapes: Vec<i64> = spec.scrapes().collect();
         for &t in &scrapes {
-            emit("kube_pod_created", &with(&[]), (base + spec.created) as f64, t);
+            emit(
+                "kube_pod_created",
+                &with(&[]),
+                (base + spec.created) as f64,
+                t,
+            );
             if let Some(started) = spec.started.filter(|s| t >= *s) {
-                emit("kube_pod_start_time", &with(&[]), (base + started) as f64, t);
+                emit(
+                    "kube_pod_start_time",
+                    &with(&[]),
+                    (base + started) as f64,
+                    t,
+                );
             }
             if spec.completes() && t >= spec.ended {
-                emit("kube_pod_completion_time", &with(&[]), (base + spec.ended) as f64, t);
+                emit(
+                    "kube_pod_completion_time",
+                    &with(&[]),
+                    (base + spec.ended) as f64,
+                    t,
+                );
             }
             let now = spec.phase_at(t);
             for phase in ["Pending", "Running", "Succeeded", "Failed", "Unknown"] {
                 let mut labels = with(&[]);
                 labels.push(("phase", phase));
-                emit("kube_pod_status_phase", &labels, f64::from(u8::from(now == phase)), t);
+                emit(
+                    "kube_pod_status_phase",
+                    &labels,
+                    f64::from(u8::from(now == phase)),
+                    t,
+                );
             }
             let mut labels = with(&[("owner_is_controller", "true")]);
             labels.push(("owner_kind", owner_kind));
@@ -467,9 +595,19 @@ fn openmetrics(specs: &[Spec], base: i64) -> String {
                     t,
                 );
                 if gpu.profiling {
-                    emit("DCGM_FI_PROF_GR_ENGINE_ACTIVE", &labels, util(seed, i, k) / 100.0, t);
+                    emit(
+                        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                        &labels,
+                        util(seed, i, k) / 100.0,
+                        t,
+                    );
                     emit("DCGM_FI_PROF_SM_ACTIVE", &labels, sm(seed, i, k), t);
-                    emit("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", &labels, tensor(seed, i, k), t);
+                    emit(
+                        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                        &labels,
+                        tensor(seed, i, k),
+                        t,
+                    );
                     emit("DCGM_FI_PROF_DRAM_ACTIVE", &labels, dram(seed, i, k), t);
                 }
             }
@@ -516,7 +654,10 @@ fn expected(spec: &Spec, attempt: u32, base: i64) -> Value {
         other => other,
     };
     let gpu_model = spec.gpus.first().map_or("A100-80GB", model);
-    let hami = spec.resources.iter().any(|(r, _)| *r == "nvidia_com_gpucores");
+    let hami = spec
+        .resources
+        .iter()
+        .any(|(r, _)| *r == "nvidia_com_gpucores");
     let mig = spec.gpus.first().and_then(|gpu| gpu.mig);
     let gpu_count: i64 = spec
         .resources
@@ -737,7 +878,9 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
         "{out}"
     );
     assert!(
-        out.contains("telemetry on 1 job (measured for the whole shared GPU, not for the pod's share)"),
+        out.contains(
+            "telemetry on 1 job (measured for the whole shared GPU, not for the pod's share)"
+        ),
         "{out}"
     );
     let second = (at(base, 12 * HOUR), at(base, DATA_END));
@@ -759,7 +902,9 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
     assert!(out.contains("skipped: no GPU 2, still running 1"), "{out}");
     let stored: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(
-        stored["until"].as_str().map(|t| t.parse::<DateTime<Utc>>().unwrap()),
+        stored["until"]
+            .as_str()
+            .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
         DateTime::from_timestamp(base + DATA_END, 0)
     );
 
@@ -773,11 +918,16 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
     let mut attempts: BTreeMap<(String, String), u32> = BTreeMap::new();
     for spec in &recorded {
         let task = spec.job.clone().unwrap_or_else(|| spec.name.clone());
-        let attempt = attempts.entry((spec.namespace.to_owned(), task.clone())).or_default();
+        let attempt = attempts
+            .entry((spec.namespace.to_owned(), task.clone()))
+            .or_default();
         *attempt += 1;
         let response = app
             .get(
-                &format!("/v1/projects/{}/job-records/{task}/{attempt}", spec.namespace),
+                &format!(
+                    "/v1/projects/{}/job-records/{task}/{attempt}",
+                    spec.namespace
+                ),
                 &app.admin,
             )
             .await;
@@ -864,8 +1014,14 @@ async fn collect_prometheus_fails_clearly_and_keeps_its_state_when_prometheus_do
             fake_prometheus(Fake::TimedOut).await,
             "answered 503 Service Unavailable: Prometheus answered timeout: query timed out",
         ),
-        (fake_prometheus(Fake::Garbage).await, "the answer is not JSON"),
-        (fake_prometheus(Fake::Matrix).await, "is a `matrix`, not an instant vector"),
+        (
+            fake_prometheus(Fake::Garbage).await,
+            "the answer is not JSON",
+        ),
+        (
+            fake_prometheus(Fake::Matrix).await,
+            "is a `matrix`, not an instant vector",
+        ),
     ] {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskledger"));
         command
@@ -874,7 +1030,12 @@ async fn collect_prometheus_fails_clearly_and_keeps_its_state_when_prometheus_do
             .args(["--prometheus", &url, "--query-timeout", "1s"])
             .arg("--state")
             .arg(&state)
-            .args(["--until", "2026-01-02T00:00:00Z", "--since", "2026-01-01T00:00:00Z"]);
+            .args([
+                "--until",
+                "2026-01-02T00:00:00Z",
+                "--since",
+                "2026-01-01T00:00:00Z",
+            ]);
         let output = command.output().await.unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{url}: {stderr}");

@@ -155,17 +155,26 @@ pub fn pods(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
     let mut requested: BTreeMap<PodKey, BTreeSet<String>> = BTreeMap::new();
     for (fact, samples) in answers {
         for sample in samples {
-            let key = PodKey::of(&sample)
-                .ok_or_else(|| format!("a series answered for {fact:?} names no namespace and pod"))?;
+            let key = PodKey::of(&sample).ok_or_else(|| {
+                format!("a series answered for {fact:?} names no namespace and pod")
+            })?;
             let time = || {
-                sample
-                    .time()
-                    .ok_or_else(|| format!("{}: `{}` is not a time ({fact:?})", key.location(), sample.value))
+                sample.time().ok_or_else(|| {
+                    format!(
+                        "{}: `{}` is not a time ({fact:?})",
+                        key.location(),
+                        sample.value
+                    )
+                })
             };
             let number = || {
-                sample
-                    .decimal()
-                    .ok_or_else(|| format!("{}: `{}` is not a number ({fact:?})", key.location(), sample.value))
+                sample.decimal().ok_or_else(|| {
+                    format!(
+                        "{}: `{}` is not a number ({fact:?})",
+                        key.location(),
+                        sample.value
+                    )
+                })
             };
             let pod = pods
                 .entry(key.clone())
@@ -197,7 +206,10 @@ pub fn pods(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
                 PodFact::Limits => {
                     let resource = sample.label("resource").unwrap_or_default().to_owned();
                     let amount = number()?;
-                    limits.entry(key.clone()).or_default().push((resource, amount));
+                    limits
+                        .entry(key.clone())
+                        .or_default()
+                        .push((resource, amount));
                 }
                 PodFact::Restarts => {
                     pod.restarts = u64::try_from(number()?.trunc()).unwrap_or(0);
@@ -234,7 +246,13 @@ pub fn pods(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
 pub fn ksm_label(key: &str) -> String {
     let sanitized: String = key
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("label_{sanitized}")
 }
@@ -266,8 +284,9 @@ impl Mapping {
         if let Some(project) = self.projects.get(source) {
             return Ok(project.as_str().to_owned());
         }
-        account_slug(source)
-            .ok_or_else(|| format!("`{source}` makes no project id; map it in the project map file"))
+        account_slug(source).ok_or_else(|| {
+            format!("`{source}` makes no project id; map it in the project map file")
+        })
     }
 
     fn task_of(&self, pod: &Pod) -> Task {
@@ -431,7 +450,10 @@ fn outcome(pod: &Pod) -> Outcome {
     {
         Outcome::Preempted
     } else if pod.phase == Some(Phase::Failed)
-        || pod.terminated_reasons.iter().any(|reason| reason != "Completed")
+        || pod
+            .terminated_reasons
+            .iter()
+            .any(|reason| reason != "Completed")
     {
         Outcome::Failed
     } else {
@@ -451,7 +473,9 @@ pub fn attempts(
     for (source, samples) in members {
         for sample in samples {
             let (Some(key), Some(task)) = (PodKey::of(sample), sample.label("task")) else {
-                return Err("a series of the task answer names no namespace, pod or task".to_owned());
+                return Err(
+                    "a series of the task answer names no namespace, pod or task".to_owned(),
+                );
             };
             let created = sample
                 .time()
@@ -476,7 +500,11 @@ pub fn attempts(
                     candidate.task.namespace.as_str(),
                     candidate.task.name.as_str(),
                 ))
-                .map_or(0, |pods| pods.iter().filter(|other| **other < own && other.1 != own.1).count());
+                .map_or(0, |pods| {
+                    pods.iter()
+                        .filter(|other| **other < own && other.1 != own.1)
+                        .count()
+                });
             u32::try_from(earlier).unwrap_or(u32::MAX - 1) + 1
         })
         .collect())
@@ -490,7 +518,12 @@ pub struct Measured {
 }
 
 /// The job-record inputs of the planned candidates, with their attempts.
-pub fn records(plan: Plan, attempts: &[u32], measured: &Measured, mapping: &Mapping) -> SourceBatch {
+pub fn records(
+    plan: Plan,
+    attempts: &[u32],
+    measured: &Measured,
+    mapping: &Mapping,
+) -> SourceBatch {
     let mut batch = plan.batch;
     let none = Dcgm::default();
     for (candidate, attempt) in plan.candidates.iter().zip(attempts) {
@@ -509,7 +542,10 @@ pub fn records(plan: Plan, attempts: &[u32], measured: &Measured, mapping: &Mapp
 /// strategy or time-slicing.
 pub fn node_product(label: &str) -> String {
     let product = label.split("-MIG-").next().unwrap_or(label);
-    product.strip_suffix("-SHARED").unwrap_or(product).to_owned()
+    product
+        .strip_suffix("-SHARED")
+        .unwrap_or(product)
+        .to_owned()
 }
 
 fn record_of(
@@ -544,7 +580,11 @@ fn record_of(
     let mig = !request.slices.is_empty() || !dcgm.mig_profiles.is_empty();
     let count = if mig {
         let slices: Decimal = request.slices.values().sum();
-        let kind = match (request.slices.len(), request.gpus.is_zero(), dcgm.mig_profiles.len()) {
+        let kind = match (
+            request.slices.len(),
+            request.gpus.is_zero(),
+            dcgm.mig_profiles.len(),
+        ) {
             (1, true, _) => request.slices.keys().next().cloned(),
             // MIG's single strategy: each slice is advertised as a `nvidia.com/gpu`.
             (0, false, 1) => dcgm.mig_profiles.iter().next().cloned(),
@@ -584,11 +624,12 @@ fn record_of(
     if pod.restarts > 0 {
         record["retries"] = json!(pod.restarts.min(i32::MAX as u64));
     }
-    let measured_anything = *dcgm != Dcgm {
-        models: dcgm.models.clone(),
-        mig_profiles: dcgm.mig_profiles.clone(),
-        ..Dcgm::default()
-    };
+    let measured_anything = *dcgm
+        != Dcgm {
+            models: dcgm.models.clone(),
+            mig_profiles: dcgm.mig_profiles.clone(),
+            ..Dcgm::default()
+        };
     if request.is_share() && !mig {
         if measured_anything {
             batch.leave_out(SHARED_GPU);
@@ -653,4 +694,399 @@ fn labels(candidate: &Candidate, mapping: &Mapping) -> Map<String, Value> {
             (!value.trim().is_empty()).then(|| (key.to_owned(), Value::String(value)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::record::{JobRecord, RecordRules};
+
+    fn utc(raw: &str) -> DateTime<Utc> {
+        raw.parse().unwrap()
+    }
+
+    fn pod(name: &str) -> Pod {
+        let mut pod = Pod::new(PodKey {
+            namespace: "ml".to_owned(),
+            name: name.to_owned(),
+            uid: format!("uid-{name}"),
+        });
+        pod.created = Some(utc("2026-03-01T09:58:00Z"));
+        pod.started = Some(utc("2026-03-01T10:00:00Z"));
+        pod.completed = Some(utc("2026-03-01T11:00:00Z"));
+        pod.phase = Some(Phase::Succeeded);
+        pod.last_seen = Some(utc("2026-03-01T11:30:00Z"));
+        pod.last_running = Some(utc("2026-03-01T10:59:30Z"));
+        pod.job = Some("train".to_owned());
+        pod.request.add("nvidia_com_gpu", Decimal::from(2));
+        pod.node = Some("n1".to_owned());
+        pod
+    }
+
+    fn horizon() -> Horizon {
+        Horizon {
+            since: utc("2026-03-01T00:00:00Z"),
+            until: utc("2026-03-02T00:00:00Z"),
+            now: utc("2026-03-05T00:00:00Z"),
+            settle: TimeDelta::minutes(5),
+        }
+    }
+
+    fn sample(labels: &[(&str, &str)], value: &str) -> Sample {
+        Sample {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            value: value.to_owned(),
+        }
+    }
+
+    #[test]
+    fn answers_join_into_pods_and_a_limit_counts_only_without_a_request() {
+        let key = [("namespace", "ml"), ("pod", "a"), ("uid", "u")];
+        let with = |more: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+            key.iter().chain(more).copied().collect()
+        };
+        let pods = pods(vec![
+            (PodFact::Started, vec![sample(&with(&[]), "1772359200")]),
+            (
+                PodFact::Phase,
+                vec![sample(&with(&[("phase", "Failed")]), "1")],
+            ),
+            (
+                PodFact::Owner,
+                vec![sample(
+                    &with(&[("owner_kind", "Job"), ("owner_name", "j")]),
+                    "1",
+                )],
+            ),
+            (
+                PodFact::Labels,
+                vec![sample(
+                    &with(&[("label_team", "nlp"), ("label_empty", ""), ("job", "ksm")]),
+                    "1",
+                )],
+            ),
+            (
+                PodFact::Requests,
+                vec![sample(&with(&[("resource", "nvidia_com_gpu")]), "2")],
+            ),
+            (
+                PodFact::Limits,
+                vec![
+                    sample(&with(&[("resource", "nvidia_com_gpu")]), "2"),
+                    sample(&with(&[("resource", "nvidia_com_gpucores")]), "50"),
+                ],
+            ),
+            (
+                PodFact::StatusReason,
+                vec![sample(&with(&[("reason", "Evicted")]), "1")],
+            ),
+        ])
+        .unwrap();
+        assert_eq!(pods.len(), 1);
+        let pod = &pods[0];
+        assert_eq!(pod.started, Some(utc("2026-03-01T10:00:00Z")));
+        assert_eq!(pod.phase, Some(Phase::Failed));
+        assert_eq!(pod.job.as_deref(), Some("j"));
+        assert_eq!(
+            pod.labels,
+            [("label_team".to_owned(), "nlp".to_owned())].into()
+        );
+        assert_eq!(pod.request.gpus, Decimal::from(2));
+        assert_eq!(pod.request.cores_percent, Some(Decimal::from(50)));
+        assert_eq!(outcome(pod), Outcome::Preempted);
+        let nameless = vec![(PodFact::Created, vec![sample(&[("pod", "a")], "1")])];
+        assert!(self::pods(nameless).is_err());
+    }
+
+    #[test]
+    fn pods_are_decided_once_they_ended_in_the_window_and_settled() {
+        let mut running = pod("running");
+        running.phase = Some(Phase::Running);
+        running.completed = None;
+        running.last_seen = Some(utc("2026-03-01T23:59:30Z"));
+        // Deleted while running: no longer reported while others are.
+        let mut gone = running.clone();
+        gone.key.name = "gone".to_owned();
+        gone.last_seen = Some(utc("2026-03-01T12:00:00Z"));
+        gone.last_running = Some(utc("2026-03-01T12:00:00Z"));
+        let mut recent = pod("recent");
+        recent.completed = Some(utc("2026-03-04T23:58:00Z"));
+        let mut earlier = pod("earlier");
+        earlier.completed = Some(utc("2026-02-28T23:00:00Z"));
+        let mut cpu = pod("cpu");
+        cpu.request = GpuRequest::default();
+        let mut unstarted = pod("unstarted");
+        unstarted.started = None;
+        unstarted.phase = Some(Phase::Failed);
+        unstarted.completed = None;
+        unstarted.last_running = None;
+        let plan = plan(
+            vec![pod("done"), running, gone, earlier, cpu, unstarted],
+            &horizon(),
+            &Mapping::default(),
+        );
+        assert_eq!(
+            plan.batch.jobs_read, 5,
+            "the pod that ended before the window is not counted"
+        );
+        assert_eq!(
+            plan.batch.skipped,
+            [(NO_GPU, 1), (STILL_RUNNING, 1), (MISSING_START, 1)].into()
+        );
+        let decided: Vec<(&str, DateTime<Utc>, Outcome)> = plan
+            .candidates
+            .iter()
+            .map(|c| (c.pod.key.name.as_str(), c.ended, c.outcome))
+            .collect();
+        assert_eq!(
+            decided,
+            vec![
+                ("done", utc("2026-03-01T11:00:00Z"), Outcome::Completed),
+                ("gone", utc("2026-03-01T12:00:00Z"), Outcome::Cancelled),
+            ]
+        );
+        // A pod that ended less than `settle` before now waits for a later window.
+        let late = Horizon {
+            until: utc("2026-03-05T00:00:00Z"),
+            ..horizon()
+        };
+        let plan = self::plan(vec![recent], &late, &Mapping::default());
+        assert_eq!(plan.batch.skipped, [(STILL_RUNNING, 1)].into());
+    }
+
+    #[test]
+    fn outcomes_follow_the_phase_then_the_reasons() {
+        let mut failed = pod("f");
+        failed.phase = Some(Phase::Failed);
+        failed.terminated_reasons.insert("OOMKilled".to_owned());
+        assert_eq!(outcome(&failed), Outcome::Failed);
+        let mut restarted = pod("r");
+        restarted.terminated_reasons.insert("OOMKilled".to_owned());
+        assert_eq!(outcome(&restarted), Outcome::Completed);
+        let mut deleted = pod("d");
+        deleted.phase = Some(Phase::Running);
+        deleted.terminated_reasons.insert("Completed".to_owned());
+        assert_eq!(outcome(&deleted), Outcome::Cancelled);
+        deleted.terminated_reasons.insert("Error".to_owned());
+        assert_eq!(outcome(&deleted), Outcome::Failed);
+        deleted
+            .status_reasons
+            .insert("PreemptionByScheduler".to_owned());
+        assert_eq!(outcome(&deleted), Outcome::Preempted);
+    }
+
+    #[test]
+    fn attempts_count_every_earlier_pod_of_the_task() {
+        let mut second = pod("train-2");
+        second.created = Some(utc("2026-03-01T12:00:00Z"));
+        let plan = plan(vec![second], &horizon(), &Mapping::default());
+        let task = |pod: &str, created: &str| {
+            sample(
+                &[
+                    ("namespace", "ml"),
+                    ("pod", pod),
+                    ("uid", &format!("uid-{pod}")),
+                    ("task", "train"),
+                ],
+                created,
+            )
+        };
+        let members = [(
+            TaskSource::Job,
+            vec![
+                // Long deleted, but Prometheus still holds its series.
+                task("train-1", "1772355600"),
+                task("train-2", "1772366400"),
+                task("train-3", "1772370000"),
+            ],
+        )]
+        .into();
+        assert_eq!(attempts(&plan.candidates, &members).unwrap(), vec![2]);
+        assert_eq!(
+            attempts(&plan.candidates, &BTreeMap::new()).unwrap(),
+            vec![1]
+        );
+    }
+
+    #[test]
+    fn tasks_and_projects_come_from_labels_jobs_or_names() {
+        let mut labelled = pod("a");
+        labelled.labels.insert(
+            "label_app_kubernetes_io_instance".to_owned(),
+            "run-7".to_owned(),
+        );
+        labelled
+            .labels
+            .insert("label_team".to_owned(), "Vision_GPU".to_owned());
+        let mapping = Mapping {
+            task_label: Some("app.kubernetes.io/instance".to_owned()),
+            project_label: Some("team".to_owned()),
+            ..Mapping::default()
+        };
+        assert_eq!(mapping.task_of(&labelled).name, "run-7");
+        assert_eq!(mapping.project_of(&labelled).unwrap(), "vision-gpu");
+        let mut bare = pod("bare");
+        bare.job = None;
+        assert_eq!(mapping.task_of(&bare).source, TaskSource::PodName);
+        assert_eq!(mapping.task_of(&bare).name, "bare");
+        assert_eq!(mapping.project_of(&bare).unwrap(), "ml");
+        let projects = parse_project_map("# teams\nml = research\n\nVision_GPU=vision\n").unwrap();
+        let mapped = Mapping {
+            projects,
+            ..mapping
+        };
+        assert_eq!(mapped.project_of(&labelled).unwrap(), "vision");
+        assert_eq!(mapped.project_of(&bare).unwrap(), "research");
+        assert!(
+            parse_project_map("ml research")
+                .unwrap_err()
+                .starts_with("line 1")
+        );
+        assert!(parse_project_map("ml=Research").is_err());
+        assert_eq!(
+            ksm_label("app.kubernetes.io/name"),
+            "label_app_kubernetes_io_name"
+        );
+        assert_eq!(
+            node_product("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"),
+            "NVIDIA-A100-SXM4-40GB"
+        );
+        assert_eq!(
+            node_product("NVIDIA-A100-SXM4-80GB-SHARED"),
+            "NVIDIA-A100-SXM4-80GB"
+        );
+    }
+
+    fn record(pod: Pod, dcgm: Dcgm, mapping: &Mapping) -> (Value, SourceBatch) {
+        let key = pod.key.clone();
+        let plan = plan(vec![pod], &horizon(), mapping);
+        let measured = Measured {
+            dcgm: [(key, dcgm)].into(),
+            node_products: [("n1".to_owned(), "NVIDIA-H100-80GB-HBM3".to_owned())].into(),
+        };
+        let batch = records(plan, &[1], &measured, mapping);
+        assert_eq!(batch.unparsable, vec![]);
+        let value = batch.records[0].value.clone();
+        let rules = RecordRules {
+            now: utc("2026-03-05T00:00:00Z"),
+            max_duration: RecordRules::DEFAULT_MAX_DURATION,
+        };
+        JobRecord::parse(&value, "", rules).expect("every record passes the ledger's checks");
+        (value, batch)
+    }
+
+    fn dcgm(models: &[&str], profiles: &[&str]) -> Dcgm {
+        Dcgm {
+            gpu_util_percent: Some(telemetry::Figure::Value(Decimal::from(90))),
+            gr_engine_active: Some(telemetry::Figure::Value("0.25".parse().unwrap())),
+            fb_used_mib: Some(telemetry::Figure::Value(Decimal::from(30720))),
+            models: models.iter().map(|m| (*m).to_owned()).collect(),
+            mig_profiles: profiles.iter().map(|p| (*p).to_owned()).collect(),
+            ..Dcgm::default()
+        }
+    }
+
+    #[test]
+    fn whole_gpus_become_a_record_with_their_telemetry_and_labels() {
+        let mut whole = pod("a");
+        whole.restarts = 2;
+        whole
+            .labels
+            .insert("label_team".to_owned(), "nlp".to_owned());
+        let mapping = Mapping {
+            labels: vec!["team".to_owned(), "missing".to_owned()],
+            gpu_models: [("NVIDIA A100-SXM4-80GB".to_owned(), "A100-80GB".to_owned())].into(),
+            ..Mapping::default()
+        };
+        let (value, _) = record(whole, dcgm(&["NVIDIA A100-SXM4-80GB"], &[]), &mapping);
+        assert_eq!(
+            value,
+            json!({
+                "project": "ml", "task_id": "train", "attempt": 1, "gpu_model": "A100-80GB",
+                "gpu_count": "2", "started_at": "2026-03-01T10:00:00Z",
+                "ended_at": "2026-03-01T11:00:00Z", "queued_at": "2026-03-01T09:58:00Z",
+                "outcome": "completed", "retries": 2, "gpu_util": "0.9",
+                "memory_peak_gib": "30",
+                "labels": {"namespace": "ml", "pod": "a", "node": "n1", "team": "nlp"}
+            })
+        );
+        // Without DCGM, the node's product names the model.
+        let (value, _) = record(pod("b"), Dcgm::default(), &Mapping::default());
+        assert_eq!(value["gpu_model"], "NVIDIA-H100-80GB-HBM3");
+        assert_eq!(value.get("gpu_util"), None);
+    }
+
+    #[test]
+    fn slices_and_shares_are_counted_as_the_ledger_prices_them() {
+        let mut slices = pod("mig");
+        slices.request = GpuRequest::default();
+        slices
+            .request
+            .add("nvidia_com_mig_3g_40gb", Decimal::from(2));
+        let (value, _) = record(
+            slices,
+            dcgm(&["NVIDIA H100 80GB HBM3"], &["3g.40gb"]),
+            &Mapping::default(),
+        );
+        assert_eq!(
+            (
+                &value["gpu_count"],
+                &value["mig_profile"],
+                &value["gpu_util"],
+                &value["memory_peak_gib"]
+            ),
+            (&json!("2"), &json!("3g.40gb"), &json!("0.25"), &json!("30"))
+        );
+        // MIG's single strategy: slices advertised as GPUs, the profile from DCGM.
+        let (value, _) = record(
+            pod("single"),
+            dcgm(&["NVIDIA H100 80GB HBM3"], &["1g.10gb"]),
+            &Mapping::default(),
+        );
+        assert_eq!(
+            (&value["gpu_count"], &value["mig_profile"]),
+            (&json!("2"), &json!("1g.10gb"))
+        );
+        assert_eq!(
+            value.get("memory_peak_gib"),
+            None,
+            "30 GiB on a 10 GiB slice is left out"
+        );
+        let mut mixed = pod("mixed");
+        mixed.request.add("nvidia_com_mig_1g_10gb", Decimal::ONE);
+        let (value, batch) = record(
+            mixed,
+            dcgm(&["NVIDIA H100 80GB HBM3"], &["1g.10gb"]),
+            &Mapping::default(),
+        );
+        assert_eq!(
+            (&value["gpu_count"], value.get("mig_profile")),
+            (&json!("3"), None)
+        );
+        assert_eq!(batch.left_out[&SEVERAL_KINDS], 1);
+
+        let mut shared = pod("hami");
+        shared.request = GpuRequest::default();
+        shared.request.add("nvidia_com_gpu", Decimal::from(2));
+        shared
+            .request
+            .add("nvidia_com_gpumem", Decimal::from(20480));
+        let (value, batch) = record(
+            shared.clone(),
+            dcgm(&["NVIDIA H100 80GB HBM3"], &[]),
+            &Mapping::default(),
+        );
+        assert_eq!(value["gpu_count"], "0.5", "2 × 20 of 80 GiB");
+        assert_eq!(
+            (value.get("gpu_util"), value.get("memory_peak_gib")),
+            (None, None)
+        );
+        assert_eq!(batch.left_out[&SHARED_GPU], 1);
+        let (value, batch) = record(shared, dcgm(&["TPU"], &[]), &Mapping::default());
+        assert_eq!(value["gpu_count"], "2");
+        assert_eq!(batch.left_out[&SHARE_OF_UNKNOWN_MODEL], 1);
+    }
 }

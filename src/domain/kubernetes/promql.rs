@@ -215,7 +215,10 @@ impl PodQueries<'_> {
         let resource = format!("resource=~{}", string(GPU_RESOURCES));
         match fact {
             PodFact::Created => {
-                format!("max by ({POD}) (max_over_time({}[{range}]))", s("kube_pod_created", &[]))
+                format!(
+                    "max by ({POD}) (max_over_time({}[{range}]))",
+                    s("kube_pod_created", &[])
+                )
             }
             PodFact::Started => format!(
                 "max by ({POD}) (max_over_time({}[{range}]))",
@@ -349,7 +352,13 @@ pub fn task_pods<'a>(
 /// The figures dcgm-exporter measured of one pod's GPUs over its life, each tagged with the
 /// label `figure`: averages over the GPUs of the per-GPU averages over time, the highest
 /// framebuffer use, and the GPU models and MIG profiles of the pod's devices.
-pub fn dcgm(selector: &str, namespace: &str, pod: &str, uid: Option<&str>, life: TimeDelta) -> String {
+pub fn dcgm(
+    selector: &str,
+    namespace: &str,
+    pod: &str,
+    uid: Option<&str>,
+    life: TimeDelta,
+) -> String {
     let uid_matcher = uid.map(|uid| format!("pod_uid=~{}", any_of([uid, ""])));
     let namespace = format!("namespace={}", string(namespace));
     let pod = format!("pod={}", string(pod));
@@ -413,10 +422,15 @@ mod tests {
             vector(error).unwrap_err(),
             "Prometheus answered timeout: query timed out"
         );
-        assert!(vector(b"<html>bad gateway</html>").unwrap_err().contains("not JSON"));
+        assert!(
+            vector(b"<html>bad gateway</html>")
+                .unwrap_err()
+                .contains("not JSON")
+        );
         let matrix = br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
         assert!(vector(matrix).unwrap_err().contains("`matrix`"));
-        let broken = br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}"#;
+        let broken =
+            br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}"#;
         assert!(vector(broken).unwrap_err().contains("no `value`"));
         let small = Sample {
             labels: BTreeMap::new(),

@@ -117,7 +117,11 @@ mod tests {
         assert_eq!(request.gpus, dec("3"));
         assert_eq!(
             request.slices,
-            [("1g.10gb".to_owned(), dec("2")), ("3g.40gb".to_owned(), dec("1"))].into()
+            [
+                ("1g.10gb".to_owned(), dec("2")),
+                ("3g.40gb".to_owned(), dec("1"))
+            ]
+            .into()
         );
         assert!(!request.is_share());
         assert!(GpuRequest::default().is_empty());

@@ -191,7 +191,10 @@ mod tests {
         assert_eq!(left_out, vec![]);
         assert_eq!(t.gpu_util, Some(dec("0.915")));
         assert_eq!(t.memory_peak_gib, Some(dec("40")));
-        assert_eq!((t.sm_active, t.tensor_active, t.dram_active), (None, None, None));
+        assert_eq!(
+            (t.sm_active, t.tensor_active, t.dram_active),
+            (None, None, None)
+        );
     }
 
     #[test]
@@ -203,7 +206,11 @@ mod tests {
             sample(&[("figure", "dram_active")], "NaN"),
             sample(&[("figure", "fb_used")], "30000"),
             sample(
-                &[("figure", "device"), ("modelName", "NVIDIA A100-SXM4-80GB"), ("GPU_I_PROFILE", "1g.10gb")],
+                &[
+                    ("figure", "device"),
+                    ("modelName", "NVIDIA A100-SXM4-80GB"),
+                    ("GPU_I_PROFILE", "1g.10gb"),
+                ],
                 "1",
             ),
         ])
@@ -211,13 +218,25 @@ mod tests {
         assert_eq!(dcgm.mig_profiles, ["1g.10gb".to_owned()].into());
         let (t, left_out) = telemetry(&dcgm, true, Some(dec("10")));
         assert_eq!(t.gpu_util, Some(dec("0.412346")));
-        assert_eq!((t.sm_active, t.dram_active, t.memory_peak_gib), (None, None, None));
+        assert_eq!(
+            (t.sm_active, t.dram_active, t.memory_peak_gib),
+            (None, None, None)
+        );
         assert_eq!(
             left_out,
             vec![
-                LeftOut { field: "sm_active", reason: ABOVE_FULL },
-                LeftOut { field: "dram_active", reason: NOT_FINITE },
-                LeftOut { field: "memory_peak_gib", reason: MEMORY_ABOVE_TOTAL },
+                LeftOut {
+                    field: "sm_active",
+                    reason: ABOVE_FULL
+                },
+                LeftOut {
+                    field: "dram_active",
+                    reason: NOT_FINITE
+                },
+                LeftOut {
+                    field: "memory_peak_gib",
+                    reason: MEMORY_ABOVE_TOTAL
+                },
             ]
         );
         assert!(Dcgm::read(&[sample(&[("figure", "power")], "1")]).is_err());
