@@ -200,10 +200,10 @@ pub struct SlurmImportArgs {
 #[derive(Debug, Subcommand)]
 pub enum CollectSource {
     /// Run sacct for the window; jobs map as `import --format sacct` maps them.
-    Slurm(SlurmCollectArgs),
+    Slurm(Box<SlurmCollectArgs>),
     /// Ask Prometheus for the Kubernetes GPU pods that finished in the window
     /// (kube-state-metrics) and what their GPUs did (dcgm-exporter); one record per pod.
-    Prometheus(PrometheusCollectArgs),
+    Prometheus(Box<PrometheusCollectArgs>),
 }
 
 /// What every collector takes: where the records go and which window it reads.

@@ -68,14 +68,17 @@ fn init_tracing() {
 /// `collect <source>`: once, or with `--every` until SIGTERM, each run as [`collect_once`].
 async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
     let (run, collector) = match source {
-        CollectSource::Slurm(args) => (
-            args.run,
-            Collector::Slurm(SlurmCollector {
-                sacct: args.sacct,
-                extra_arguments: args.sacct_args,
-                mapping: args.mapping.mapping(),
-            }),
-        ),
+        CollectSource::Slurm(args) => {
+            let args = *args;
+            (
+                args.run,
+                Collector::Slurm(SlurmCollector {
+                    sacct: args.sacct,
+                    extra_arguments: args.sacct_args,
+                    mapping: args.mapping.mapping(),
+                }),
+            )
+        }
         CollectSource::Prometheus(args) => {
             let collector = prometheus_collector(&args)?;
             (args.run, Collector::Prometheus(collector))

@@ -229,6 +229,7 @@ impl Prometheus {
         )
         .unwrap();
         let process = prometheus::start(&config, &dir.path().join("data"), &[]);
+        process.ready(PATIENCE).await;
         Self {
             process,
             _dir: dir,

@@ -1045,3 +1045,37 @@ async fn collect_prometheus_fails_clearly_and_keeps_its_state_when_prometheus_do
         assert_eq!(record_count(&app).await, 0, "{url}");
     }
 }
+
+#[tokio::test]
+async fn collect_every_keeps_running_past_a_failed_run_until_sigterm() {
+    let app = TestApp::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("prometheus.state");
+    let kept = r#"{"collector": "prometheus", "until": "2026-01-01T00:00:00Z"}"#;
+    std::fs::write(&state, kept).unwrap();
+    let url = fake_prometheus(Fake::Garbage).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
+        .env_remove("TASKLEDGER_SERVER")
+        .args(["--database-url", &app.database_url, "collect", "prometheus"])
+        .args(["--prometheus", &url, "--every", "1s"])
+        .arg("--state")
+        .arg(&state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("SIGTERM stops it")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.matches("error: ").count() >= 2,
+        "each run failed and the next one ran: {stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&state).unwrap(), kept);
+}

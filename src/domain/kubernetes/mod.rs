@@ -461,6 +461,9 @@ fn outcome(pod: &Pod) -> Outcome {
     }
 }
 
+/// The pods of each task (source, namespace, name), by creation time.
+type TaskPods<'a> = BTreeMap<(&'a TaskSource, &'a str, &'a str), BTreeSet<(DateTime<Utc>, PodKey)>>;
+
 /// The attempt of each candidate: its place among the pods of its task, by creation time
 /// (then name), counting every pod of the task Prometheus saw, finished or not. `members`
 /// holds, per source, the answer of [`promql::task_pods`].
@@ -468,8 +471,7 @@ pub fn attempts(
     candidates: &[Candidate],
     members: &BTreeMap<TaskSource, Vec<Sample>>,
 ) -> Result<Vec<u32>, String> {
-    let mut tasks: BTreeMap<(&TaskSource, &str, &str), BTreeSet<(DateTime<Utc>, PodKey)>> =
-        BTreeMap::new();
+    let mut tasks: TaskPods = BTreeMap::new();
     for (source, samples) in members {
         for sample in samples {
             let (Some(key), Some(task)) = (PodKey::of(sample), sample.label("task")) else {
