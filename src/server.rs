@@ -14,9 +14,10 @@ use anyhow::Context;
 use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, PrometheusCollectArgs};
 use crate::collectors::prometheus::PrometheusCollector;
 use crate::collectors::slurm::SlurmCollector;
-use crate::collectors::{self, Collector, Destination, StateFile, WindowRequest};
+use crate::collectors::{self, Destination, StateFile, Window, WindowRequest};
 use crate::db::Database;
 use crate::domain::kubernetes;
+use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::{setup, tokens};
@@ -63,6 +64,43 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// A source of job records.
+#[derive(Debug, Clone)]
+enum Collector {
+    Slurm(SlurmCollector),
+    Prometheus(PrometheusCollector),
+}
+
+impl Collector {
+    /// Its name, as state files record it.
+    fn name(&self) -> &'static str {
+        match self {
+            Collector::Slurm(_) => "slurm",
+            Collector::Prometheus(_) => "prometheus",
+        }
+    }
+
+    /// What it reads, as its summary counts them.
+    fn reads(&self) -> &'static str {
+        match self {
+            Collector::Slurm(_) => "jobs read",
+            Collector::Prometheus(_) => "pods seen",
+        }
+    }
+
+    /// Reads a window; `now` is when the run began.
+    async fn read(
+        &self,
+        window: Window,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<SourceBatch> {
+        match self {
+            Collector::Slurm(collector) => collector.read(window).await,
+            Collector::Prometheus(collector) => collector.read(window, now).await,
+        }
+    }
 }
 
 /// `collect <source>`: once, or with `--every` until SIGTERM, each run as [`collect_once`].

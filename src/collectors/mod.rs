@@ -23,39 +23,6 @@ use crate::domain::source::SourceBatch;
 use crate::ledger::import::{BATCH_SIZE, Rejection};
 use crate::ledger::sources::{self, SourceSummary};
 
-/// A source of job records.
-#[derive(Debug, Clone)]
-pub enum Collector {
-    Slurm(slurm::SlurmCollector),
-    Prometheus(prometheus::PrometheusCollector),
-}
-
-impl Collector {
-    /// Its name, as state files record it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Collector::Slurm(_) => "slurm",
-            Collector::Prometheus(_) => "prometheus",
-        }
-    }
-
-    /// What it reads, as its summary counts them.
-    pub fn reads(&self) -> &'static str {
-        match self {
-            Collector::Slurm(_) => "jobs read",
-            Collector::Prometheus(_) => "pods seen",
-        }
-    }
-
-    /// Reads a window; `now` is when the run began.
-    pub async fn read(&self, window: Window, now: DateTime<Utc>) -> anyhow::Result<SourceBatch> {
-        match self {
-            Collector::Slurm(collector) => collector.read(window).await,
-            Collector::Prometheus(collector) => collector.read(window, now).await,
-        }
-    }
-}
-
 /// How far back a first run without `--since` or a state looks.
 pub const FIRST_LOOKBACK: TimeDelta = TimeDelta::hours(24);
 
