@@ -15,8 +15,7 @@
 //! - `workers`: background work (alert delivery, burn re-evaluation, rollup compaction);
 //! - `cli`: the command line's arguments and one-off commands;
 //! - `collectors`: read a scheduler's finished jobs on a schedule (Slurm's sacct, Kubernetes
-//!   pods in Prometheus) and store
-//!   or post them;
+//!   pods in Prometheus) and store or post them;
 //! - `server`: the wiring — parses the command line, opens the database, starts the
 //!   workers and serves.
 
