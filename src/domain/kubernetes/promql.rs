@@ -232,9 +232,10 @@ impl PodQueries<'_> {
                 "max by ({POD}, phase) (last_over_time({}[{range}])) == 1",
                 s("kube_pod_status_phase", &[])
             ),
+            // One series per pod, where the phase has five.
             PodFact::LastSeen => format!(
                 "max by ({POD}) (max_over_time(timestamp({})[{range}:{step}]))",
-                s("kube_pod_status_phase", &[])
+                s("kube_pod_created", &[])
             ),
             // `timestamp()` answers a sample's own time only when applied to a selector
             // itself, so the filter comes after it.
