@@ -9,10 +9,15 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config};
+use anyhow::Context;
+
+use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, PrometheusCollectArgs};
+use crate::collectors::prometheus::PrometheusCollector;
 use crate::collectors::slurm::SlurmCollector;
-use crate::collectors::{self, Destination, StateFile, WindowRequest};
+use crate::collectors::{self, Destination, StateFile, Window, WindowRequest};
 use crate::db::Database;
+use crate::domain::kubernetes;
+use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::{setup, tokens};
@@ -61,26 +66,154 @@ fn init_tracing() {
         .init();
 }
 
-/// `collect <source>`: reads the window, delivers it to the server or the local database,
-/// prints the summary, and moves the state on when nothing failed.
+/// A source of job records.
+#[derive(Debug, Clone)]
+enum Collector {
+    Slurm(SlurmCollector),
+    Prometheus(PrometheusCollector),
+}
+
+impl Collector {
+    /// Its name, as state files record it.
+    fn name(&self) -> &'static str {
+        match self {
+            Collector::Slurm(_) => "slurm",
+            Collector::Prometheus(_) => "prometheus",
+        }
+    }
+
+    /// What it reads, as its summary counts them.
+    fn reads(&self) -> &'static str {
+        match self {
+            Collector::Slurm(_) => "jobs read",
+            Collector::Prometheus(_) => "pods seen",
+        }
+    }
+
+    /// Reads a window; `now` is when the run began.
+    async fn read(
+        &self,
+        window: Window,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<SourceBatch> {
+        match self {
+            Collector::Slurm(collector) => collector.read(window).await,
+            Collector::Prometheus(collector) => collector.read(window, now).await,
+        }
+    }
+}
+
+/// `collect <source>`: once, or with `--every` until SIGTERM, each run as [`collect_once`].
 async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
-    let CollectSource::Slurm(args) = source;
-    let collector = SlurmCollector {
-        sacct: args.sacct,
-        extra_arguments: args.sacct_args,
-        mapping: args.mapping.mapping(),
+    let (run, collector) = match source {
+        CollectSource::Slurm(args) => {
+            let args = *args;
+            (
+                args.run,
+                Collector::Slurm(SlurmCollector {
+                    sacct: args.sacct,
+                    extra_arguments: args.sacct_args,
+                    mapping: args.mapping.mapping(),
+                }),
+            )
+        }
+        CollectSource::Prometheus(args) => {
+            let collector = prometheus_collector(&args)?;
+            (args.run, Collector::Prometheus(collector))
+        }
     };
-    let state = args.run.state.clone().map(|path| StateFile {
+    let state = run.state.clone().map(|path| StateFile {
         path,
-        collector: "slurm",
+        collector: collector.name(),
     });
-    let window = collectors::window(
-        &window_request(&args.run, &config)?,
-        state.as_ref(),
-        chrono::Utc::now(),
-    )?;
-    let batch = collector.read(window).await?;
-    let summary = match &args.run.server {
+    let request = window_request(&run, &config)?;
+    let Some(every) = run.every else {
+        return collect_once(&config, &run, &collector, &request, state.as_ref()).await;
+    };
+    let every = every
+        .to_std()
+        .ok()
+        .filter(|every| !every.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--every must be longer than nothing"))?;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let next = tokio::time::Instant::now() + every;
+        tokio::select! {
+            outcome = collect_once(&config, &run, &collector, &request, state.as_ref()) => {
+                if let Err(error) = outcome {
+                    eprintln!("error: {error:#}");
+                }
+            }
+            () = &mut shutdown => return Ok(()),
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+}
+
+/// The Prometheus collector the flags describe, its project map file read.
+fn prometheus_collector(args: &PrometheusCollectArgs) -> anyhow::Result<PrometheusCollector> {
+    anyhow::ensure!(
+        args.settle <= args.run.overlap,
+        "--settle ({}) must be at most --overlap ({}): pods decided late would fall between windows",
+        args.settle,
+        args.run.overlap
+    );
+    anyhow::ensure!(
+        args.resolution > chrono::TimeDelta::zero(),
+        "--resolution must be longer than nothing"
+    );
+    let projects = match &args.project_map {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            kubernetes::parse_project_map(&text)
+                .map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?
+        }
+        None => Default::default(),
+    };
+    Ok(PrometheusCollector {
+        url: args.prometheus.clone(),
+        token: std::env::var("TASKLEDGER_PROMETHEUS_TOKEN")
+            .ok()
+            .map(|token| token.trim().to_owned())
+            .filter(|token| !token.is_empty()),
+        selector: args.selector.trim().to_owned(),
+        resolution: args.resolution,
+        settle: args.settle,
+        attempt_lookback: args.attempt_lookback,
+        query_timeout: args
+            .query_timeout
+            .to_std()
+            .ok()
+            .filter(|timeout| !timeout.is_zero())
+            .ok_or_else(|| anyhow::anyhow!("--query-timeout must be longer than nothing"))?,
+        mapping: kubernetes::Mapping {
+            project_label: args.project_label.clone(),
+            projects,
+            task_label: args.task_label.clone(),
+            labels: args.labels.clone(),
+            gpu_models: args.gpu_models.iter().cloned().collect(),
+        },
+    })
+}
+
+/// Reads the window, delivers it to the server or the local database, prints the summary,
+/// and moves the state on when nothing failed.
+async fn collect_once(
+    config: &Config,
+    run: &CollectorArgs,
+    collector: &Collector,
+    request: &WindowRequest,
+    state: Option<&StateFile>,
+) -> anyhow::Result<()> {
+    let now = chrono::Utc::now();
+    let window = collectors::window(request, state, now)?;
+    let batch = collector.read(window, now).await?;
+    let summary = match &run.server {
         Some(url) => {
             let token = std::env::var("TASKLEDGER_TOKEN")
                 .ok()
@@ -99,8 +232,8 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
             collectors::deliver(&destination, batch).await?
         }
         None => {
-            let database = cli::open(&config).await?;
-            cli::prepare(&database.pool, &config).await?;
+            let database = cli::open(config).await?;
+            cli::prepare(&database.pool, config).await?;
             let destination = Destination::Local {
                 pool: database.pool.clone(),
                 settings: config.settings(),
@@ -111,12 +244,13 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
         }
     };
     println!(
-        "slurm {} .. {}",
+        "{} {} .. {}",
+        collector.name(),
         window.since.to_rfc3339(),
         window.until.to_rfc3339()
     );
-    print!("{}", summary.render(100));
-    collectors::remember(state.as_ref(), window, &summary)?;
+    print!("{}", summary.render_counting(collector.reads(), 100));
+    collectors::remember(state, window, &summary)?;
     anyhow::ensure!(
         !summary.failed(),
         "{} problems; the state stays where it was, so the next run reads this window again",

@@ -8,6 +8,7 @@ pub mod figures;
 pub mod focus;
 pub mod gpu;
 pub mod idle;
+pub mod kubernetes;
 pub mod ledger_time;
 pub mod rating;
 pub mod record;

@@ -14,6 +14,9 @@ mod idle_alerts;
 mod import;
 mod ingest;
 mod jobs;
+mod kubernetes;
+#[path = "../support/prometheus.rs"]
+mod prometheus;
 mod queue_wait;
 mod reports;
 mod rightsizing;
