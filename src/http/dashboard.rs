@@ -107,7 +107,11 @@ pub async fn get_dashboard() -> impl IntoResponse {
     params(("file" = String, Path, description = "The file's name")),
     responses(
         PathProblems,
-        (status = 200, description = "The file", body = String, content_type = "text/plain"),
+        (status = 200, description = "The file", content(
+            (String = "text/javascript"),
+            (String = "text/css"),
+            (String = "text/plain"),
+        )),
         (status = 304, description = "The copy the browser holds (`If-None-Match`) is current"),
         (status = 404, description = "No such file", body = Problem, content_type = "application/problem+json"),
     ))]

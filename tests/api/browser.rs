@@ -25,6 +25,8 @@ pub struct Browser {
     requested: Vec<String>,
     /// Messages the page logged as errors, and uncaught exceptions.
     errors: Vec<String>,
+    /// Where downloads are saved.
+    downloads: tempfile::TempDir,
     _profile: tempfile::TempDir,
 }
 
@@ -72,8 +74,14 @@ impl Browser {
             next_id: 0,
             requested: Vec::new(),
             errors: Vec::new(),
+            downloads: tempfile::tempdir().unwrap(),
             _profile: profile,
         };
+        let saved_in = browser.downloads.path().display().to_string();
+        browser.command(
+            "Browser.setDownloadBehavior",
+            json!({"behavior": "allow", "downloadPath": saved_in}),
+        );
         let target = browser.command("Target.createTarget", json!({"url": "about:blank"}));
         let attached = browser.command(
             "Target.attachToTarget",
@@ -279,6 +287,22 @@ impl Browser {
             .unwrap();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, png).unwrap();
+    }
+
+    /// The bytes of the file `name` once the browser has finished downloading it.
+    pub fn downloaded(&mut self, name: &str) -> Vec<u8> {
+        let path = self.downloads.path().join(name);
+        let started = Instant::now();
+        // Chromium writes to a temporary name and renames the file when it is complete.
+        while !path.exists() {
+            assert!(
+                started.elapsed() < LOAD_TIMEOUT,
+                "{name} was not downloaded"
+            );
+            self.eval("0");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::read(path).unwrap()
     }
 
     /// Every URL the page requested so far.

@@ -685,6 +685,11 @@ async fn the_finance_page_shows_every_project_as_the_report_does_and_closes_the_
         browser.screenshot(&screenshot_path("finance-390.png"));
         browser.resize(1280, 900);
         browser.open(&url);
+        browser.click("#download-csv");
+        let csv = browser.downloaded("taskledger-2026-11.csv");
+        browser.click("#download-focus");
+        let focus_name = "focus-2026-11.csv";
+        let focus = browser.downloaded(focus_name);
         browser.click("#close-month");
         browser.wait_for("document.querySelector('#close-dialog').open");
         doms.push(browser.dom());
@@ -701,17 +706,26 @@ async fn the_finance_page_shows_every_project_as_the_report_does_and_closes_the_
         browser.screenshot(&screenshot_path("finance-closed.png"));
         browser.open(&current_url);
         doms.push(browser.dom());
-        Seen {
+        let seen = Seen {
             doms,
             requested: browser.requested().to_vec(),
             errors: browser.errors().to_vec(),
             overflow: overflows,
-        }
+        };
+        (seen, csv, focus)
     })
     .await
     .unwrap();
     served.stop().await;
+    let (seen, csv, focus) = seen;
     assert_all_local(&seen, &origin);
+    // The downloads are the API's files, byte for byte.
+    let api_csv = app
+        .get("/v1/reports/monthly/2026-11?format=csv", &finance)
+        .await;
+    assert_eq!(csv, api_csv.body);
+    let api_focus = app.get("/v1/exports/focus/2026-11", &finance).await;
+    assert_eq!(focus, api_focus.body);
     let (open, dialog, closed, current_month) =
         (&seen.doms[0], &seen.doms[1], &seen.doms[2], &seen.doms[3]);
 
