@@ -1148,7 +1148,10 @@ function commitmentsPanel(report) {
       <td class="num">${used.toFixed(1)}%</td>
       <td class="num">${money(l.unused_commitment, l.currency)}</td></tr>`;
   }).join("");
-  const table = lines.length === 0 ? `<p class="muted">No reserved contract commits GPUs this month.</p>` : `<div class="scroll"><table>
+  const none = report.commitments === undefined
+    ? "This month was closed before its report listed each commitment."
+    : "No reserved contract commits GPUs this month.";
+  const table = lines.length === 0 ? `<p class="muted">${none}</p>` : `<div class="scroll"><table>
     <caption class="sr-only">Each reserved contract's committed and used GPU-hours this month</caption>
     <thead><tr><th scope="col">Contract</th><th scope="col">Charged to</th><th scope="col">Commitment</th>
       <th scope="col" class="num">Committed GPU-h</th><th scope="col" class="num">Used GPU-h</th><th scope="col" class="num">Used</th>
