@@ -662,10 +662,15 @@ function attemptBusyShare(attempt) {
 
 const SCALES = [[0, ""], [3, "1k "], [6, "1M "], [9, "1B "], [12, "1T "]];
 
+// The smallest of SCALES at which a cost per unit reads 1 or more.
+function unitScale(costPerUnit) {
+  return SCALES.find(([p]) => Number(shiftDecimal(costPerUnit, p)) >= 1) || SCALES[SCALES.length - 1];
+}
+
 // Cost per unit scaled to a readable amount: 0.0000336 USD per token reads "33.60 USD / 1M tokens".
-function perUnit(costPerUnit, currency, unit) {
+function perUnit(costPerUnit, currency, unit, scale) {
   if (costPerUnit === null || costPerUnit === undefined) return null;
-  const [places, prefix] = SCALES.find(([p]) => Number(shiftDecimal(costPerUnit, p)) >= 1) || SCALES[SCALES.length - 1];
+  const [places, prefix] = scale || unitScale(costPerUnit);
   const scaled = shiftDecimal(costPerUnit, places);
   const amount = roundDecimal(scaled, 2) === "0.00" ? scaled : roundDecimal(scaled, 2);
   const named = unit || "units";
@@ -868,7 +873,7 @@ function attemptRow(task, a) {
   const ranFor = duration((Date.parse(a.ended_at) - Date.parse(a.started_at)) / 1000);
   const counts = [a.retries ? `${a.retries} retr${a.retries === 1 ? "y" : "ies"}` : "", a.failures ? `${a.failures} failure${a.failures === 1 ? "" : "s"}` : ""].filter(Boolean).join(", ");
   return `<tr data-attempt="${a.attempt}">
-    <th scope="row">#${a.attempt}${labels ? `<div class="small muted">${labels}</div>` : ""}</th>
+    <th scope="row">#${a.attempt}${labels ? `<div class="small muted labels">${labels}</div>` : ""}</th>
     <td>${statusPill(a.outcome)}${settles ? `<div class="small muted">${settles}</div>` : ""}${counts ? `<div class="small muted">${counts}</div>` : ""}</td>
     <td>${when(a.started_at).slice(0, 10)}<div>${when(a.started_at).slice(11)} → ${until(a.ended_at, a.started_at)}</div><div class="small muted">${ranFor}</div></td>
     <td class="num">${duration(a.queue_wait_seconds)}${a.queued_at ? `<div class="small muted">queued ${until(a.queued_at, a.started_at)}</div>` : ""}</td>
@@ -965,9 +970,11 @@ function wasteShare(figures) {
   return Number(figures.total) > 0 ? `${(Number(figures.waste) / Number(figures.total) * 100).toFixed(1)}%` : "—";
 }
 
-function unitCosts(figures, currency) {
+// Costs per unit of output, each unit on the scale `scales` gives it (rows compared in one
+// table share one scale per unit, so that 0.89 per 1M is not read against 890 per 1B).
+function unitCosts(figures, currency, scales = new Map()) {
   const costs = (figures.output || []).filter((o) => o.direct_cost_per_unit !== null).map((o) => {
-    const unit = perUnit(o.direct_cost_per_unit, currency, o.unit);
+    const unit = perUnit(o.direct_cost_per_unit, currency, o.unit, scales.get(o.unit));
     return `<span title="${escapeHtml(unit.exact)}">${unit.amount}<span class="small muted"> per ${unit.per}</span></span>`;
   });
   return costs.length ? costs.join("<br>") : "—";
@@ -1002,6 +1009,11 @@ function comparisonPanel(byModel, currency) {
   if (groups.length === 0) {
     return `<section id="compare"><h2>Compare GPU models and billing modes</h2><div class="panel muted">No GPU time this month.</div></section>`;
   }
+  const scales = new Map();
+  for (const o of groups.flatMap((g) => g.output || []).filter((o) => o.direct_cost_per_unit !== null)) {
+    const scale = unitScale(o.direct_cost_per_unit);
+    if (!scales.has(o.unit) || scale[0] < scales.get(o.unit)[0]) scales.set(o.unit, scale);
+  }
   const priced = groups.filter((g) => g.cost_per_completed_task !== null);
   const cheapest = priced.length > 1
     ? priced.reduce((a, b) => (Number(b.cost_per_completed_task) < Number(a.cost_per_completed_task) ? b : a)).key : null;
@@ -1015,7 +1027,7 @@ function comparisonPanel(byModel, currency) {
       <td class="num">${money(g.total, currency)}</td>
       <td class="num">${g.tasks_completed}${g.tasks_failed ? ` <span class="muted">(${g.tasks_failed} failed)</span>` : ""}</td>
       <td class="num"><b>${money(g.cost_per_completed_task, currency)}</b>${g.key === cheapest ? '<span class="badge">lowest</span>' : ""}</td>
-      <td class="num">${unitCosts(g, currency)}</td>
+      <td class="num">${unitCosts(g, currency, scales)}</td>
       <td class="num">${wasteShare(g)}</td></tr>`;
   }).join("");
   return `<section id="compare"><h2>Compare GPU models and billing modes</h2><div class="panel"><div class="scroll"><table>
@@ -1059,7 +1071,7 @@ async function renderProject(view, generation) {
     if (generation !== state.generation) return;
     $("main").innerHTML = pageHead(`${escapeHtml(projectName(project))} <span class="muted">· ${escapeHtml(month)}</span>`)
       + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
-      + `<div class="grid2">${teamPanel(byTeam, cost.currency)}${dailyChart(days, month, cost.currency)}</div>`
+      + teamPanel(byTeam, cost.currency) + dailyChart(days, month, cost.currency)
       + comparisonPanel(byModel, cost.currency)
       + utilisationPanel(cost) + recommendationsPanel(recs)
       + tasksPanel(view) + outputs(cost) + unrated(cost) + alerts(alertList, cost.currency);
@@ -1087,7 +1099,7 @@ function monthName(month) {
 // The burn of a budget as a bar with a tick at each alert threshold and a dashed mark at the
 // forecast; the text next to it says the same for those who do not see the bar.
 function burnCell(line, thresholds) {
-  if (line.budget === null || line.budget === undefined) return `<td class="burn-cell muted">no budget</td>`;
+  if (line.budget === null || line.budget === undefined) return `<td class="burn-cell muted" data-label="Burn">no budget</td>`;
   const burn = Number(line.burn_pct);
   const forecast = line.forecast_pct === null || line.forecast_pct === undefined ? null : Number(line.forecast_pct);
   const scale = Math.min(Math.max(100, burn, forecast || 0, ...thresholds) * 1.1, 250);
@@ -1095,18 +1107,18 @@ function burnCell(line, thresholds) {
   const ticks = thresholds.map((t) => `<span class="tick" style="left:${at(t)}" title="${t}% threshold"></span>`).join("");
   const marker = forecast === null ? "" : `<span class="forecast" style="left:${at(forecast)}" title="Forecast ${roundDecimal(line.forecast_pct, 0)}%"></span>`;
   const text = `${roundDecimal(line.burn_pct, 1)}%${forecast === null ? "" : ` · forecast ${roundDecimal(line.forecast_pct, 0)}%`}`;
-  return `<td class="burn-cell"><span class="burn-text">${text}</span>
+  return `<td class="burn-cell" data-label="Burn"><span class="burn-text">${text}</span>
     <div class="burn${burn >= 100 ? " over" : ""}" aria-hidden="true"><span class="fill" style="width:${at(burn)}"></span>${ticks}${marker}</div></td>`;
 }
 
 function alertsCell(projectAlerts) {
-  if (projectAlerts.length === 0) return `<td class="muted">none</td>`;
+  if (projectAlerts.length === 0) return `<td class="muted" data-label="Alerts">none</td>`;
   const budget = projectAlerts.filter((a) => a.kind !== "idle_gpu")
     .map((a) => (a.kind === "forecast" ? "forecast" : `${a.threshold}%`));
   const idle = projectAlerts.filter((a) => a.kind === "idle_gpu").length;
   const parts = [...new Set(budget)].sort();
   if (idle) parts.push(`${idle} idle GPU`);
-  return `<td>${parts.map(escapeHtml).join(" · ")}</td>`;
+  return `<td data-label="Alerts">${parts.map(escapeHtml).join(" · ")}</td>`;
 }
 
 function projectRow(view, line, alertsByProject) {
@@ -1116,11 +1128,11 @@ function projectRow(view, line, alertsByProject) {
   const link = hashOf({ ...view, page: "project", project: line.project, task: null });
   return `<tr data-project="${escapeHtml(line.project)}">
     <th scope="row"><a href="${escapeHtml(link)}">${escapeHtml(line.name)}</a><div class="small muted">${escapeHtml(line.project)}${line.team ? ` · ${escapeHtml(line.team)}` : ""}</div></th>
-    <td class="num"><b>${money(line.total, c)}</b>${unratedNote(line.unrated_gpu_seconds)}</td>
-    <td class="num">${money(line.budget, c)}</td>
+    <td class="num" data-label="Spend"><b>${money(line.total, c)}</b>${unratedNote(line.unrated_gpu_seconds)}</td>
+    <td class="num" data-label="Budget">${money(line.budget, c)}</td>
     ${burnCell(line, thresholds)}
-    <td class="num">${money(line.waste, c)}<div class="small muted">${wasteShare(line)}</div></td>
-    <td class="num">${money(line.cost_per_completed_task, c)}<div class="small muted">${line.tasks_completed} completed</div></td>
+    <td class="num" data-label="Waste">${money(line.waste, c)}<div class="small muted">${wasteShare(line)}</div></td>
+    <td class="num" data-label="Cost per completed task">${money(line.cost_per_completed_task, c)}<div class="small muted">${line.tasks_completed} completed</div></td>
     ${alertsCell(alertsByProject.get(line.project) || [])}</tr>`;
 }
 

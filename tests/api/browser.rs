@@ -170,10 +170,14 @@ impl Browser {
         result["result"]["value"].clone()
     }
 
-    /// Waits until `expression` is true in the page.
+    /// Waits until `expression` is true in the page; while it throws (say, before the element
+    /// it reads is drawn) it counts as false.
     pub fn wait_for(&mut self, expression: &str) {
         let started = Instant::now();
-        while self.eval(&format!("Boolean({expression})")) != json!(true) {
+        let check = format!(
+            "(() => {{ try {{ return Boolean({expression}); }} catch {{ return false; }} }})()"
+        );
+        while self.eval(&check) != json!(true) {
             assert!(
                 started.elapsed() < LOAD_TIMEOUT,
                 "timed out waiting for {expression}: {}",

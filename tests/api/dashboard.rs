@@ -616,6 +616,130 @@ async fn finance_month(app: &TestApp) {
     assert_eq!(budget.status, StatusCode::OK, "{}", budget.text());
 }
 
+/// Checks that the finance page shows the monthly report's own figures: every project row,
+/// the totals per currency and each commitment.
+fn assert_finance_page(dom: &str, report: &Value) {
+    let rows = table_rows(dom, "finance-rows");
+    let lines = report["projects"].as_array().unwrap();
+    assert_eq!(rows.len(), lines.len());
+    for (row, line) in rows.iter().zip(lines) {
+        let c = line["currency"].as_str().unwrap();
+        assert!(
+            row[0].starts_with(line["name"].as_str().unwrap()),
+            "{row:?}"
+        );
+        assert!(row[1].starts_with(&shown(&line["total"], c)), "{row:?}");
+        assert_eq!(row[2], shown(&line["budget"], c));
+        if !line["burn_pct"].is_null() {
+            assert!(
+                row[3].starts_with(&format!("{}%", rounded(&line["burn_pct"], 1))),
+                "{row:?}"
+            );
+        }
+        if !line["forecast_pct"].is_null() {
+            let forecast = format!("forecast {}%", rounded(&line["forecast_pct"], 0));
+            assert!(row[3].ends_with(&forecast), "{row:?}");
+        }
+        assert!(row[4].starts_with(&shown(&line["waste"], c)), "{row:?}");
+        assert!(
+            row[5].starts_with(&shown(&line["cost_per_completed_task"], c)),
+            "{row:?}"
+        );
+    }
+    let totals = table_rows(dom, "total-rows");
+    let expected: Vec<Vec<String>> = report["totals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let c = t["currency"].as_str().unwrap();
+            vec![
+                c.to_owned(),
+                shown(&t["projects"], c),
+                shown(&t["shared"], c),
+                shown(&t["adjustments"], c),
+                shown(&t["total"], c),
+            ]
+        })
+        .collect();
+    assert_eq!(totals, expected);
+    let commitments = table_rows(dom, "commitment-rows");
+    let lines = report["commitments"].as_array().unwrap();
+    assert_eq!(commitments.len(), lines.len());
+    for (row, line) in commitments.iter().zip(lines) {
+        assert_eq!(row[0], line["name"].as_str().unwrap());
+        assert_eq!(row[3], rounded(&line["committed_gpu_hours"], 1));
+        assert_eq!(row[4], rounded(&line["used_gpu_hours"], 1));
+        assert_eq!(
+            row[6],
+            shown(
+                &line["unused_commitment"],
+                line["currency"].as_str().unwrap()
+            )
+        );
+    }
+}
+
+/// Checks that the project page shows the API's figures: the spend by day of the burn, the
+/// comparison by GPU model and billing mode, and the cost by team.
+fn assert_project_page(dom: &str, burn: &Value, by_model: &Value, by_team: &Value) {
+    let c = burn["currency"].as_str().unwrap();
+    let burn_rows = table_rows(dom, "burn-rows");
+    let days = burn["days"].as_array().unwrap();
+    assert_eq!(burn_rows.len(), days.len());
+    for (row, day) in burn_rows.iter().zip(days) {
+        assert_eq!(
+            row,
+            &[
+                day["day"].as_str().unwrap().to_owned(),
+                shown(&day["spend"], c)
+            ]
+        );
+    }
+    assert_eq!(burn_rows.last().unwrap()[1], shown(&burn["spend"], c));
+    assert!(text(dom).contains(&format!("Spend {} as of", shown(&burn["spend"], c))));
+    let compare = table_rows(dom, "compare-rows");
+    let groups = by_model["groups"].as_array().unwrap();
+    assert_eq!(compare.len(), groups.len());
+    for (row, group) in compare.iter().zip(groups) {
+        let (model, mode) = group["key"].as_str().unwrap().rsplit_once('/').unwrap();
+        assert_eq!(row[0], model);
+        assert_eq!(row[1], mode.replace('_', " "));
+        assert_eq!(row[3], shown(&group["total"], c), "{row:?}");
+        assert!(
+            row[5].starts_with(&shown(&group["cost_per_completed_task"], c)),
+            "{row:?}"
+        );
+    }
+    let teams = table_rows(dom, "team-rows");
+    let team_groups = by_team["groups"].as_array().unwrap();
+    assert_eq!(teams.len(), team_groups.len());
+    for (row, group) in teams.iter().zip(team_groups) {
+        assert_eq!(row[1], shown(&group["total"], c));
+    }
+}
+
+/// Checks that the task page shows the API's figures of the task: its final cost, each
+/// attempt's cost and each month's.
+fn assert_task_page(dom: &str, task: &Value) {
+    let c = task["currency"].as_str().unwrap();
+    if !task["final_cost"].is_null() {
+        assert!(text(dom).contains(&format!("Final cost {}", shown(&task["final_cost"], c))));
+    }
+    let rows = table_rows(dom, "attempt-rows");
+    let attempts = task["attempts"].as_array().unwrap();
+    assert_eq!(rows.len(), attempts.len());
+    for (row, attempt) in rows.iter().zip(attempts) {
+        assert_eq!(row[6], shown(&attempt["total"], c));
+    }
+    let months = table_rows(dom, "month-rows");
+    let task_months = task["months"].as_array().unwrap();
+    assert_eq!(months.len(), task_months.len());
+    for (row, month) in months.iter().zip(task_months) {
+        assert!(row[3].starts_with(&shown(&month["total"], c)), "{row:?}");
+    }
+}
+
 /// What a browser saw: the DOM of each step, and what it requested.
 struct Seen {
     doms: Vec<String>,
@@ -729,24 +853,8 @@ async fn the_finance_page_shows_every_project_as_the_report_does_and_closes_the_
     let (open, dialog, closed, current_month) =
         (&seen.doms[0], &seen.doms[1], &seen.doms[2], &seen.doms[3]);
 
-    // Every project row shows the report's own figures.
+    assert_finance_page(open, &report);
     let rows = table_rows(open, "finance-rows");
-    let lines = report["projects"].as_array().unwrap();
-    assert_eq!(rows.len(), lines.len());
-    for (row, line) in rows.iter().zip(lines) {
-        let c = line["currency"].as_str().unwrap();
-        assert!(
-            row[0].starts_with(line["name"].as_str().unwrap()),
-            "{row:?}"
-        );
-        assert!(row[1].starts_with(&shown(&line["total"], c)), "{row:?}");
-        assert_eq!(row[2], shown(&line["budget"], c));
-        assert!(row[4].starts_with(&shown(&line["waste"], c)), "{row:?}");
-        assert!(
-            row[5].starts_with(&shown(&line["cost_per_completed_task"], c)),
-            "{row:?}"
-        );
-    }
     let vision = rows
         .iter()
         .find(|row| row[0].starts_with("vision"))
@@ -771,18 +879,6 @@ async fn the_finance_page_shows_every_project_as_the_report_does_and_closes_the_
         "forecast marker"
     );
 
-    let totals = table_rows(open, "total-rows");
-    let total = &report["totals"][0];
-    assert_eq!(
-        totals[0],
-        [
-            "USD".to_owned(),
-            shown(&total["projects"], "USD"),
-            shown(&total["shared"], "USD"),
-            shown(&total["adjustments"], "USD"),
-            shown(&total["total"], "USD"),
-        ]
-    );
     let commitments = table_rows(open, "commitment-rows");
     let c4 = &report["commitments"][0];
     assert_eq!(
@@ -932,18 +1028,8 @@ async fn the_project_page_charts_the_burn_and_compares_models_as_the_api_does() 
     assert_eq!(seen.doms[1], "2");
     assert_eq!(seen.doms[2], "\"Skip to content\"");
 
+    assert_project_page(dom, &burn, &by_model, &by_team);
     let burn_rows = table_rows(dom, "burn-rows");
-    let days = burn["days"].as_array().unwrap();
-    assert_eq!(burn_rows.len(), days.len());
-    for (row, day) in burn_rows.iter().zip(days) {
-        assert_eq!(
-            row,
-            &[
-                day["day"].as_str().unwrap().to_owned(),
-                shown(&day["spend"], "USD")
-            ]
-        );
-    }
     assert_eq!(burn_rows.last().unwrap()[1], "84.60 USD");
     // Both thresholds crossed are listed with when their alerts fired.
     let crossings = text(dom);
@@ -953,19 +1039,6 @@ async fn the_project_page_charts_the_burn_and_compares_models_as_the_api_does() 
     );
 
     let compare = table_rows(dom, "compare-rows");
-    let groups = by_model["groups"].as_array().unwrap();
-    assert_eq!(compare.len(), groups.len());
-    for (row, group) in compare.iter().zip(groups) {
-        let key = group["key"].as_str().unwrap();
-        let (model, mode) = key.rsplit_once('/').unwrap();
-        assert_eq!(row[0], model);
-        assert_eq!(row[1], mode.replace('_', " "));
-        assert!(row[3] == shown(&group["total"], "USD"), "{row:?}");
-        assert!(
-            row[5].starts_with(&shown(&group["cost_per_completed_task"], "USD")),
-            "{row:?}"
-        );
-    }
     let spot = compare
         .iter()
         .find(|row| row[0] == "H100" && row[1] == "spot")
@@ -974,12 +1047,6 @@ async fn the_project_page_charts_the_burn_and_compares_models_as_the_api_does() 
     let reserved = compare.iter().find(|row| row[1] == "reserved").unwrap();
     assert_eq!(reserved[5], "10.00 USD lowest");
 
-    let teams = table_rows(dom, "team-rows");
-    let team_groups = by_team["groups"].as_array().unwrap();
-    assert_eq!(teams.len(), team_groups.len());
-    for (row, group) in teams.iter().zip(team_groups) {
-        assert_eq!(row[1], shown(&group["total"], "USD"));
-    }
     assert!(dom.contains(r#"id="burn-chart" role="img" aria-label="Spend 84.60 USD"#));
 }
 
@@ -1022,14 +1089,8 @@ async fn the_task_page_shows_what_the_api_says_of_the_task() {
     served.stop().await;
     assert_all_local(&seen, &origin);
     let dom = &seen.doms[0];
-    let shown_text = text(dom);
-    assert!(shown_text.contains(&format!("Final cost {}", shown(&task["final_cost"], "USD"))));
-    let rows = table_rows(dom, "attempt-rows");
-    let attempts = task["attempts"].as_array().unwrap();
-    assert_eq!(rows.len(), attempts.len());
-    for (row, attempt) in rows.iter().zip(attempts) {
-        assert_eq!(row[6], shown(&attempt["total"], "USD"));
-    }
+    assert_task_page(dom, &task);
+    assert!(text(dom).contains("Final cost 33.60 USD"));
     assert_eq!(seen.doms[1], "\"#project=vision&month=2026-11&task=t2\"");
 }
 
