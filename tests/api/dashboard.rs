@@ -8,6 +8,8 @@ use axum::http::StatusCode;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
 
+use taskledger::config::{Clock, Settings};
+
 use crate::browser::Browser;
 use crate::common::TestApp;
 use crate::fixtures::{
@@ -783,18 +785,22 @@ fn overflow(browser: &mut Browser) -> i64 {
 
 #[tokio::test]
 async fn the_finance_page_shows_every_project_as_the_report_does_and_closes_the_month() {
-    let app = TestApp::spawn().await;
+    // The 2nd of December: November has ended and can be closed, December cannot yet.
+    let december = Settings {
+        clock: Clock::Fixed("2026-12-02T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(december).await;
     finance_month(&app).await;
     let finance = app.token("finance", &[]).await;
     let report = app
         .get("/v1/reports/monthly/2026-11", &finance)
         .await
         .json();
-    let served = app.serve().await;
+    let served = app.serve_with(december).await;
     let origin = served.url();
-    let current = chrono::Utc::now().format("%Y-%m").to_string();
     let url = format!("{origin}/#token={finance}&page=finance&month=2026-11");
-    let current_url = format!("{origin}/#page=finance&month={current}");
+    let current_url = format!("{origin}/#page=finance&month=2026-12");
     let seen = tokio::task::spawn_blocking(move || {
         let mut browser = Browser::launch(1280, 900);
         let mut doms = Vec::new();
