@@ -175,8 +175,6 @@ const fn model(
 /// one-year commitment) in cents per GPU-hour.
 pub const RESERVED_MODEL: &str = "A100";
 pub const RESERVED_CENTS: i64 = 220;
-/// The reserved contract commits whole nodes of this many GPUs.
-pub const GPUS_PER_NODE: u32 = 8;
 
 /// The months the demo fills: the complete month before `until`'s and that month up to
 /// `until`.
@@ -425,9 +423,9 @@ struct Workload<'a> {
 
 type Shape = (u32, u32, u32, u32, Qos);
 
-/// Groups the runs into workloads and deals them to the projects, largest first, each to
-/// the project with the fewest GPU-hours so far; within a project they alternate between its
-/// two teams and are named by project, kind and rank (`llm-train-03`).
+/// Groups the runs into workloads and deals them to the projects in turn, largest (in
+/// GPU-hours) first, so that each project gets large and small ones; within a project they
+/// alternate between its two teams and are named by project, kind and rank (`llm-train-03`).
 fn workloads(runs: Vec<Run<'_>>) -> Vec<Workload<'_>> {
     let mut by_shape: BTreeMap<Shape, Vec<Run<'_>>> = BTreeMap::new();
     for run in runs {
@@ -448,15 +446,11 @@ fn workloads(runs: Vec<Run<'_>>) -> Vec<Workload<'_>> {
         .map(|(shape, runs)| (runs.iter().map(|r| r.gpu_seconds).sum(), shape, runs))
         .collect();
     shapes.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut load = [0i128; PROJECTS.len()];
     let mut dealt = [0usize; PROJECTS.len()];
     let mut named: BTreeMap<(usize, &'static str), usize> = BTreeMap::new();
     let mut workloads = Vec::new();
-    for (gpu_seconds, shape, runs) in shapes {
-        let index = (0..PROJECTS.len())
-            .min_by_key(|&i| (load[i], i))
-            .expect("there are projects");
-        load[index] += gpu_seconds;
+    for (rank_overall, (_, shape, runs)) in shapes.into_iter().enumerate() {
+        let index = rank_overall % PROJECTS.len();
         let project = &PROJECTS[index];
         let kind = match shape.4 {
             Qos::Ls => "serve",
@@ -525,9 +519,9 @@ fn tasks(workloads: Vec<Workload<'_>>) -> Vec<Attempt<'_>> {
     attempts
 }
 
-/// The reserved contract's commitment: whole nodes, as many as cover the median hour of the
-/// reserved runs' use over the window (at least one), so that it is mostly used and the
-/// quieter hours leave some of it unused.
+/// The reserved contract's commitment: the GPUs the reserved runs use in the median hour of
+/// the window (at least one), so that it is mostly used and the quieter hours leave some of
+/// it unused.
 fn committed_gpus(attempts: &[Attempt<'_>], window: Window) -> u32 {
     let hours = ((window.until - window.start).num_seconds() / 3600).max(1) as usize;
     let mut used = vec![0i64; hours];
@@ -544,9 +538,7 @@ fn committed_gpus(attempts: &[Attempt<'_>], window: Window) -> u32 {
         }
     }
     used.sort_unstable();
-    let median_gpus = (used[hours / 2] + 999) / 1000;
-    let nodes = (median_gpus as u32).div_ceil(GPUS_PER_NODE).max(1);
-    nodes * GPUS_PER_NODE
+    ((used[hours / 2] / 1000) as u32).max(1)
 }
 
 /// Best-effort pods run on spot capacity, latency-sensitive pods on the reserved model's
@@ -882,7 +874,7 @@ mod tests {
         );
         let reserved = demo.contracts.last().unwrap();
         assert_eq!(reserved.billing_mode, BillingMode::Reserved);
-        assert!(reserved.committed_gpus.unwrap() >= Decimal::from(GPUS_PER_NODE));
+        assert!(reserved.committed_gpus.unwrap() >= Decimal::ONE);
     }
 
     #[test]
