@@ -805,6 +805,10 @@ mod tests {
             assert!(record.ended_at <= demo.window.until);
             assert!(record.ended_at - record.started_at <= LONGEST_RECORD);
         }
+        assert_eq!(demo.batch.skipped[NO_GPU], 1088);
+        assert_eq!(demo.batch.skipped[NEVER_SCHEDULED], 861);
+        assert_eq!(demo.batch.skipped[STILL_RUNNING], 32);
+        assert_eq!(demo.batch.skipped.get(RAN_NO_TIME), None);
         let keys: BTreeSet<_> = records.iter().map(|r| r.key.clone()).collect();
         assert_eq!(keys.len(), records.len(), "keys are unique");
         assert_eq!(
