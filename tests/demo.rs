@@ -60,28 +60,16 @@ impl Demo {
                 let _ = lines_tx.send(line);
             }
         });
-        let mut printed = Vec::new();
-        loop {
-            let line = lines_rx
-                .recv_timeout(Duration::from_secs(120))
-                .unwrap_or_else(|_| panic!("the demo printed no address: {printed:#?}"));
-            let address = line
-                .trim()
-                .strip_prefix("Dashboard:")
-                .map(|rest| rest.trim().to_owned());
-            printed.push(line);
-            if let Some(address) = address {
-                let (base_url, token) = address
-                    .split_once("/#token=")
-                    .unwrap_or_else(|| panic!("no token in {address}"));
-                return Self {
-                    base_url: base_url.to_owned(),
-                    token: token.to_owned(),
-                    process,
-                    printed,
-                    took: started.elapsed(),
-                };
-            }
+        let (address, printed) = address_of(&lines_rx);
+        let (base_url, token) = address
+            .split_once("/#token=")
+            .unwrap_or_else(|| panic!("no token in {address}"));
+        Self {
+            base_url: base_url.to_owned(),
+            token: token.to_owned(),
+            process,
+            printed,
+            took: started.elapsed(),
         }
     }
 
@@ -124,6 +112,24 @@ impl Drop for Demo {
     fn drop(&mut self) {
         let _ = self.process.kill();
         let _ = self.process.wait();
+    }
+}
+
+/// The dashboard's address the demo printed, and every line up to it.
+fn address_of(lines: &mpsc::Receiver<String>) -> (String, Vec<String>) {
+    let mut printed = Vec::new();
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("the demo printed no address: {printed:#?}"));
+        let address = line
+            .trim()
+            .strip_prefix("Dashboard:")
+            .map(|rest| rest.trim().to_owned());
+        printed.push(line);
+        if let Some(address) = address {
+            return (address, printed);
+        }
     }
 }
 

@@ -686,7 +686,7 @@ impl Attempt<'_> {
         });
         // Pascal cards have no profiling metrics, and one workload in ten runs without the
         // exporter: their cost is unmeasured.
-        if model.profiled && hash(&[&self.workload, "dcgm"]) % 10 != 0 {
+        if model.profiled && !hash(&[&self.workload, "dcgm"]).is_multiple_of(10) {
             let share = |pct: u32| Decimal::new(i64::from(pct), 2).to_string();
             record["sm_active"] = json!(share(activity.sm));
             record["gpu_util"] = json!(share(activity.gpu_util));
@@ -901,7 +901,7 @@ mod tests {
             Some(Decimal::new(90, 2))
         );
         assert_eq!(budget_for(Decimal::ZERO, 100), None);
-        for cents in [1_05_00i64, 9_99_99, 1_000_00, 55_555_55] {
+        for cents in [10_500i64, 999_999, 100_000, 5_555_555] {
             let spend = Decimal::new(cents, 2);
             for target in [41, 64, 86, 93, 112] {
                 let burn = spend * Decimal::ONE_HUNDRED / budget_for(spend, target).unwrap();
