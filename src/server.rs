@@ -506,6 +506,10 @@ async fn demo(config: Config, until: Option<String>) -> anyhow::Result<()> {
             .map_err(|error| anyhow::anyhow!("--until: {error}"))?,
         None => chrono::Utc::now().trunc_subsecs(0),
     };
+    anyhow::ensure!(
+        until <= chrono::Utc::now(),
+        "--until lies in the future: the demo's data ends at the latest now"
+    );
     let dir = DemoDir::prepare(&config.data_dir)?;
     let outcome = match Database::open(None, &dir.path, config.db_pool_size, false).await {
         Ok(database) => {
