@@ -247,14 +247,14 @@ pub fn demo(window: Window) -> Result<Demo, String> {
 
 /// The demo over `window` from the given pods and node capacity.
 pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: Window) -> Demo {
-    let clock = Clock::new(pods, window);
+    let timeline = Replay::new(pods, window);
     let mut batch = SourceBatch {
         jobs_read: pods.len(),
         ..SourceBatch::default()
     };
     let mut runs = Vec::new();
     for pod in pods {
-        match clock.run(pod, capacity) {
+        match timeline.run(pod, capacity) {
             Ok(run) => runs.push(run),
             Err(reason) => batch.skip(reason),
         }
@@ -301,14 +301,14 @@ pub fn budget_for(spend: Decimal, target_burn_pct: u32) -> Option<Decimal> {
 
 /// Trace time to ledger time: the replayed days are stretched (or squeezed) linearly onto the
 /// window, so that the trace's end is the window's `until`.
-struct Clock {
+struct Replay {
     window: Window,
     /// The trace second the window starts at, and the last one of the trace.
     first: i64,
     last: i64,
 }
 
-impl Clock {
+impl Replay {
     fn new(pods: &[Pod], window: Window) -> Self {
         let last = pods.iter().map(|p| p.deletion).max().unwrap_or(0);
         Self {
