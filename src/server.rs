@@ -538,7 +538,8 @@ async fn demo_on(
     .await
 }
 
-/// Prints where to look: the dashboard's address with the finance token, and every token.
+/// Prints where to look: the dashboard's finance page of the complete month with the finance
+/// token, and every token.
 fn announce_demo(loaded: &demo::Loaded, address: SocketAddr, dir: &DemoDir, took: Duration) {
     let shown = if address.ip().is_unspecified() {
         SocketAddr::from(([127, 0, 0, 1], address.port()))
@@ -557,7 +558,11 @@ fn announce_demo(loaded: &demo::Loaded, address: SocketAddr, dir: &DemoDir, took
         took.as_secs_f64()
     );
     println!();
-    println!("  Dashboard:     {base}/#token={}", tokens.finance.token);
+    // The complete month is the one with every figure: closable, its budgets crossed.
+    println!(
+        "  Dashboard:     {base}/#token={}&page=finance&month={}",
+        tokens.finance.token, loaded.window.previous
+    );
     println!("  API docs:      {base}/docs");
     println!("  Admin token:   {}", tokens.admin.token);
     println!("  Finance token: {}", tokens.finance.token);

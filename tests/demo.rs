@@ -61,9 +61,14 @@ impl Demo {
             }
         });
         let (address, printed) = address_of(&lines_rx);
-        let (base_url, token) = address
+        let (base_url, hash) = address
             .split_once("/#token=")
             .unwrap_or_else(|| panic!("no token in {address}"));
+        let (token, view) = hash.split_once('&').unwrap_or((hash, ""));
+        assert_eq!(
+            view, "page=finance&month=2026-10",
+            "the complete month's finance page"
+        );
         Self {
             base_url: base_url.to_owned(),
             token: token.to_owned(),
