@@ -1,24 +1,25 @@
 //! Loading the demo into an empty database, through the same use cases as the API: its
-//! projects, FX rates and contracts, then the job records replayed from the trace, then
-//! budgets set from what the complete month spent, then tokens to look around with.
+//! projects with their budgets, FX rates and contracts, then the job records replayed from
+//! the trace, posted day by day as they ended (so alerts fire when spend crossed their
+//! thresholds), then tokens to look around with.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 
-use crate::config::Settings;
+use crate::config::{Clock, Settings};
 use crate::domain::access::Role;
 use crate::domain::demo::{self, DemoProject, PROJECTS, Window};
 use crate::domain::idle;
+use crate::domain::source::SourceBatch;
 use crate::domain::validation::Violations;
-use crate::domain::values::{Currency, Month};
-use crate::ledger::cost::{CostOf, month_spend};
+use crate::domain::values::Currency;
 use crate::ledger::sources::{self, SourceSummary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, LedgerResult, alerting, pricing, projects};
+use crate::ledger::{LedgerError, LedgerResult, alerting, pricing};
 use crate::store;
 use crate::store::contracts::ContractFields;
-use crate::store::projects::{NewProject, ProjectChanges};
+use crate::store::projects::NewProject;
 
 /// The thresholds of every demo project, the API's default.
 const THRESHOLDS: [i32; 3] = [50, 80, 100];
@@ -66,8 +67,17 @@ pub async fn load(
     let data = demo::demo(window).map_err(|error| {
         LedgerError::Internal(anyhow::anyhow!("the shipped trace cannot be read: {error}"))
     })?;
-    for project in &PROJECTS {
-        create_project(pool, project).await?;
+    let mut budgets = Vec::new();
+    for (project, budget) in &data.budgets {
+        let budget = budget.ok_or_else(|| {
+            LedgerError::Internal(anyhow::anyhow!(
+                "project `{}` spends nothing in {}",
+                project.id,
+                window.previous
+            ))
+        })?;
+        create_project(pool, project, budget).await?;
+        budgets.push((*project, budget));
     }
     let usd = currency("USD")?;
     for rate in &data.fx_rates {
@@ -97,7 +107,21 @@ pub async fn load(
         };
         pricing::create_contract(pool, Some(fields), Violations::default(), None, settings).await?;
     }
-    let records = sources::store(pool, data.batch, settings).await?;
+    let mut records = SourceSummary::of(&data.batch);
+    for post in &data.posts {
+        let batch = SourceBatch {
+            records: data.batch.records[post.records.clone()].to_vec(),
+            ..SourceBatch::default()
+        };
+        let then = Settings {
+            clock: Clock::Fixed(post.at),
+            ..*settings
+        };
+        let stored = sources::store(pool, batch, &then).await?;
+        records.accepted += stored.accepted;
+        records.duplicates += stored.duplicates;
+        records.problems.extend(stored.problems);
+    }
     if let Some(problem) = records.problems.first() {
         return Err(LedgerError::Internal(anyhow::anyhow!(
             "the demo's records were refused ({} problems), first {}: {}",
@@ -106,13 +130,11 @@ pub async fn load(
             problem.reason
         )));
     }
-    let mut budgets = Vec::new();
-    for project in &PROJECTS {
-        budgets.push((
-            project,
-            set_budget(pool, project, window.previous, settings).await?,
-        ));
-    }
+    // Once more as of now, for what the days since the last post moved (a forecast).
+    let months = PROJECTS.iter().flat_map(|project| {
+        [window.previous, window.current].map(|month| (project.id.to_owned(), month))
+    });
+    alerting::evaluate_all(pool, months, settings).await;
     Ok(Loaded {
         window,
         records,
@@ -126,13 +148,13 @@ fn currency(code: &str) -> LedgerResult<Currency> {
     Currency::parse(code).map_err(|error| LedgerError::Internal(anyhow::anyhow!(error)))
 }
 
-async fn create_project(pool: &PgPool, project: &DemoProject) -> LedgerResult<()> {
+async fn create_project(pool: &PgPool, project: &DemoProject, budget: Decimal) -> LedgerResult<()> {
     let new = NewProject {
         id: project.id.to_owned(),
         name: project.name.to_owned(),
         team: Some(project.team.to_owned()),
         currency: project.currency.to_owned(),
-        default_monthly_budget: None,
+        default_monthly_budget: Some(budget),
         alert_thresholds: THRESHOLDS.to_vec(),
         webhook_url: None,
         idle_gpu_threshold: Some(idle::DEFAULT_THRESHOLD),
@@ -145,45 +167,6 @@ async fn create_project(pool: &PgPool, project: &DemoProject) -> LedgerResult<()
             project.id
         ))),
     }
-}
-
-/// Sets the project's monthly budget so that the complete month's spend reaches its target
-/// share of it, and evaluates that month (setting the default evaluates the current one):
-/// the alerts the spend crossed fire.
-async fn set_budget(
-    pool: &PgPool,
-    project: &DemoProject,
-    complete: Month,
-    settings: &Settings,
-) -> LedgerResult<Decimal> {
-    let spend = {
-        let mut conn = pool.acquire().await?;
-        let of = CostOf {
-            project: project.id,
-            currency: project.currency,
-        };
-        month_spend(
-            &mut conn,
-            of,
-            complete.first_day(),
-            settings.clock.now(),
-            settings.timezone,
-        )
-        .await?
-    };
-    let budget = demo::budget_for(spend, project.target_burn_pct).ok_or_else(|| {
-        LedgerError::Internal(anyhow::anyhow!(
-            "project `{}` spent nothing in {complete}",
-            project.id
-        ))
-    })?;
-    let changes = ProjectChanges {
-        default_monthly_budget: Some(Some(budget)),
-        ..ProjectChanges::default()
-    };
-    projects::update(pool, project.id, &changes, settings).await?;
-    alerting::evaluate_all(pool, [(project.id.to_owned(), complete)], settings).await;
-    Ok(budget)
 }
 
 async fn issue_tokens(pool: &PgPool) -> LedgerResult<DemoTokens> {

@@ -97,9 +97,19 @@ async fn the_demo_shows_every_part_of_the_ledger() {
             )
             .await
             .json();
-        let mut fired: Vec<i64> = items(&alerts)
+        let actual: Vec<&Value> = items(&alerts)
             .iter()
             .filter(|a| a["kind"] == "actual")
+            .collect();
+        for alert in &actual {
+            let fired_at: DateTime<Utc> = alert["fired_at"].as_str().unwrap().parse().unwrap();
+            assert!(
+                fired_at < loaded.window.boundary,
+                "fired in October, when spend crossed it: {alert}"
+            );
+        }
+        let mut fired: Vec<i64> = actual
+            .iter()
             .map(|a| a["threshold"].as_i64().unwrap())
             .collect();
         fired.sort_unstable();

@@ -9,6 +9,7 @@
 pub mod trace;
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use chrono::{DateTime, Months, TimeDelta, Utc};
 use chrono_tz::Tz;
@@ -184,6 +185,8 @@ pub struct Window {
     pub current: Month,
     /// The first instant of `previous`.
     pub start: DateTime<Utc>,
+    /// The first instant of `current`.
+    pub boundary: DateTime<Utc>,
     /// Where the data ends: the demo's "now".
     pub until: DateTime<Utc>,
 }
@@ -198,11 +201,12 @@ impl Window {
                 .checked_sub_months(Months::new(1))
                 .expect("months stay within chrono's range"),
         );
-        let (start, _) = month_bounds(previous.first_day(), tz);
+        let (start, boundary) = month_bounds(previous.first_day(), tz);
         Self {
             previous,
             current,
             start,
+            boundary,
             until,
         }
     }
@@ -228,14 +232,29 @@ pub struct DemoFxRate {
     pub rate: Decimal,
 }
 
-/// Everything the demo loads, but its budgets (set from the spend the records make).
+/// Everything the demo loads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Demo {
     pub window: Window,
     pub contracts: Vec<DemoContract>,
     pub fx_rates: Vec<DemoFxRate>,
-    /// The job records, in the shape `POST /v1/job-records` takes, and the pods skipped.
+    /// Each project's monthly budget, in its currency, in the order of [`PROJECTS`]: set from
+    /// what its records spend in the complete month as the contracts price them, so that it
+    /// burns its target share (`None` for a project that spent nothing).
+    pub budgets: Vec<(&'static DemoProject, Option<Decimal>)>,
+    /// The job records, in the shape `POST /v1/job-records` takes, in the order they ended,
+    /// and the pods skipped.
     pub batch: SourceBatch,
+    /// When the records were posted: each day's at the end of the day (the last day's at
+    /// `until`), as CI would have, so that alerts fire when spend crossed their thresholds.
+    pub posts: Vec<Post>,
+}
+
+/// The records of `batch.records[records]`, posted at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Post {
+    pub at: DateTime<Utc>,
+    pub records: Range<usize>,
 }
 
 /// The demo over `window`, from the shipped trace.
@@ -261,25 +280,65 @@ pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: 
     }
     let attempts = tasks(workloads(runs));
     let reserved = committed_gpus(&attempts, window);
+    let fx_rates: Vec<DemoFxRate> = [window.previous, window.current]
+        .into_iter()
+        .zip([Decimal::new(8612, 4), Decimal::new(8574, 4)])
+        .map(|(month, rate)| DemoFxRate {
+            month,
+            to: "EUR",
+            rate,
+        })
+        .collect();
+    let mut spend: BTreeMap<&'static str, Decimal> = BTreeMap::new();
+    let mut ended = Vec::new();
     for attempt in &attempts {
-        for (location, value) in attempt.records() {
-            batch.records.push(SourceRecord { location, value });
+        for piece in attempt.pieces() {
+            *spend.entry(attempt.project.id).or_default() +=
+                attempt.cost_in(&piece, (window.start, window.boundary), &fx_rates[0]);
+            let value = attempt.record(&piece);
+            ended.push((
+                piece.ended,
+                SourceRecord {
+                    location: piece.location,
+                    value,
+                },
+            ));
         }
     }
+    ended.sort_by_key(|(at, _)| *at);
+    let posts = posts(&ended, window);
+    batch.records = ended.into_iter().map(|(_, record)| record).collect();
     Demo {
         window,
         contracts: contracts(window, reserved),
-        fx_rates: [window.previous, window.current]
-            .into_iter()
-            .zip([Decimal::new(8612, 4), Decimal::new(8574, 4)])
-            .map(|(month, rate)| DemoFxRate {
-                month,
-                to: "EUR",
-                rate,
+        budgets: PROJECTS
+            .iter()
+            .map(|project| {
+                let spent = spend.get(project.id).copied().unwrap_or_default();
+                (project, budget_for(spent, project.target_burn_pct))
             })
             .collect(),
+        fx_rates,
         batch,
+        posts,
     }
+}
+
+/// The records, in the order they ended, cut into days from the window's start.
+fn posts(ended: &[(DateTime<Utc>, SourceRecord)], window: Window) -> Vec<Post> {
+    let mut posts: Vec<Post> = Vec::new();
+    for (index, (at, _)) in ended.iter().enumerate() {
+        let day = (*at - window.start).num_seconds().max(0) / 86_400;
+        let posted = (window.start + TimeDelta::days(day + 1)).min(window.until);
+        match posts.last_mut() {
+            Some(post) if post.at == posted => post.records.end = index + 1,
+            _ => posts.push(Post {
+                at: posted,
+                records: index..index + 1,
+            }),
+        }
+    }
+    posts
 }
 
 /// A monthly budget that `spend` burns to about `target_burn_pct` percent: spend × 100 /
@@ -556,15 +615,15 @@ fn billing_mode(run: &Run<'_>) -> BillingMode {
 fn contracts(window: Window, committed_gpus: u32) -> Vec<DemoContract> {
     let mut contracts = Vec::new();
     for model in &MODELS {
-        for (mode, cents, label) in [
-            (BillingMode::OnDemand, model.on_demand_cents, "on-demand"),
-            (BillingMode::Spot, model.spot_cents, "spot"),
+        for (mode, label) in [
+            (BillingMode::OnDemand, "on-demand"),
+            (BillingMode::Spot, "spot"),
         ] {
             contracts.push(DemoContract {
                 name: format!("{} {label}", model.name),
                 gpu_model: model.name,
                 billing_mode: mode,
-                price_per_gpu_hour: Decimal::new(cents, 2),
+                price_per_gpu_hour: price(model, mode),
                 valid_from: window.start,
                 valid_until: None,
                 committed_gpus: None,
@@ -581,6 +640,18 @@ fn contracts(window: Window, committed_gpus: u32) -> Vec<DemoContract> {
         committed_gpus: Some(Decimal::from(committed_gpus)),
     });
     contracts
+}
+
+/// What a GPU-hour of the model costs in US dollars under the contract of the billing mode.
+fn price(model: &DemoModel, mode: BillingMode) -> Decimal {
+    Decimal::new(
+        match mode {
+            BillingMode::OnDemand => model.on_demand_cents,
+            BillingMode::Spot => model.spot_cents,
+            BillingMode::Reserved => RESERVED_CENTS,
+        },
+        2,
+    )
 }
 
 /// What DCGM would have measured of a workload's runs; the trace has no telemetry, so it is
@@ -617,13 +688,23 @@ impl Activity {
     }
 }
 
+/// One job record of an attempt.
+struct Piece {
+    task_id: String,
+    location: String,
+    queued: DateTime<Utc>,
+    started: DateTime<Utc>,
+    ended: DateTime<Utc>,
+    outcome: Outcome,
+}
+
 impl Attempt<'_> {
     /// Its job records: one, or one per [`LONGEST_RECORD`] of a long run.
-    fn records(&self) -> Vec<(String, Value)> {
+    fn pieces(&self) -> Vec<Piece> {
         let run = &self.run;
-        let pieces = split(run.started, run.ended);
-        let last = pieces.len() - 1;
-        pieces
+        let spans = split(run.started, run.ended);
+        let last = spans.len() - 1;
+        spans
             .into_iter()
             .enumerate()
             .map(|(index, (started, ended))| {
@@ -644,23 +725,52 @@ impl Attempt<'_> {
                         },
                     )
                 };
-                let queued = if index == 0 { run.queued } else { started };
-                (
+                Piece {
+                    task_id,
                     location,
-                    self.record(&task_id, queued, started, ended, outcome),
-                )
+                    queued: if index == 0 { run.queued } else { started },
+                    started,
+                    ended,
+                    outcome,
+                }
             })
             .collect()
     }
 
-    fn record(
+    /// What the piece costs in its project's currency over `[from, to)`, as rating prices it:
+    /// held GPU-seconds spread evenly over the record, priced by its contract, converted
+    /// at `fx` for a project billed in its currency.
+    fn cost_in(
         &self,
-        task_id: &str,
-        queued: DateTime<Utc>,
-        started: DateTime<Utc>,
-        ended: DateTime<Utc>,
-        outcome: Outcome,
-    ) -> Value {
+        piece: &Piece,
+        (from, to): (DateTime<Utc>, DateTime<Utc>),
+        fx: &DemoFxRate,
+    ) -> Decimal {
+        let seconds = (piece.ended.min(to) - piece.started.max(from)).num_seconds();
+        if seconds <= 0 {
+            return Decimal::ZERO;
+        }
+        let pod = self.run.pod;
+        let gpus = Decimal::new(i64::from(pod.num_gpu * pod.gpu_milli), 3);
+        let usd = gpus * Decimal::from(seconds) * price(self.run.model, billing_mode(&self.run))
+            / Decimal::from(3600);
+        if self.project.currency == fx.to {
+            usd * fx.rate
+        } else {
+            usd
+        }
+    }
+
+    fn record(&self, piece: &Piece) -> Value {
+        let Piece {
+            task_id,
+            queued,
+            started,
+            ended,
+            outcome,
+            ..
+        } = piece;
+        let (started, ended, outcome) = (*started, *ended, *outcome);
         let run = &self.run;
         let pod = run.pod;
         let model = run.model;
@@ -673,7 +783,7 @@ impl Attempt<'_> {
             "gpu_model": model.name,
             "gpu_count": Decimal::new(i64::from(milli), 3).normalize().to_string(),
             "billing_mode": billing_mode(run).as_str(),
-            "queued_at": format_time(queued),
+            "queued_at": format_time(*queued),
             "started_at": format_time(started),
             "ended_at": format_time(ended),
             "outcome": outcome.as_str(),
@@ -879,6 +989,36 @@ mod tests {
         let reserved = demo.contracts.last().unwrap();
         assert_eq!(reserved.billing_mode, BillingMode::Reserved);
         assert!(reserved.committed_gpus.unwrap() >= Decimal::ONE);
+    }
+
+    #[test]
+    fn the_records_are_posted_day_by_day_after_they_ended() {
+        let demo = demo(window()).unwrap();
+        let records = parsed(&demo);
+        let mut next = 0;
+        let mut last_post = demo.window.start;
+        for post in &demo.posts {
+            assert_eq!(post.records.start, next, "in order, none left out");
+            assert!(post.at > last_post && post.at <= demo.window.until);
+            for record in &records[post.records.clone()] {
+                assert!(record.ended_at <= post.at);
+                assert!(record.ended_at >= post.at - TimeDelta::days(1));
+            }
+            next = post.records.end;
+            last_post = post.at;
+        }
+        assert_eq!(next, records.len());
+        assert_eq!(demo.posts.last().unwrap().at, demo.window.until);
+    }
+
+    #[test]
+    fn each_project_gets_a_budget_it_burns_to_its_target() {
+        let demo = demo(window()).unwrap();
+        assert_eq!(demo.budgets.len(), PROJECTS.len());
+        for (project, budget) in &demo.budgets {
+            let budget = budget.unwrap_or_else(|| panic!("{} has no budget", project.id));
+            assert!(budget > Decimal::ZERO);
+        }
     }
 
     #[test]
