@@ -21,6 +21,9 @@ use crate::ledger::import::{self, Summary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::ledger::{LedgerError, reports, setup, sources};
 
+/// The data dir when none is given.
+pub const DEFAULT_DATA_DIR: &str = "./taskledger-data";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "taskledger",
@@ -43,7 +46,7 @@ pub struct Config {
     #[arg(
         long,
         env = "TASKLEDGER_DATA_DIR",
-        default_value = "./taskledger-data",
+        default_value = DEFAULT_DATA_DIR,
         global = true
     )]
     pub data_dir: PathBuf,
@@ -150,6 +153,15 @@ pub enum Command {
     WebhookSecret,
     /// Print the OpenAPI document (the committed api/openapi.json).
     Openapi,
+    /// Serve a demo to look around in: a fresh data dir (a temporary one, removed on exit,
+    /// unless --data-dir names an empty or earlier demo dir) loaded with five weeks of a real
+    /// GPU cluster as five projects' jobs; prints the dashboard's address and tokens.
+    Demo {
+        /// Where the demo's data ends (RFC 3339, or YYYY-MM-DD in the ledger time zone): its
+        /// month so far and the whole month before are filled. Default: now.
+        #[arg(long)]
+        until: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -391,8 +403,10 @@ impl Config {
 /// Runs a one-off command (every command but `serve`).
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve | Command::Openapi | Command::Collect { .. } => {
-            anyhow::bail!("`serve`, `openapi` and `collect` are the server's, not one-off commands")
+        Command::Serve | Command::Openapi | Command::Collect { .. } | Command::Demo { .. } => {
+            anyhow::bail!(
+                "`serve`, `openapi`, `collect` and `demo` are the server's, not one-off commands"
+            )
         }
         Command::Report { month, format } => {
             let database = open(&config).await?;

@@ -4,6 +4,7 @@ pub mod access;
 pub mod burn;
 pub mod commitment;
 pub mod csv_cell;
+pub mod demo;
 pub mod figures;
 pub mod focus;
 pub mod gpu;

@@ -7,6 +7,7 @@ mod common;
 mod contracts;
 mod cost;
 mod dashboard;
+mod demo;
 mod fixtures;
 mod focus;
 mod foundation;
