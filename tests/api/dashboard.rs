@@ -9,6 +9,7 @@ use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
 
 use taskledger::config::{Clock, Settings};
+use taskledger::ledger::demo::{self, Loaded};
 
 use crate::browser::Browser;
 use crate::common::TestApp;
@@ -1161,4 +1162,175 @@ async fn the_dashboard_serves_its_script_style_and_charting_library_itself() {
     plain_get(&app, "/assets/nothing.js")
         .await
         .problem(StatusCode::NOT_FOUND);
+}
+
+/// The demo's "now": twenty days into November 2026, so October is complete.
+const DEMO_UNTIL: &str = "2026-11-20T12:00:00Z";
+
+/// The demo loaded into a fresh app whose clock stands at [`DEMO_UNTIL`].
+async fn demo_app() -> (TestApp, Settings, Loaded) {
+    let until = DEMO_UNTIL.parse().unwrap();
+    let settings = Settings {
+        clock: Clock::Fixed(until),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(settings).await;
+    let loaded = demo::load(&app.pool, until, &settings).await.unwrap();
+    (app, settings, loaded)
+}
+
+#[tokio::test]
+async fn on_the_demo_the_finance_page_shows_the_reports_and_closes_october() {
+    let (app, settings, loaded) = demo_app().await;
+    let finance = loaded.tokens.finance.token.clone();
+    let october = app
+        .get("/v1/reports/monthly/2026-10", &finance)
+        .await
+        .json();
+    let november = app
+        .get("/v1/reports/monthly/2026-11", &finance)
+        .await
+        .json();
+    let served = app.serve_with(settings).await;
+    let origin = served.url();
+    let october_url = format!("{origin}/#token={finance}&page=finance&month=2026-10");
+    let november_url = format!("{origin}/#page=finance&month=2026-11");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&october_url);
+        let mut doms = vec![browser.dom()];
+        let mut overflows = vec![("demo finance at 1280 px".to_owned(), overflow(&mut browser))];
+        browser.screenshot(&screenshot_path("demo-finance-october-1280.png"));
+        browser.open(&november_url);
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("demo-finance-november-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&november_url);
+        overflows.push(("demo finance at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-finance-390.png"));
+        browser.resize(1280, 900);
+        browser.open(&october_url);
+        browser.click("#close-month");
+        browser.wait_for("document.querySelector('#close-dialog').open");
+        browser.click("#close-confirm");
+        browser.wait_for("document.querySelector('#month-state').textContent.startsWith('Closed')");
+        browser.wait_loaded();
+        doms.push(browser.dom());
+        Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        }
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    let (open_october, open_november, closed_october) =
+        (&seen.doms[0], &seen.doms[1], &seen.doms[2]);
+    assert_finance_page(open_october, &october);
+    assert_finance_page(open_november, &november);
+    assert!(october["projects"].as_array().unwrap().len() >= 5);
+    assert!(
+        november["totals"].as_array().unwrap().len() > 1,
+        "several currencies"
+    );
+    assert!(open_november.contains(r#"id="close-month" disabled="""#));
+    assert!(text(open_november).contains("forecast"));
+    assert!(!open_october.contains(r#"id="close-month" disabled"#));
+    assert!(text(closed_october).contains("October 2026 is closed"));
+    let closed = app
+        .get("/v1/reports/monthly/2026-10", &finance)
+        .await
+        .json();
+    assert_eq!(closed["closed"], true);
+}
+
+#[tokio::test]
+async fn on_the_demo_a_reader_sees_its_projects_burn_comparison_and_tasks() {
+    let (app, settings, loaded) = demo_app().await;
+    let reader = loaded.tokens.reader.token.clone();
+    let project = demo::READER_PROJECTS[0];
+    let base = format!("/v1/projects/{project}");
+    let burn = app
+        .get(&format!("{base}/burn?month=2026-11"), &reader)
+        .await
+        .json();
+    let by_model = app
+        .get(
+            &format!("{base}/cost?month=2026-11&group_by=gpu_model,billing_mode"),
+            &reader,
+        )
+        .await
+        .json();
+    let by_team = app
+        .get(
+            &format!("{base}/cost?month=2026-11&group_by=label:team"),
+            &reader,
+        )
+        .await
+        .json();
+    // The costliest task of October that needed more than one attempt.
+    let tasks = app
+        .get(
+            &format!("{base}/tasks?month=2026-10&sort=cost&limit=1000"),
+            &reader,
+        )
+        .await
+        .json();
+    let retried = tasks["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["attempts"].as_i64().unwrap() > 1)
+        .expect("the demo retries tasks")["task_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let task = app
+        .get(&format!("{base}/tasks/{retried}"), &reader)
+        .await
+        .json();
+    let served = app.serve_with(settings).await;
+    let origin = served.url();
+    let project_url = format!("{origin}/#token={reader}&project={project}&month=2026-11");
+    let hash: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("project", project)
+        .append_pair("month", "2026-10")
+        .append_pair("task", &retried)
+        .finish();
+    let task_url = format!("{origin}/#{hash}");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&project_url);
+        let mut doms = vec![browser.dom()];
+        let mut overflows = vec![("demo project at 1280 px".to_owned(), overflow(&mut browser))];
+        browser.screenshot(&screenshot_path("demo-project-1280.png"));
+        browser.open(&task_url);
+        doms.push(browser.dom());
+        overflows.push(("demo task at 1280 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-task-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&project_url);
+        overflows.push(("demo project at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-project-390.png"));
+        browser.open(&task_url);
+        overflows.push(("demo task at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-task-390.png"));
+        Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        }
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    assert_project_page(&seen.doms[0], &burn, &by_model, &by_team);
+    assert!(!burn["budget"].is_null(), "the demo budgets every project");
+    assert!(!seen.doms[0].contains(">Finance</a>"));
+    assert_task_page(&seen.doms[1], &task);
 }
