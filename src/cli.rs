@@ -21,6 +21,9 @@ use crate::ledger::import::{self, Summary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::ledger::{LedgerError, reports, setup, sources};
 
+/// The data dir when none is given.
+pub const DEFAULT_DATA_DIR: &str = "./taskledger-data";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "taskledger",
@@ -43,7 +46,7 @@ pub struct Config {
     #[arg(
         long,
         env = "TASKLEDGER_DATA_DIR",
-        default_value = "./taskledger-data",
+        default_value = DEFAULT_DATA_DIR,
         global = true
     )]
     pub data_dir: PathBuf,
@@ -150,6 +153,15 @@ pub enum Command {
     WebhookSecret,
     /// Print the OpenAPI document (the committed api/openapi.json).
     Openapi,
+    /// Serve a demo to look around in: a fresh data dir (a temporary one, removed on exit,
+    /// unless --data-dir names an empty or earlier demo dir) loaded with five weeks of a real
+    /// GPU cluster as five projects' jobs; prints the dashboard's address and tokens.
+    Demo {
+        /// Where the demo's data ends (RFC 3339, or YYYY-MM-DD in the ledger time zone): its
+        /// month so far and the whole month before are filled. Default: now.
+        #[arg(long)]
+        until: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -200,7 +212,10 @@ pub struct SlurmImportArgs {
 #[derive(Debug, Subcommand)]
 pub enum CollectSource {
     /// Run sacct for the window; jobs map as `import --format sacct` maps them.
-    Slurm(SlurmCollectArgs),
+    Slurm(Box<SlurmCollectArgs>),
+    /// Ask Prometheus for the Kubernetes GPU pods that finished in the window
+    /// (kube-state-metrics) and what their GPUs did (dcgm-exporter); one record per pod.
+    Prometheus(Box<PrometheusCollectArgs>),
 }
 
 /// What every collector takes: where the records go and which window it reads.
@@ -224,6 +239,10 @@ pub struct CollectorArgs {
     /// (`90s`, `10m`, `2h`, `1d`).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub overlap: chrono::TimeDelta,
+    /// Keep running, collecting again this long (`5m`) after each run started, until SIGTERM;
+    /// a failed run is reported and the next one reads its window again. Needs --state.
+    #[arg(long, value_parser = parse_duration, requires = "state", conflicts_with_all = ["since", "until"])]
+    pub every: Option<chrono::TimeDelta>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -238,6 +257,64 @@ pub struct SlurmCollectArgs {
     pub sacct_args: Vec<String>,
     #[command(flatten)]
     pub mapping: SlurmMappingArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PrometheusCollectArgs {
+    #[command(flatten)]
+    pub run: CollectorArgs,
+    /// Prometheus' base URL, e.g. http://prometheus-server.monitoring.svc:9090 (a bearer
+    /// token, if it needs one, in TASKLEDGER_PROMETHEUS_TOKEN).
+    #[arg(long, env = "TASKLEDGER_PROMETHEUS")]
+    pub prometheus: url::Url,
+    /// Label matchers added to every query, e.g. `cluster="gpu-a"` where one Prometheus holds
+    /// several clusters.
+    #[arg(long, default_value = "")]
+    pub selector: String,
+    /// The scrape interval of kube-state-metrics: times are read to this resolution.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resolution: chrono::TimeDelta,
+    /// How long after a pod ended its metrics count as complete, and how long a pod no
+    /// longer reported must stay unseen to count as gone; at most --overlap.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub settle: chrono::TimeDelta,
+    /// How far before the window's pods the earlier pods (attempts) of their tasks are
+    /// looked for.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub attempt_lookback: chrono::TimeDelta,
+    /// The longest one query may take (`90s`, `2m`).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub query_timeout: chrono::TimeDelta,
+    /// The pod label naming the project; default, or on pods without it: the namespace.
+    #[arg(long)]
+    pub project_label: Option<String>,
+    /// A file of NAME=PROJECT lines: the project of a namespace (or --project-label value);
+    /// others are their own project, as a slug.
+    #[arg(long)]
+    pub project_map: Option<PathBuf>,
+    /// The pod label naming the task (e.g. `app.kubernetes.io/instance`); default, or on pods
+    /// without it: the Job owning the pod, else the pod's name.
+    #[arg(long)]
+    pub task_label: Option<String>,
+    /// A pod label to copy into the record's labels (repeat).
+    #[arg(long = "label", value_name = "KEY", value_parser = parse_label_key)]
+    pub labels: Vec<String>,
+    /// NAME=MODEL: the GPU model of records whose GPUs DCGM (or the node's
+    /// nvidia.com/gpu.product label) names NAME (repeat), as contracts name it.
+    #[arg(long = "gpu-model", value_name = "NAME=MODEL", value_parser = parse_pair)]
+    pub gpu_models: Vec<(String, String)>,
+}
+
+/// A Kubernetes label key that is also a record label key.
+fn parse_label_key(raw: &str) -> Result<String, String> {
+    let valid = !raw.is_empty()
+        && raw.len() <= crate::domain::record::MAX_LABEL_KEY_CHARS
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    valid.then(|| raw.to_owned()).ok_or_else(|| {
+        format!("`{raw}` is not a label key of at most 64 letters, digits, `_`, `-`, `.` or `/`")
+    })
 }
 
 fn parse_project(raw: &str) -> Result<ProjectId, String> {
@@ -326,8 +403,10 @@ impl Config {
 /// Runs a one-off command (every command but `serve`).
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve | Command::Openapi | Command::Collect { .. } => {
-            anyhow::bail!("`serve`, `openapi` and `collect` are the server's, not one-off commands")
+        Command::Serve | Command::Openapi | Command::Collect { .. } | Command::Demo { .. } => {
+            anyhow::bail!(
+                "`serve`, `openapi`, `collect` and `demo` are the server's, not one-off commands"
+            )
         }
         Command::Report { month, format } => {
             let database = open(&config).await?;

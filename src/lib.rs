@@ -14,8 +14,8 @@
 //! - `http`: the REST API, one module per resource, with its OpenAPI description;
 //! - `workers`: background work (alert delivery, burn re-evaluation, rollup compaction);
 //! - `cli`: the command line's arguments and one-off commands;
-//! - `collectors`: read a scheduler's finished jobs on a schedule (Slurm's sacct) and store
-//!   or post them;
+//! - `collectors`: read a scheduler's finished jobs on a schedule (Slurm's sacct, Kubernetes
+//!   pods in Prometheus) and store or post them;
 //! - `server`: the wiring — parses the command line, opens the database, starts the
 //!   workers and serves.
 

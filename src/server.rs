@@ -3,19 +3,27 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use chrono::SubsecRound;
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config};
+use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, PrometheusCollectArgs};
+use crate::collectors::prometheus::PrometheusCollector;
 use crate::collectors::slurm::SlurmCollector;
-use crate::collectors::{self, Destination, StateFile, WindowRequest};
+use crate::collectors::{self, Destination, StateFile, Window, WindowRequest};
 use crate::db::Database;
+use crate::db::embedded::EmbeddedPostgres;
+use crate::domain::kubernetes;
+use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
-use crate::ledger::{setup, tokens};
+use crate::ledger::{demo, setup, tokens};
 use crate::workers;
 
 /// Runs the command line and turns any failure into a one-line message and exit code 1.
@@ -40,6 +48,7 @@ pub fn main() -> ExitCode {
                 Ok(())
             }
             Command::Collect { source } => collect(cli.config, source).await,
+            Command::Demo { until } => demo(cli.config, until).await,
             command => cli::run(cli.config, command).await,
         }
     });
@@ -61,26 +70,154 @@ fn init_tracing() {
         .init();
 }
 
-/// `collect <source>`: reads the window, delivers it to the server or the local database,
-/// prints the summary, and moves the state on when nothing failed.
+/// A source of job records.
+#[derive(Debug, Clone)]
+enum Collector {
+    Slurm(SlurmCollector),
+    Prometheus(PrometheusCollector),
+}
+
+impl Collector {
+    /// Its name, as state files record it.
+    fn name(&self) -> &'static str {
+        match self {
+            Collector::Slurm(_) => "slurm",
+            Collector::Prometheus(_) => "prometheus",
+        }
+    }
+
+    /// What it reads, as its summary counts them.
+    fn reads(&self) -> &'static str {
+        match self {
+            Collector::Slurm(_) => "jobs read",
+            Collector::Prometheus(_) => "pods seen",
+        }
+    }
+
+    /// Reads a window; `now` is when the run began.
+    async fn read(
+        &self,
+        window: Window,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<SourceBatch> {
+        match self {
+            Collector::Slurm(collector) => collector.read(window).await,
+            Collector::Prometheus(collector) => collector.read(window, now).await,
+        }
+    }
+}
+
+/// `collect <source>`: once, or with `--every` until SIGTERM, each run as [`collect_once`].
 async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
-    let CollectSource::Slurm(args) = source;
-    let collector = SlurmCollector {
-        sacct: args.sacct,
-        extra_arguments: args.sacct_args,
-        mapping: args.mapping.mapping(),
+    let (run, collector) = match source {
+        CollectSource::Slurm(args) => {
+            let args = *args;
+            (
+                args.run,
+                Collector::Slurm(SlurmCollector {
+                    sacct: args.sacct,
+                    extra_arguments: args.sacct_args,
+                    mapping: args.mapping.mapping(),
+                }),
+            )
+        }
+        CollectSource::Prometheus(args) => {
+            let collector = prometheus_collector(&args)?;
+            (args.run, Collector::Prometheus(collector))
+        }
     };
-    let state = args.run.state.clone().map(|path| StateFile {
+    let state = run.state.clone().map(|path| StateFile {
         path,
-        collector: "slurm",
+        collector: collector.name(),
     });
-    let window = collectors::window(
-        &window_request(&args.run, &config)?,
-        state.as_ref(),
-        chrono::Utc::now(),
-    )?;
-    let batch = collector.read(window).await?;
-    let summary = match &args.run.server {
+    let request = window_request(&run, &config)?;
+    let Some(every) = run.every else {
+        return collect_once(&config, &run, &collector, &request, state.as_ref()).await;
+    };
+    let every = every
+        .to_std()
+        .ok()
+        .filter(|every| !every.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--every must be longer than nothing"))?;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let next = tokio::time::Instant::now() + every;
+        tokio::select! {
+            outcome = collect_once(&config, &run, &collector, &request, state.as_ref()) => {
+                if let Err(error) = outcome {
+                    eprintln!("error: {error:#}");
+                }
+            }
+            () = &mut shutdown => return Ok(()),
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+}
+
+/// The Prometheus collector the flags describe, its project map file read.
+fn prometheus_collector(args: &PrometheusCollectArgs) -> anyhow::Result<PrometheusCollector> {
+    anyhow::ensure!(
+        args.settle <= args.run.overlap,
+        "--settle ({}) must be at most --overlap ({}): pods decided late would fall between windows",
+        args.settle,
+        args.run.overlap
+    );
+    anyhow::ensure!(
+        args.resolution > chrono::TimeDelta::zero(),
+        "--resolution must be longer than nothing"
+    );
+    let projects = match &args.project_map {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            kubernetes::parse_project_map(&text)
+                .map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?
+        }
+        None => Default::default(),
+    };
+    Ok(PrometheusCollector {
+        url: args.prometheus.clone(),
+        token: std::env::var("TASKLEDGER_PROMETHEUS_TOKEN")
+            .ok()
+            .map(|token| token.trim().to_owned())
+            .filter(|token| !token.is_empty()),
+        selector: args.selector.trim().to_owned(),
+        resolution: args.resolution,
+        settle: args.settle,
+        attempt_lookback: args.attempt_lookback,
+        query_timeout: args
+            .query_timeout
+            .to_std()
+            .ok()
+            .filter(|timeout| !timeout.is_zero())
+            .ok_or_else(|| anyhow::anyhow!("--query-timeout must be longer than nothing"))?,
+        mapping: kubernetes::Mapping {
+            project_label: args.project_label.clone(),
+            projects,
+            task_label: args.task_label.clone(),
+            labels: args.labels.clone(),
+            gpu_models: args.gpu_models.iter().cloned().collect(),
+        },
+    })
+}
+
+/// Reads the window, delivers it to the server or the local database, prints the summary,
+/// and moves the state on when nothing failed.
+async fn collect_once(
+    config: &Config,
+    run: &CollectorArgs,
+    collector: &Collector,
+    request: &WindowRequest,
+    state: Option<&StateFile>,
+) -> anyhow::Result<()> {
+    let now = chrono::Utc::now();
+    let window = collectors::window(request, state, now)?;
+    let batch = collector.read(window, now).await?;
+    let summary = match &run.server {
         Some(url) => {
             let token = std::env::var("TASKLEDGER_TOKEN")
                 .ok()
@@ -99,8 +236,8 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
             collectors::deliver(&destination, batch).await?
         }
         None => {
-            let database = cli::open(&config).await?;
-            cli::prepare(&database.pool, &config).await?;
+            let database = cli::open(config).await?;
+            cli::prepare(&database.pool, config).await?;
             let destination = Destination::Local {
                 pool: database.pool.clone(),
                 settings: config.settings(),
@@ -111,12 +248,13 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
         }
     };
     println!(
-        "slurm {} .. {}",
+        "{} {} .. {}",
+        collector.name(),
         window.since.to_rfc3339(),
         window.until.to_rfc3339()
     );
-    print!("{}", summary.render(100));
-    collectors::remember(state.as_ref(), window, &summary)?;
+    print!("{}", summary.render_counting(collector.reads(), 100));
+    collectors::remember(state, window, &summary)?;
     anyhow::ensure!(
         !summary.failed(),
         "{} problems; the state stays where it was, so the next run reads this window again",
@@ -246,6 +384,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
     cli::prepare(&database.pool, config).await?;
     bootstrap_admin(&database.pool).await?;
+    run_service(database, config, |_| ()).await
+}
+
+/// Serves the API next to the background workers until SIGINT or SIGTERM; `ready` gets the
+/// address once it listens.
+async fn run_service(
+    database: &Database,
+    config: &Config,
+    ready: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
     let settings = config.settings();
     let state = AppState::new(database.pool.clone(), settings)
         .with_embedded_database(database.embedded_status());
@@ -257,6 +405,7 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
         .await?
         .with_shutdown_grace(config.shutdown_grace());
     tracing::info!(address = %application.local_addr(), "taskledger is ready");
+    ready(application.local_addr());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stopping = move || {
         let mut stopped = stopped.clone();
@@ -344,4 +493,157 @@ async fn bootstrap_admin(pool: &sqlx::PgPool) -> anyhow::Result<()> {
         tokens::Bootstrap::Existing => {}
     }
     Ok(())
+}
+
+/// `demo`: the demo loaded into a fresh data dir, served until SIGINT or SIGTERM.
+async fn demo(config: Config, until: Option<String>) -> anyhow::Result<()> {
+    let started = Instant::now();
+    if config.database_url.is_some() {
+        tracing::warn!("the demo runs its own embedded PostgreSQL; DATABASE_URL is not used");
+    }
+    let until = match until {
+        Some(raw) => parse_day_or_instant(&raw, config.timezone)
+            .map_err(|error| anyhow::anyhow!("--until: {error}"))?,
+        None => chrono::Utc::now().trunc_subsecs(0),
+    };
+    anyhow::ensure!(
+        until <= chrono::Utc::now(),
+        "--until lies in the future: the demo's data ends at the latest now"
+    );
+    let dir = DemoDir::prepare(&config.data_dir)?;
+    let outcome = match Database::open(None, &dir.path, config.db_pool_size, false).await {
+        Ok(database) => {
+            let outcome = demo_on(&database, &config, until, &dir, started).await;
+            outcome.and(database.close().await)
+        }
+        Err(error) => Err(error),
+    };
+    outcome.and(dir.finish())
+}
+
+async fn demo_on(
+    database: &Database,
+    config: &Config,
+    until: chrono::DateTime<chrono::Utc>,
+    dir: &DemoDir,
+    started: Instant,
+) -> anyhow::Result<()> {
+    cli::prepare(&database.pool, config).await?;
+    let loaded = demo::load(&database.pool, until, &config.settings())
+        .await
+        .map_err(|error| anyhow::anyhow!("loading the demo failed: {error:#}"))?;
+    run_service(database, config, |address| {
+        announce_demo(&loaded, address, dir, started.elapsed());
+    })
+    .await
+}
+
+/// Prints where to look: the dashboard's finance page of the complete month with the finance
+/// token, and every token.
+fn announce_demo(loaded: &demo::Loaded, address: SocketAddr, dir: &DemoDir, took: Duration) {
+    let shown = if address.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], address.port()))
+    } else {
+        address
+    };
+    let base = format!("http://{shown}");
+    let tokens = &loaded.tokens;
+    println!(
+        "taskledger demo: {} job records from Alibaba's GPU cluster trace, {} and {} up to {}, \
+         ready in {:.1} s",
+        loaded.records.accepted,
+        loaded.window.previous,
+        loaded.window.current,
+        loaded.window.until.format("%Y-%m-%d %H:%M UTC"),
+        took.as_secs_f64()
+    );
+    println!();
+    // The complete month is the one with every figure: closable, its budgets crossed.
+    println!(
+        "  Dashboard:     {base}/#token={}&page=finance&month={}",
+        tokens.finance.token, loaded.window.previous
+    );
+    println!("  API docs:      {base}/docs");
+    println!("  Admin token:   {}", tokens.admin.token);
+    println!("  Finance token: {}", tokens.finance.token);
+    println!(
+        "  Reader token:  {} (projects {})",
+        tokens.reader.token,
+        tokens.reader.projects.join(", ")
+    );
+    println!();
+    println!(
+        "Data in {}{}. Ctrl-C stops the demo.",
+        dir.path.display(),
+        if dir.temporary {
+            ", removed when the demo stops"
+        } else {
+            ""
+        }
+    );
+}
+
+/// Where a demo keeps its data: a fresh temporary dir, removed when the demo stops, or the
+/// data dir given, kept, which must be empty or hold an earlier demo (replaced).
+struct DemoDir {
+    path: PathBuf,
+    temporary: bool,
+}
+
+/// The file that marks a data dir as a demo's, which a later demo may replace.
+const DEMO_MARKER: &str = "taskledger-demo";
+
+impl DemoDir {
+    fn prepare(data_dir: &Path) -> anyhow::Result<Self> {
+        if data_dir == Path::new(cli::DEFAULT_DATA_DIR) {
+            let path = std::env::temp_dir()
+                .join(format!("taskledger-demo-{}", uuid::Uuid::new_v4().simple()));
+            return Self::create(path, true);
+        }
+        let mut entries = match std::fs::read_dir(data_dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Self::create(data_dir.to_path_buf(), false);
+            }
+            Err(error) => anyhow::bail!("cannot read {}: {error}", data_dir.display()),
+        };
+        if entries.next().is_some() {
+            anyhow::ensure!(
+                data_dir.join(DEMO_MARKER).is_file(),
+                "{} is not empty and holds no earlier demo; give the demo a new or empty \
+                 --data-dir",
+                data_dir.display()
+            );
+            EmbeddedPostgres::ensure_unused(data_dir)?;
+            std::fs::remove_dir_all(data_dir).with_context(|| {
+                format!("cannot remove the earlier demo in {}", data_dir.display())
+            })?;
+        }
+        Self::create(data_dir.to_path_buf(), false)
+    }
+
+    /// Creates the dir (traversable, so that PostgreSQL can run as another user under root)
+    /// with its marker.
+    fn create(path: PathBuf, temporary: bool) -> anyhow::Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        std::fs::write(
+            path.join(DEMO_MARKER),
+            "A taskledger demo: `taskledger demo --data-dir` with this dir replaces it.\n",
+        )
+        .with_context(|| format!("cannot write to {}", path.display()))?;
+        Ok(Self { path, temporary })
+    }
+
+    /// Removes a temporary dir once the demo has stopped.
+    fn finish(&self) -> anyhow::Result<()> {
+        if self.temporary {
+            std::fs::remove_dir_all(&self.path)
+                .with_context(|| format!("cannot remove {}", self.path.display()))?;
+        }
+        Ok(())
+    }
 }

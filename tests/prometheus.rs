@@ -7,12 +7,13 @@
 #[path = "api/common/mod.rs"]
 #[expect(dead_code, reason = "this test uses a part of the API tests' harness")]
 mod common;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 #[path = "support/mod.rs"]
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -208,9 +209,8 @@ async fn serve(app: &TestApp) -> SocketAddr {
 }
 
 struct Prometheus {
-    _process: tokio::process::Child,
+    process: prometheus::Process,
     _dir: tempfile::TempDir,
-    api: String,
     client: reqwest::Client,
 }
 
@@ -228,32 +228,11 @@ impl Prometheus {
             ),
         )
         .unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .unwrap()
-            .port();
-        let process = tokio::process::Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|error| {
-                panic!(
-                    "cannot start `prometheus` ({error}): this test needs a real Prometheus; \
-                     install Debian's `prometheus` package (`apt-get install prometheus`, \
-                     which .ci/run does)"
-                )
-            });
+        let process = prometheus::start(&config, &dir.path().join("data"), &[]);
+        process.ready(PATIENCE).await;
         Self {
-            _process: process,
+            process,
             _dir: dir,
-            api: format!("http://127.0.0.1:{port}/api/v1/query"),
             client: reqwest::Client::new(),
         }
     }
@@ -263,7 +242,7 @@ impl Prometheus {
     async fn query(&self, promql: &str) -> Option<f64> {
         let response = self
             .client
-            .get(&self.api)
+            .get(format!("{}/api/v1/query", self.process.url))
             .query(&[("query", promql)])
             .send()
             .await

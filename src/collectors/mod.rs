@@ -6,6 +6,7 @@
 //! Windows may overlap: storing is idempotent, so a job seen twice counts as a duplicate.
 //! The state only moves forward after a run that delivered everything.
 
+pub mod prometheus;
 pub mod slurm;
 
 use std::path::{Path, PathBuf};

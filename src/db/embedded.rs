@@ -251,6 +251,12 @@ impl EmbeddedPostgres {
         Ok(socket_url(&pg_dir, database))
     }
 
+    /// Fails with [`EmbeddedError::InUse`] while a taskledger process runs the cluster in
+    /// `data_dir`, so that its files are not removed under it.
+    pub fn ensure_unused(data_dir: &Path) -> Result<(), EmbeddedError> {
+        lock_data_dir(data_dir).map(drop)
+    }
+
     /// Process id of the postmaster (of the last one, once it has exited).
     pub fn pid(&self) -> u32 {
         self.postmaster.id()

@@ -18,6 +18,8 @@ use super::rating::{BillingMode, Contract};
 pub struct UnusedCommitment {
     /// Start of the ledger hour.
     pub hour: DateTime<Utc>,
+    /// The GPU-hours committed in the part of the hour inside the window.
+    pub committed_gpu_hours: Decimal,
     pub unused_gpu_hours: Decimal,
     /// In the contract's currency.
     pub cost: Decimal,
@@ -62,6 +64,7 @@ pub fn unused_commitment(
         let unused_seconds = (committed_seconds - used_seconds).max(Decimal::ZERO);
         charges.push(UnusedCommitment {
             hour: hour.start,
+            committed_gpu_hours: committed_seconds / SECONDS_PER_HOUR,
             unused_gpu_hours: unused_seconds / SECONDS_PER_HOUR,
             cost: unused_seconds * contract.price_per_gpu_hour / SECONDS_PER_HOUR,
         });
@@ -113,6 +116,8 @@ mod tests {
         let unused: Vec<Decimal> = charges.iter().map(|c| c.unused_gpu_hours).collect();
         assert_eq!(unused, [Decimal::ONE, Decimal::ZERO, Decimal::TWO]);
         assert_eq!(charges[2].cost, Decimal::new(300, 2));
+        let committed: Vec<Decimal> = charges.iter().map(|c| c.committed_gpu_hours).collect();
+        assert_eq!(committed, [Decimal::TWO; 3]);
     }
 
     #[test]

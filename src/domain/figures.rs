@@ -27,26 +27,31 @@ pub enum Grouping {
     Month,
     GpuModel,
     BillingMode,
+    /// `<gpu_model>/<billing_mode>`: billing modes hold no `/`, so the key splits at its last
+    /// one. What a task costs on a model depends on how the model is bought.
+    GpuModelAndBillingMode,
     Outcome,
     /// The value of one label; records without it have no key.
     Label(String),
 }
 
 impl Grouping {
-    /// Parses `group_by`: `day`, `month`, `gpu_model`, `billing_mode`, `outcome` or
-    /// `label:<key>`.
+    /// Parses `group_by`: `day`, `month`, `gpu_model`, `billing_mode`,
+    /// `gpu_model,billing_mode`, `outcome` or `label:<key>`.
     pub fn parse(raw: &str) -> Result<Grouping, String> {
         Ok(match raw {
             "day" => Grouping::Day,
             "month" => Grouping::Month,
             "gpu_model" => Grouping::GpuModel,
             "billing_mode" => Grouping::BillingMode,
+            "gpu_model,billing_mode" => Grouping::GpuModelAndBillingMode,
             "outcome" => Grouping::Outcome,
             other => match other.strip_prefix("label:") {
                 Some(key) if !key.is_empty() && key.len() <= 200 => Grouping::Label(key.to_owned()),
                 _ => {
                     return Err(
-                        "use day, month, gpu_model, billing_mode, outcome or label:<key>"
+                        "use day, month, gpu_model, billing_mode, gpu_model,billing_mode, \
+                         outcome or label:<key>"
                             .to_owned(),
                     );
                 }
@@ -449,6 +454,11 @@ mod tests {
             Grouping::parse("label:team"),
             Ok(Grouping::Label("team".to_owned()))
         );
+        assert_eq!(
+            Grouping::parse("gpu_model,billing_mode"),
+            Ok(Grouping::GpuModelAndBillingMode)
+        );
+        assert!(Grouping::parse("billing_mode,gpu_model").is_err());
         assert!(Grouping::parse("label:").is_err());
         assert!(Grouping::parse("week").is_err());
     }

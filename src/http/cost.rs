@@ -36,7 +36,9 @@ pub struct CostParams {
     pub from: Option<String>,
     /// End (exclusive), in the same forms as `from`.
     pub to: Option<String>,
-    /// `day`, `month`, `gpu_model`, `billing_mode`, `outcome` or `label:<key>`.
+    /// `day`, `month`, `gpu_model`, `billing_mode`, `gpu_model,billing_mode` (keys
+    /// `<gpu_model>/<billing_mode>`, to compare what a task costs on each model as bought),
+    /// `outcome` or `label:<key>`.
     pub group_by: Option<String>,
     /// The time up to which unused commitment accrues (RFC 3339); default now.
     pub as_of: Option<String>,

@@ -32,7 +32,7 @@ pub struct ReportQuery {
     /// `json` (default) or `csv`; `Accept: text/csv` also selects CSV.
     pub format: Option<String>,
     /// Adds per-group rows to each project (open months only): `day`, `month`, `gpu_model`,
-    /// `billing_mode`, `outcome` or `label:<key>`.
+    /// `billing_mode`, `gpu_model,billing_mode`, `outcome` or `label:<key>`.
     pub group_by: Option<String>,
 }
 

@@ -1,4 +1,5 @@
-//! API tokens (admin only). The secret is shown once, in the creation response.
+//! API tokens (admin only, but for the caller's own): the secret is shown once, in the
+//! creation response.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -24,6 +25,17 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_token, list_tokens))
         .routes(routes!(delete_token))
+        .routes(routes!(get_current_token))
+}
+
+/// The token a request was made with, as a client needs it to know what it may do.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CurrentToken {
+    pub id: Uuid,
+    pub role: Role,
+    /// The projects a `reader` or `ingest` token acts on; empty for the others, which act on
+    /// every project.
+    pub projects: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -103,6 +115,22 @@ pub async fn list_tokens(
         |row| row.id,
         TokenView::from,
     )))
+}
+
+/// The token making this request: its role and projects (any active token, ingest included),
+/// so that a client such as the dashboard shows what the token may do and no more.
+#[utoipa::path(get, path = "/v1/tokens/current", tag = "tokens",
+    security(("bearer" = [])),
+    responses(
+        AuthProblems,
+        (status = 200, description = "The calling token", body = CurrentToken),
+    ))]
+pub async fn get_current_token(principal: Principal) -> axum::Json<CurrentToken> {
+    axum::Json(CurrentToken {
+        id: principal.token_id,
+        role: principal.role,
+        projects: principal.projects,
+    })
 }
 
 /// Revoke a token (admin); it stops working on the next request.

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use serde::Serialize;
@@ -20,7 +20,7 @@ use crate::domain::idle::{IdleGpuRule, IdleMeasure};
 use crate::domain::record::JobRecord;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
-use crate::ledger::cost::{CostOf, month_spend};
+use crate::ledger::cost::{CostOf, month_spend, month_spend_by_day};
 use crate::ledger::instruments;
 use crate::ledger::reports::round_money;
 use crate::store;
@@ -399,6 +399,18 @@ pub struct BurnView {
     /// The project's thresholds (`actual`) and the forecast alert at 100 %.
     pub thresholds: Vec<ThresholdView>,
     pub as_of: DateTime<Utc>,
+    /// How the spend grew: one entry per ledger day from the month's first to the day holding
+    /// `as_of`; the last one's `spend` is `spend` above.
+    pub days: Vec<SpendDay>,
+}
+
+/// The spend of a month up to the end of one of its days.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpendDay {
+    pub day: NaiveDate,
+    /// The month's spend up to the end of this day (or `as_of`, on its day).
+    #[schema(value_type = String)]
+    pub spend: Decimal,
 }
 
 /// A project's burn of a month as of an instant, with when each threshold's alert fired.
@@ -411,6 +423,14 @@ pub async fn burn_status(
 ) -> LedgerResult<BurnView> {
     let budget = store::projects::budget_for(pool, &project, month.first_day()).await?;
     let burn = burn_of(pool, &project, month, budget, as_of, tz).await?;
+    let days = {
+        let mut conn = pool.acquire().await?;
+        let of = CostOf {
+            project: &project.id,
+            currency: &project.currency,
+        };
+        month_spend_by_day(&mut conn, of, month.first_day(), as_of, tz).await?
+    };
     let fired = store::alerts::fired_in_month(pool, &project.id, month.first_day()).await?;
     let crossed = |percent: i32, kind: AlertKind| {
         fired
@@ -442,5 +462,9 @@ pub async fn burn_status(
         forecast_pct: burn.forecast_pct.map(|p| p.normalize()),
         thresholds,
         as_of,
+        days: days
+            .into_iter()
+            .map(|(day, spend)| SpendDay { day, spend })
+            .collect(),
     })
 }

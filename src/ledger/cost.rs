@@ -21,8 +21,9 @@ use crate::store::cost::Scope;
 /// The money figures of one group of a period.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct GroupView {
-    /// The day, month, model, mode, outcome or label value; null for what has none (records
-    /// without the label, or unused commitment when grouping by outcome or label).
+    /// The day, month, model, mode, `model/mode`, outcome or label value; null for what has
+    /// none (records without the label, or unused commitment when grouping by outcome or
+    /// label).
     pub key: Option<String>,
     #[serde(flatten)]
     pub figures: Figures,
@@ -32,8 +33,9 @@ pub struct GroupView {
 /// started in it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CostGroupView {
-    /// The day, month, model, mode, outcome or label value; null for what has none (records
-    /// without the label, or unused commitment when grouping by outcome or label).
+    /// The day, month, model, mode, `model/mode`, outcome or label value; null for what has
+    /// none (records without the label, or unused commitment when grouping by outcome or
+    /// label).
     pub key: Option<String>,
     #[serde(flatten)]
     pub figures: Figures,
@@ -272,6 +274,25 @@ pub async fn month_figures_of_projects(
         .collect())
 }
 
+/// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
+/// hours up to the one holding `as_of`; `None` before the month began.
+fn spend_period(
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let (start, end) = month_bounds(month, tz);
+    if as_of <= start {
+        return None;
+    }
+    let until = if as_of >= end {
+        end
+    } else {
+        LedgerHour::holding(as_of, tz).end
+    };
+    Some((start, until))
+}
+
 /// A project's spend in a month up to `as_of` (COST_MODEL §5): the cost of the month's ledger
 /// hours up to the one holding `as_of`, and unused commitment accrued until `as_of`.
 pub async fn month_spend(
@@ -281,21 +302,49 @@ pub async fn month_spend(
     as_of: DateTime<Utc>,
     tz: Tz,
 ) -> LedgerResult<Decimal> {
-    let (start, end) = month_bounds(month, tz);
-    let until = if as_of >= end {
-        end
-    } else {
-        LedgerHour::holding(as_of, tz).end
-    };
-    if as_of <= start {
+    let Some(period) = spend_period(month, as_of, tz) else {
         return Ok(Decimal::ZERO);
-    }
+    };
     let query = CostQuery {
-        period: (start, until),
+        period,
         grouping: Grouping::Whole,
         as_of,
     };
     Ok(period_figures(conn, of, &query, tz).await?.figures.total)
+}
+
+/// The spend of a month as it grew: for every ledger day from the month's first to the one
+/// holding `as_of`, the spend up to that day's end (or `as_of`). Its last entry is
+/// [`month_spend`], exactly: each day's cost is added unrounded to the days before it.
+pub async fn month_spend_by_day(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<Vec<(NaiveDate, Decimal)>> {
+    let Some(period) = spend_period(month, as_of, tz) else {
+        return Ok(Vec::new());
+    };
+    let query = CostQuery {
+        period,
+        grouping: Grouping::Day,
+        as_of,
+    };
+    let days = group_sums(conn, of, &query, tz).await?;
+    let last = LedgerHour::holding(period.1 - chrono::Duration::seconds(1), tz)
+        .start
+        .with_timezone(&tz)
+        .date_naive();
+    let mut spend = Decimal::ZERO;
+    let mut series = Vec::new();
+    for day in month.iter_days().take_while(|day| *day <= last) {
+        if let Some(sums) = days.get(&Some(day.format("%Y-%m-%d").to_string())) {
+            spend += sums.total();
+        }
+        series.push((day, spend.normalize()));
+    }
+    Ok(series)
 }
 
 /// The group key of a ledger hour, for figures computed per hour (unused commitment).
@@ -307,6 +356,7 @@ fn hour_key(grouping: &Grouping, hour: DateTime<Utc>, gpu_model: &str, tz: Tz) -
         Grouping::Month => Some(local.format("%Y-%m").to_string()),
         Grouping::GpuModel => Some(gpu_model.to_owned()),
         Grouping::BillingMode => Some("reserved".to_owned()),
+        Grouping::GpuModelAndBillingMode => Some(format!("{gpu_model}/reserved")),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod alerting;
 pub mod cost;
+pub mod demo;
 pub mod error;
 pub mod focus;
 pub mod import;

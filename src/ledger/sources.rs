@@ -51,10 +51,15 @@ impl SourceSummary {
     /// The summary printed at the end of an import or a collection; at most `shown` problems
     /// are listed.
     pub fn render(&self, shown: usize) -> String {
+        self.render_counting("jobs read", shown)
+    }
+
+    /// [`Self::render`], naming what was read (`pods seen`).
+    pub fn render_counting(&self, read: &str, shown: usize) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "jobs read {}, records {}: accepted {}, duplicates {}",
+            "{read} {}, records {}: accepted {}, duplicates {}",
             self.jobs_read, self.records, self.accepted, self.duplicates
         );
         let skipped: Vec<String> = self

@@ -285,6 +285,24 @@ pub async fn shared_commitments(
     .await
 }
 
+/// Reserved contracts with a commitment, scoped to a project or not, valid in `[from, to)`.
+pub async fn commitments(
+    conn: &mut PgConnection,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> sqlx::Result<Vec<ContractRow>> {
+    sqlx::query_as::<_, ContractRow>(&format!(
+        "SELECT {COLUMNS} FROM contracts \
+         WHERE billing_mode = 'reserved' AND committed_gpus IS NOT NULL \
+           AND valid_from < $2 AND (valid_until IS NULL OR valid_until > $1) \
+         ORDER BY project_id NULLS FIRST, name, id"
+    ))
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await
+}
+
 /// The contracts of `ids` that exist.
 pub async fn by_ids(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<Vec<ContractRow>> {
     sqlx::query_as::<_, ContractRow>(&format!(

@@ -192,6 +192,9 @@ fn key_expression(grouping: &Grouping, hour: &str, prefix: &str) -> String {
         Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $10, 'YYYY-MM')"),
         Grouping::GpuModel => format!("{prefix}gpu_model"),
         Grouping::BillingMode => format!("{prefix}billing_mode"),
+        Grouping::GpuModelAndBillingMode => {
+            format!("{prefix}gpu_model || '/' || {prefix}billing_mode")
+        }
         Grouping::Outcome => format!("{prefix}outcome"),
         Grouping::Label(_) => "r.labels ->> $4".to_owned(),
     }
@@ -250,7 +253,11 @@ fn extra_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
     match grouping {
         Grouping::Day | Grouping::Month => Some(tz.name().to_owned()),
         Grouping::Label(key) => Some(key.clone()),
-        Grouping::Whole | Grouping::GpuModel | Grouping::BillingMode | Grouping::Outcome => None,
+        Grouping::Whole
+        | Grouping::GpuModel
+        | Grouping::BillingMode
+        | Grouping::GpuModelAndBillingMode
+        | Grouping::Outcome => None,
     }
 }
 
@@ -343,6 +350,7 @@ fn start_key(grouping: &Grouping) -> &'static str {
         Grouping::Month => "to_char(started_at AT TIME ZONE $4, 'YYYY-MM')",
         Grouping::GpuModel => "gpu_model",
         Grouping::BillingMode => "billing_mode",
+        Grouping::GpuModelAndBillingMode => "gpu_model || '/' || billing_mode",
         Grouping::Outcome => "outcome",
         Grouping::Label(_) => "labels ->> $4",
     }

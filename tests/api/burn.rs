@@ -289,6 +289,34 @@ async fn burn_answers_as_of_an_earlier_time_and_checks_its_parameters() {
         early["forecast"].as_str().unwrap().starts_with("333.3333"),
         "100 × 720 / 216"
     );
+    // The spend as it grew, day by day up to the day holding as_of.
+    let days = |burn: &Value| -> Vec<(String, String)> {
+        burn["days"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["day"].as_str().unwrap().to_owned(),
+                    d["spend"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let early_days = days(&early);
+    assert_eq!(early_days.len(), 10, "1 to 10 November: {early_days:?}");
+    assert_eq!(early_days[3], ("2026-11-04".to_owned(), "0".to_owned()));
+    assert_eq!(early_days[4], ("2026-11-05".to_owned(), "100".to_owned()));
+    assert_eq!(early_days[9], ("2026-11-10".to_owned(), "100".to_owned()));
+    let now = app
+        .get("/v1/projects/vision/burn?month=2026-11", &app.admin)
+        .await
+        .json();
+    let now_days = days(&now);
+    assert_eq!(now_days.len(), 20);
+    assert_eq!(now_days[13].1, "100");
+    assert_eq!(now_days[14], ("2026-11-15".to_owned(), "200".to_owned()));
+    assert_eq!(now_days[19].1, now["spend"].as_str().unwrap());
     let bad = app
         .get(
             "/v1/projects/vision/burn?month=11-2026&as_of=today",

@@ -256,6 +256,7 @@ async fn groups_add_up_to_the_total_for_every_dimension() {
         "month",
         "gpu_model",
         "billing_mode",
+        "gpu_model,billing_mode",
         "outcome",
         "label:team",
     ] {
@@ -300,6 +301,57 @@ async fn groups_add_up_to_the_total_for_every_dimension() {
     assert_money(&day("2026-11-14")["total"], "20.00");
     assert_eq!(day("2026-11-14")["tasks_completed"], 0);
     assert_eq!(day("2026-11-15")["tasks_completed"], 1);
+}
+
+/// What a completed task cost on each GPU model as bought: the worked example by model and
+/// billing mode together.
+#[tokio::test]
+async fn groups_by_model_and_billing_mode_compare_the_cost_of_a_finished_task() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let report = cost(&app, &format!("{NOVEMBER}&group_by=gpu_model,billing_mode")).await;
+    assert_groups_add_up(&report);
+    let groups = report["groups"].as_array().unwrap();
+    let keys: Vec<&str> = groups.iter().map(|g| g["key"].as_str().unwrap()).collect();
+    assert_eq!(
+        keys,
+        [
+            "A100/reserved",
+            "B200/on_demand",
+            "H100/on_demand",
+            "H100/spot"
+        ]
+    );
+    let group = |key: &str| groups.iter().find(|g| g["key"] == key).unwrap();
+    // t1 (36.00) and November's half of t5 (5.00), both completed on on-demand H100s.
+    assert_money(&group("H100/on_demand")["total"], "41.00");
+    assert_eq!(group("H100/on_demand")["tasks_completed"], 2);
+    assert_money(&group("H100/on_demand")["cost_per_completed_task"], "20.50");
+    // t2: its preempted attempt's 14.40 is part of what the finished task cost on spot.
+    assert_money(&group("H100/spot")["total"], "33.60");
+    assert_money(&group("H100/spot")["waste"], "14.40");
+    assert_money(&group("H100/spot")["cost_per_completed_task"], "33.60");
+    assert_money(
+        &group("H100/spot")["output"][0]["direct_cost_per_unit"],
+        "0.0000192",
+    );
+    assert_money(&group("A100/reserved")["cost_per_completed_task"], "10.00");
+    assert_eq!(group("B200/on_demand")["tasks_failed"], 1);
+    assert_eq!(
+        group("B200/on_demand")["cost_per_completed_task"],
+        Value::Null
+    );
+
+    let reversed = app
+        .get(
+            "/v1/projects/vision/cost?month=2026-11&group_by=billing_mode,gpu_model",
+            &app.admin,
+        )
+        .await;
+    assert_eq!(
+        reversed.problem(StatusCode::UNPROCESSABLE_ENTITY)["errors"][0]["pointer"],
+        "query:group_by"
+    );
 }
 
 #[tokio::test]

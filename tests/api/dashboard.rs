@@ -1,9 +1,17 @@
 //! The dashboard as a user sees it: the page served at `/`, run by headless Chromium against
 //! a real listening server.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use axum::http::StatusCode;
+use rust_decimal::{Decimal, RoundingStrategy};
+use serde_json::{Value, json};
+
+use taskledger::config::{Clock, Settings};
+use taskledger::ledger::demo::{self, Loaded};
+
+use crate::browser::Browser;
 use crate::common::TestApp;
 use crate::fixtures::{
     contract, record, worked_example, worked_example_contracts, worked_example_records,
@@ -528,42 +536,801 @@ async fn the_project_page_shows_real_utilisation_and_what_right_sizing_would_sav
 #[ignore = "writes docs/screenshots/: run by hand after changing the dashboard"]
 async fn dashboard_screenshots() {
     let app = TestApp::spawn().await;
-    worked_example_with_queues(&app).await;
-    lab_with_telemetry(&app).await;
-    let reader = app.token("reader", &["vision", "lab"]).await;
+    finance_month(&app).await;
+    let finance = app.token("finance", &[]).await;
     let served = app.serve().await;
+    let origin = served.url();
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
-    let shots = [
-        (
-            "project=vision&month=2026-11",
-            "tasks-panel.png",
-            "1280,1600",
-        ),
-        (
-            "project=vision&month=2026-11&task=t2",
-            "task-page.png",
-            "1280,1100",
-        ),
-        (
-            "project=lab&month=2026-11",
-            "utilisation-panel.png",
-            "1280,1000",
-        ),
-    ]
-    .map(|(hash, file, size)| {
-        (
-            format!("{}/#token={reader}&{hash}", served.url()),
-            folder.join(file),
-            format!("--window-size={size}"),
-        )
-    });
     tokio::task::spawn_blocking(move || {
-        for (url, path, size) in shots {
-            let screenshot = format!("--screenshot={}", path.display());
-            chromium(&url, &[&screenshot, &size, "--hide-scrollbars"]);
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&format!(
+            "{origin}/#token={finance}&page=finance&month=2026-11"
+        ));
+        browser.screenshot(&folder.join("finance-page.png"));
+        browser.open(&format!("{origin}/#project=vision&month=2026-11"));
+        browser.screenshot_of("header, #compare", &folder.join("project-page.png"));
+        browser.screenshot_of("#tasks", &folder.join("tasks-panel.png"));
+        browser.open(&format!("{origin}/#project=vision&month=2026-11&task=t2"));
+        browser.screenshot(&folder.join("task-page.png"));
+        browser.open(&format!("{origin}/#project=lab&month=2026-11"));
+        browser.screenshot_of(
+            "#utilisation, #recommendations",
+            &folder.join("utilisation-panel.png"),
+        );
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+}
+
+/// Where the browser tests leave their screenshots, to be looked at: `target/screenshots/`.
+fn screenshot_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/screenshots")
+        .join(name)
+}
+
+/// A decimal string of the API as the dashboard shows it: half-even to `digits` places, with
+/// thousands grouped.
+fn rounded(amount: &Value, digits: u32) -> String {
+    let exact: Decimal = amount.as_str().unwrap().parse().unwrap();
+    let mut value = exact.round_dp_with_strategy(digits, RoundingStrategy::MidpointNearestEven);
+    value.rescale(digits);
+    let text = value.abs().to_string();
+    let (whole, fraction) = text.split_once('.').unwrap_or((&text, ""));
+    let mut grouped = String::new();
+    for (i, digit) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    let sign = if value.is_sign_negative() && !value.is_zero() {
+        "-"
+    } else {
+        ""
+    };
+    match fraction {
+        "" => format!("{sign}{grouped}"),
+        _ => format!("{sign}{grouped}.{fraction}"),
+    }
+}
+
+/// An amount of the API as the dashboard shows it (`84.60 USD`); "—" for null.
+fn shown(amount: &Value, currency: &str) -> String {
+    if amount.is_null() {
+        return "—".to_owned();
+    }
+    format!("{} {currency}", rounded(amount, 2))
+}
+
+/// The worked example with a 100 USD budget for November (so 50 % and 80 % alerts fired) and
+/// project `lab` next to it.
+async fn finance_month(app: &TestApp) {
+    worked_example_with_queues(app).await;
+    lab_with_telemetry(app).await;
+    let budget = app
+        .put(
+            "/v1/projects/vision/budgets/2026-11",
+            &app.admin,
+            json!({"amount": "100"}),
+        )
+        .await;
+    assert_eq!(budget.status, StatusCode::OK, "{}", budget.text());
+}
+
+/// Checks that the finance page shows the monthly report's own figures: every project row,
+/// the totals per currency and each commitment.
+fn assert_finance_page(dom: &str, report: &Value) {
+    let rows = table_rows(dom, "finance-rows");
+    let lines = report["projects"].as_array().unwrap();
+    assert_eq!(rows.len(), lines.len());
+    for (row, line) in rows.iter().zip(lines) {
+        let c = line["currency"].as_str().unwrap();
+        assert!(
+            row[0].starts_with(line["name"].as_str().unwrap()),
+            "{row:?}"
+        );
+        assert!(row[1].starts_with(&shown(&line["total"], c)), "{row:?}");
+        assert_eq!(row[2], shown(&line["budget"], c));
+        if !line["burn_pct"].is_null() {
+            assert!(
+                row[3].starts_with(&format!("{}%", rounded(&line["burn_pct"], 1))),
+                "{row:?}"
+            );
+        }
+        if !line["forecast_pct"].is_null() {
+            let forecast = format!("forecast {}%", rounded(&line["forecast_pct"], 0));
+            assert!(row[3].ends_with(&forecast), "{row:?}");
+        }
+        assert!(row[4].starts_with(&shown(&line["waste"], c)), "{row:?}");
+        assert!(
+            row[5].starts_with(&shown(&line["cost_per_completed_task"], c)),
+            "{row:?}"
+        );
+    }
+    let totals = table_rows(dom, "total-rows");
+    let expected: Vec<Vec<String>> = report["totals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let c = t["currency"].as_str().unwrap();
+            vec![
+                c.to_owned(),
+                shown(&t["projects"], c),
+                shown(&t["shared"], c),
+                shown(&t["adjustments"], c),
+                shown(&t["total"], c),
+            ]
+        })
+        .collect();
+    assert_eq!(totals, expected);
+    let commitments = table_rows(dom, "commitment-rows");
+    let lines = report["commitments"].as_array().unwrap();
+    assert_eq!(commitments.len(), lines.len());
+    for (row, line) in commitments.iter().zip(lines) {
+        assert_eq!(row[0], line["name"].as_str().unwrap());
+        assert_eq!(row[3], rounded(&line["committed_gpu_hours"], 1));
+        assert_eq!(row[4], rounded(&line["used_gpu_hours"], 1));
+        assert_eq!(
+            row[6],
+            shown(
+                &line["unused_commitment"],
+                line["currency"].as_str().unwrap()
+            )
+        );
+    }
+}
+
+/// Checks that the project page shows the API's figures: the spend by day of the burn, the
+/// comparison by GPU model and billing mode, and the cost by team.
+fn assert_project_page(dom: &str, burn: &Value, by_model: &Value, by_team: &Value) {
+    let c = burn["currency"].as_str().unwrap();
+    let burn_rows = table_rows(dom, "burn-rows");
+    let days = burn["days"].as_array().unwrap();
+    assert_eq!(burn_rows.len(), days.len());
+    for (row, day) in burn_rows.iter().zip(days) {
+        assert_eq!(
+            row,
+            &[
+                day["day"].as_str().unwrap().to_owned(),
+                shown(&day["spend"], c)
+            ]
+        );
+    }
+    assert_eq!(burn_rows.last().unwrap()[1], shown(&burn["spend"], c));
+    assert!(text(dom).contains(&format!("Spend {} as of", shown(&burn["spend"], c))));
+    let compare = table_rows(dom, "compare-rows");
+    let groups = by_model["groups"].as_array().unwrap();
+    assert_eq!(compare.len(), groups.len());
+    for (row, group) in compare.iter().zip(groups) {
+        let (model, mode) = group["key"].as_str().unwrap().rsplit_once('/').unwrap();
+        assert_eq!(row[0], model);
+        assert_eq!(row[1], mode.replace('_', " "));
+        assert_eq!(row[3], shown(&group["total"], c), "{row:?}");
+        assert!(
+            row[5].starts_with(&shown(&group["cost_per_completed_task"], c)),
+            "{row:?}"
+        );
+    }
+    let teams = table_rows(dom, "team-rows");
+    let team_groups = by_team["groups"].as_array().unwrap();
+    assert_eq!(teams.len(), team_groups.len());
+    for (row, group) in teams.iter().zip(team_groups) {
+        assert_eq!(row[1], shown(&group["total"], c));
+    }
+}
+
+/// Checks that the task page shows the API's figures of the task: its final cost, each
+/// attempt's cost and each month's.
+fn assert_task_page(dom: &str, task: &Value) {
+    let c = task["currency"].as_str().unwrap();
+    if !task["final_cost"].is_null() {
+        assert!(text(dom).contains(&format!("Final cost {}", shown(&task["final_cost"], c))));
+    }
+    let rows = table_rows(dom, "attempt-rows");
+    let attempts = task["attempts"].as_array().unwrap();
+    assert_eq!(rows.len(), attempts.len());
+    for (row, attempt) in rows.iter().zip(attempts) {
+        assert_eq!(row[6], shown(&attempt["total"], c));
+    }
+    let months = table_rows(dom, "month-rows");
+    let task_months = task["months"].as_array().unwrap();
+    assert_eq!(months.len(), task_months.len());
+    for (row, month) in months.iter().zip(task_months) {
+        assert!(row[3].starts_with(&shown(&month["total"], c)), "{row:?}");
+    }
+}
+
+/// What a browser saw: the DOM of each step, and what it requested.
+struct Seen {
+    doms: Vec<String>,
+    requested: Vec<String>,
+    errors: Vec<String>,
+    overflow: Vec<(String, i64)>,
+}
+
+/// Checks that every request of a page went to the server itself (or stayed in the browser:
+/// its own blank page, and the icons it draws as `data:` images).
+fn assert_all_local(seen: &Seen, origin: &str) {
+    assert!(!seen.requested.is_empty());
+    for url in &seen.requested {
+        assert!(
+            url.starts_with(&format!("{origin}/"))
+                || url == "about:blank"
+                || url.starts_with("data:"),
+            "the page loaded {url} from elsewhere"
+        );
+    }
+    assert!(
+        seen.errors.is_empty(),
+        "the page logged errors: {:?}",
+        seen.errors
+    );
+    for (page, overflow) in &seen.overflow {
+        assert!(
+            *overflow <= 0,
+            "{page} is {overflow} px wider than the screen"
+        );
+    }
+}
+
+/// How far the page is wider than its viewport (positive: it scrolls sideways).
+fn overflow(browser: &mut Browser) -> i64 {
+    browser
+        .eval("document.documentElement.scrollWidth - window.innerWidth")
+        .as_i64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_finance_page_shows_every_project_as_the_report_does_and_closes_the_month() {
+    // The 2nd of December: November has ended and can be closed, December cannot yet.
+    let december = Settings {
+        clock: Clock::Fixed("2026-12-02T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(december).await;
+    finance_month(&app).await;
+    let finance = app.token("finance", &[]).await;
+    let report = app
+        .get("/v1/reports/monthly/2026-11", &finance)
+        .await
+        .json();
+    let served = app.serve_with(december).await;
+    let origin = served.url();
+    let url = format!("{origin}/#token={finance}&page=finance&month=2026-11");
+    let current_url = format!("{origin}/#page=finance&month=2026-12");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        let mut doms = Vec::new();
+        let mut overflows = Vec::new();
+        browser.open(&url);
+        doms.push(browser.dom());
+        overflows.push(("finance at 1280 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("finance-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&url);
+        overflows.push(("finance at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("finance-390.png"));
+        browser.resize(1280, 900);
+        browser.open(&url);
+        browser.click("#download-csv");
+        let csv = browser.downloaded("taskledger-2026-11.csv");
+        browser.click("#download-focus");
+        let focus_name = "focus-2026-11.csv";
+        let focus = browser.downloaded(focus_name);
+        browser.click("#close-month");
+        browser.wait_for("document.querySelector('#close-dialog').open");
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("finance-close-dialog.png"));
+        // Cancel closes nothing.
+        browser.click("#close-cancel");
+        browser.wait_for("!document.querySelector('#close-dialog').open");
+        browser.click("#close-month");
+        browser.wait_for("document.querySelector('#close-dialog').open");
+        browser.click("#close-confirm");
+        browser.wait_for("document.querySelector('#month-state') && document.querySelector('#month-state').textContent.startsWith('Closed')");
+        browser.wait_loaded();
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("finance-closed.png"));
+        browser.open(&current_url);
+        doms.push(browser.dom());
+        let seen = Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        };
+        (seen, csv, focus)
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    let (seen, csv, focus) = seen;
+    assert_all_local(&seen, &origin);
+    // The downloads are the API's files, byte for byte.
+    let api_csv = app
+        .get("/v1/reports/monthly/2026-11?format=csv", &finance)
+        .await;
+    assert_eq!(csv, api_csv.body);
+    let api_focus = app.get("/v1/exports/focus/2026-11", &finance).await;
+    assert_eq!(focus, api_focus.body);
+    let (open, dialog, closed, current_month) =
+        (&seen.doms[0], &seen.doms[1], &seen.doms[2], &seen.doms[3]);
+
+    assert_finance_page(open, &report);
+    let rows = table_rows(open, "finance-rows");
+    let vision = rows
+        .iter()
+        .find(|row| row[0].starts_with("vision"))
+        .unwrap();
+    assert_eq!(
+        vision[1..],
+        [
+            "84.60 USD + 1.0 GPU-h unrated",
+            "100.00 USD",
+            "84.6% · forecast 85%",
+            "23.40 USD 27.7%",
+            "21.15 USD 4 completed",
+            "50% · 80%",
+        ]
+    );
+    assert!(
+        open.contains(r#"class="tick" style="left:"#),
+        "threshold ticks"
+    );
+    assert!(
+        open.contains(r#"class="forecast" style="left:"#),
+        "forecast marker"
+    );
+
+    let commitments = table_rows(open, "commitment-rows");
+    let c4 = &report["commitments"][0];
+    assert_eq!(
+        commitments[0],
+        [
+            "C4",
+            "shared",
+            "2 × A100",
+            &rounded(&c4["committed_gpu_hours"], 1),
+            &rounded(&c4["used_gpu_hours"], 1),
+            "0.7%",
+            &shown(&c4["unused_commitment"], "USD"),
+        ]
+    );
+    assert_eq!(commitments[0][3..5], ["1,440.0", "10.0"]);
+    assert!(text(open).contains(
+        "Shared unused commitment (contracts scoped to no project): 1,430.00 USD (1,430.0 GPU-h)"
+    ));
+    for control in ["Download CSV", "Download FOCUS", "Close month…"] {
+        assert!(text(open).contains(control), "{control}");
+    }
+
+    // The confirmation says what closing does before anything is closed.
+    assert!(text(dialog).contains("Close November 2026? Its report is frozen as it stands"));
+    assert!(text(closed).contains("November 2026 is closed: its report is frozen."));
+    assert!(!closed.contains(r#"id="close-month""#));
+    let after = app
+        .get("/v1/reports/monthly/2026-11", &finance)
+        .await
+        .json();
+    assert_eq!(after["closed"], true, "the click closed the month");
+    assert_eq!(after["projects"], report["projects"]);
+
+    // The month in progress cannot be closed yet.
+    assert!(
+        current_month.contains(r#"id="close-month" disabled="""#),
+        "{current_month}"
+    );
+    assert!(text(current_month).contains("Can be closed once it has ended"));
+}
+
+#[tokio::test]
+async fn a_reader_sees_no_finance_page_and_an_ingest_token_is_told_it_cannot_read() {
+    let app = TestApp::spawn().await;
+    finance_month(&app).await;
+    let reader = app.token("reader", &["lab"]).await;
+    let ingest = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let origin = served.url();
+    let urls = [
+        format!("{origin}/#token={reader}&page=finance&month=2026-11"),
+        format!("{origin}/#token={reader}&project=vision&month=2026-11"),
+        format!("{origin}/#token={ingest}&project=vision&month=2026-11"),
+    ];
+    let doms = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        let mut doms = Vec::new();
+        browser.open(&urls[0]);
+        doms.push(browser.dom());
+        browser.open(&urls[1]);
+        doms.push(browser.dom());
+        browser.visit(&urls[2]);
+        browser.wait_for("document.querySelector('#other-token')");
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("ingest-token.png"));
+        doms
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    let (finance, other_project, ingest) = (&doms[0], &doms[1], &doms[2]);
+    assert!(text(finance).contains("Finance needs a finance or admin token"));
+    assert!(!finance.contains("close-month") && !finance.contains("finance-rows"));
+    assert!(
+        !finance.contains(">Finance</a>"),
+        "no finance link for a reader"
+    );
+    // A project it may not read is not offered: the page falls back to its own.
+    assert!(other_project.contains(r#"<option value="lab">"#));
+    assert!(!other_project.contains(r#"<option value="vision">"#));
+    assert!(text(other_project).contains("lab · 2026-11"));
+    assert!(text(ingest).contains("This token cannot read"));
+    assert!(text(ingest).contains("it may only post job records for vision"));
+}
+
+#[tokio::test]
+async fn the_project_page_charts_the_burn_and_compares_models_as_the_api_does() {
+    let app = TestApp::spawn().await;
+    finance_month(&app).await;
+    let reader = app.token("reader", &["vision", "lab"]).await;
+    let burn = app
+        .get("/v1/projects/vision/burn?month=2026-11", &reader)
+        .await
+        .json();
+    let by_model = app
+        .get(
+            "/v1/projects/vision/cost?month=2026-11&group_by=gpu_model,billing_mode",
+            &reader,
+        )
+        .await
+        .json();
+    let by_team = app
+        .get(
+            "/v1/projects/vision/cost?month=2026-11&group_by=label:team",
+            &reader,
+        )
+        .await
+        .json();
+    let served = app.serve().await;
+    let origin = served.url();
+    let url = format!("{origin}/#token={reader}&project=vision&month=2026-11");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&url);
+        let mut doms = vec![browser.dom()];
+        let mut overflows = vec![("project at 1280 px".to_owned(), overflow(&mut browser))];
+        browser.screenshot(&screenshot_path("project-1280.png"));
+        // Charts are drawn: a canvas in each, with the figures read out on hover.
+        doms.push(
+            browser
+                .eval("document.querySelectorAll('#burn-chart canvas, #daily-chart canvas').length")
+                .to_string(),
+        );
+        browser.resize(390, 844);
+        browser.open(&url);
+        overflows.push(("project at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("project-390.png"));
+        // Keyboard: Tab from the start reaches the skip link first.
+        browser.press("Tab");
+        doms.push(
+            browser
+                .eval("document.activeElement.textContent")
+                .to_string(),
+        );
+        Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
         }
     })
     .await
     .unwrap();
     served.stop().await;
+    assert_all_local(&seen, &origin);
+    let dom = &seen.doms[0];
+    assert_eq!(seen.doms[1], "2");
+    assert_eq!(seen.doms[2], "\"Skip to content\"");
+
+    assert_project_page(dom, &burn, &by_model, &by_team);
+    let burn_rows = table_rows(dom, "burn-rows");
+    assert_eq!(burn_rows.last().unwrap()[1], "84.60 USD");
+    // Both thresholds crossed are listed with when their alerts fired.
+    let crossings = text(dom);
+    assert!(
+        crossings.contains("50% of the budget spent:")
+            && crossings.contains("80% of the budget spent:")
+    );
+
+    let compare = table_rows(dom, "compare-rows");
+    let spot = compare
+        .iter()
+        .find(|row| row[0] == "H100" && row[1] == "spot")
+        .unwrap();
+    assert_eq!(spot[5..], ["33.60 USD", "19.20 USD per 1M tokens", "42.9%"]);
+    let reserved = compare.iter().find(|row| row[1] == "reserved").unwrap();
+    assert_eq!(reserved[5], "10.00 USD lowest");
+
+    assert!(dom.contains(r#"id="burn-chart" role="img" aria-label="Spend 84.60 USD"#));
+}
+
+#[tokio::test]
+async fn the_task_page_shows_what_the_api_says_of_the_task() {
+    let app = TestApp::spawn().await;
+    finance_month(&app).await;
+    let reader = app.token("reader", &["vision"]).await;
+    let task = app
+        .get("/v1/projects/vision/tasks/t2", &reader)
+        .await
+        .json();
+    let served = app.serve().await;
+    let origin = served.url();
+    let url = format!("{origin}/#token={reader}&project=vision&month=2026-11");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&url);
+        // From the list to the task, by its link.
+        browser.click(r#"a[href$="task=t2"]"#);
+        browser.wait_for("document.querySelector('#attempt-rows')");
+        browser.wait_loaded();
+        let mut doms = vec![browser.dom()];
+        let mut overflows = vec![("task at 1280 px".to_owned(), overflow(&mut browser))];
+        browser.screenshot(&screenshot_path("task-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&format!("{url}&task=t2"));
+        overflows.push(("task at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("task-390.png"));
+        doms.push(browser.eval("location.hash").to_string());
+        Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        }
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    let dom = &seen.doms[0];
+    assert_task_page(dom, &task);
+    assert!(text(dom).contains("Final cost 33.60 USD"));
+    assert_eq!(seen.doms[1], "\"#project=vision&month=2026-11&task=t2\"");
+}
+
+/// A GET without a token, as a browser asks for the page and its files.
+async fn plain_get(app: &TestApp, path: &str) -> crate::common::TestResponse {
+    app.call(axum::http::Method::GET, path, None, None).await
+}
+
+#[tokio::test]
+async fn the_dashboard_serves_its_script_style_and_charting_library_itself() {
+    let app = TestApp::spawn().await;
+    let page = plain_get(&app, "/").await;
+    let policy = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("default-src 'none'") && policy.contains("script-src 'self'"));
+    let html = page.text();
+    for (path, kind) in [
+        ("/assets/app.js", "text/javascript; charset=utf-8"),
+        ("/assets/app.css", "text/css; charset=utf-8"),
+        (
+            "/assets/uPlot-1.6.32.iife.min.js",
+            "text/javascript; charset=utf-8",
+        ),
+        ("/assets/uPlot-1.6.32.min.css", "text/css; charset=utf-8"),
+        (
+            "/assets/uPlot-1.6.32.LICENSE.txt",
+            "text/plain; charset=utf-8",
+        ),
+    ] {
+        let asset = plain_get(&app, path).await;
+        assert_eq!(asset.status, StatusCode::OK, "{path}");
+        assert_eq!(asset.content_type(), kind, "{path}");
+        assert!(!asset.text().contains("//cdn."), "{path} names a CDN");
+        if path.contains("uPlot") && !path.ends_with(".txt") {
+            assert!(html.contains(path), "the page loads {path}");
+        }
+        let etag = asset.headers["etag"].to_str().unwrap().to_owned();
+        let again = app
+            .send(
+                axum::http::Request::builder()
+                    .uri(path)
+                    .header("If-None-Match", &etag)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(again.status, StatusCode::NOT_MODIFIED, "{path}");
+    }
+    let library = plain_get(&app, "/assets/uPlot-1.6.32.iife.min.js").await;
+    assert!(
+        library.headers["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("immutable")
+    );
+    assert!(
+        library
+            .text()
+            .starts_with("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    );
+    let licence = plain_get(&app, "/assets/uPlot-1.6.32.LICENSE.txt").await;
+    assert!(licence.text().starts_with("The MIT License (MIT)"));
+    plain_get(&app, "/assets/nothing.js")
+        .await
+        .problem(StatusCode::NOT_FOUND);
+}
+
+/// The demo's "now": twenty days into November 2026, so October is complete.
+const DEMO_UNTIL: &str = "2026-11-20T12:00:00Z";
+
+/// The demo loaded into a fresh app whose clock stands at [`DEMO_UNTIL`].
+async fn demo_app() -> (TestApp, Settings, Loaded) {
+    let until = DEMO_UNTIL.parse().unwrap();
+    let settings = Settings {
+        clock: Clock::Fixed(until),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(settings).await;
+    let loaded = demo::load(&app.pool, until, &settings).await.unwrap();
+    (app, settings, loaded)
+}
+
+#[tokio::test]
+async fn on_the_demo_the_finance_page_shows_the_reports_and_closes_october() {
+    let (app, settings, loaded) = demo_app().await;
+    let finance = loaded.tokens.finance.token.clone();
+    let october = app
+        .get("/v1/reports/monthly/2026-10", &finance)
+        .await
+        .json();
+    let november = app
+        .get("/v1/reports/monthly/2026-11", &finance)
+        .await
+        .json();
+    let served = app.serve_with(settings).await;
+    let origin = served.url();
+    let october_url = format!("{origin}/#token={finance}&page=finance&month=2026-10");
+    let november_url = format!("{origin}/#page=finance&month=2026-11");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&october_url);
+        let mut doms = vec![browser.dom()];
+        let mut overflows = vec![("demo finance at 1280 px".to_owned(), overflow(&mut browser))];
+        browser.screenshot(&screenshot_path("demo-finance-october-1280.png"));
+        browser.open(&november_url);
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("demo-finance-november-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&november_url);
+        overflows.push(("demo finance at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-finance-390.png"));
+        browser.resize(1280, 900);
+        browser.open(&october_url);
+        browser.click("#close-month");
+        browser.wait_for("document.querySelector('#close-dialog').open");
+        browser.click("#close-confirm");
+        browser.wait_for("document.querySelector('#month-state').textContent.startsWith('Closed')");
+        browser.wait_loaded();
+        doms.push(browser.dom());
+        Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        }
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    let (open_october, open_november, closed_october) =
+        (&seen.doms[0], &seen.doms[1], &seen.doms[2]);
+    assert_finance_page(open_october, &october);
+    assert_finance_page(open_november, &november);
+    assert!(october["projects"].as_array().unwrap().len() >= 5);
+    assert!(
+        november["totals"].as_array().unwrap().len() > 1,
+        "several currencies"
+    );
+    assert!(open_november.contains(r#"id="close-month" disabled="""#));
+    assert!(text(open_november).contains("forecast"));
+    assert!(!open_october.contains(r#"id="close-month" disabled"#));
+    assert!(text(closed_october).contains("October 2026 is closed"));
+    let closed = app
+        .get("/v1/reports/monthly/2026-10", &finance)
+        .await
+        .json();
+    assert_eq!(closed["closed"], true);
+}
+
+#[tokio::test]
+async fn on_the_demo_a_reader_sees_its_projects_burn_comparison_and_tasks() {
+    let (app, settings, loaded) = demo_app().await;
+    let reader = loaded.tokens.reader.token.clone();
+    let project = demo::READER_PROJECTS[0];
+    let base = format!("/v1/projects/{project}");
+    let burn = app
+        .get(&format!("{base}/burn?month=2026-11"), &reader)
+        .await
+        .json();
+    let by_model = app
+        .get(
+            &format!("{base}/cost?month=2026-11&group_by=gpu_model,billing_mode"),
+            &reader,
+        )
+        .await
+        .json();
+    let by_team = app
+        .get(
+            &format!("{base}/cost?month=2026-11&group_by=label:team"),
+            &reader,
+        )
+        .await
+        .json();
+    // The costliest task of October that needed more than one attempt.
+    let tasks = app
+        .get(
+            &format!("{base}/tasks?month=2026-10&sort=cost&limit=1000"),
+            &reader,
+        )
+        .await
+        .json();
+    let retried = tasks["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["attempts"].as_i64().unwrap() > 1)
+        .expect("the demo retries tasks")["task_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let task = app
+        .get(&format!("{base}/tasks/{retried}"), &reader)
+        .await
+        .json();
+    let served = app.serve_with(settings).await;
+    let origin = served.url();
+    let project_url = format!("{origin}/#token={reader}&project={project}&month=2026-11");
+    let hash: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("project", project)
+        .append_pair("month", "2026-10")
+        .append_pair("task", &retried)
+        .finish();
+    let task_url = format!("{origin}/#{hash}");
+    let seen = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&project_url);
+        let mut doms = vec![browser.dom()];
+        let mut overflows = vec![("demo project at 1280 px".to_owned(), overflow(&mut browser))];
+        browser.screenshot(&screenshot_path("demo-project-1280.png"));
+        browser.open(&task_url);
+        doms.push(browser.dom());
+        overflows.push(("demo task at 1280 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-task-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&project_url);
+        overflows.push(("demo project at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-project-390.png"));
+        browser.open(&task_url);
+        overflows.push(("demo task at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("demo-task-390.png"));
+        Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        }
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    assert_project_page(&seen.doms[0], &burn, &by_model, &by_team);
+    assert!(!burn["budget"].is_null(), "the demo budgets every project");
+    assert!(!seen.doms[0].contains(">Finance</a>"));
+    assert_task_page(&seen.doms[1], &task);
 }

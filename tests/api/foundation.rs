@@ -278,6 +278,26 @@ async fn ingest_tokens_cannot_read_projects() {
 }
 
 #[tokio::test]
+async fn every_token_reads_its_own_role_and_projects() {
+    let app = TestApp::spawn().await;
+    app.create_project("alpha", "USD").await;
+    let ingest = app.token("ingest", &["alpha"]).await;
+    let finance = app.token("finance", &[]).await;
+    let own = app.get("/v1/tokens/current", &ingest).await;
+    assert_eq!(own.status, StatusCode::OK, "{}", own.text());
+    assert_eq!(own.json()["role"], "ingest");
+    assert_eq!(own.json()["projects"], json!(["alpha"]));
+    let own = app.get("/v1/tokens/current", &finance).await.json();
+    assert_eq!(
+        (own["role"].clone(), own["projects"].clone()),
+        (json!("finance"), json!([]))
+    );
+    app.get("/v1/tokens/current", "tl_wrong")
+        .await
+        .problem(StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn finance_sets_budgets_for_any_project() {
     let app = TestApp::spawn().await;
     app.create_project("alpha", "EUR").await;

@@ -1,11 +1,13 @@
 //! Integration tests: one binary, so the embedded PostgreSQL starts once per run.
 
 mod alerts;
+mod browser;
 mod burn;
 mod common;
 mod contracts;
 mod cost;
 mod dashboard;
+mod demo;
 mod fixtures;
 mod focus;
 mod foundation;
@@ -14,6 +16,9 @@ mod idle_alerts;
 mod import;
 mod ingest;
 mod jobs;
+mod kubernetes;
+#[path = "../support/prometheus.rs"]
+mod prometheus;
 mod queue_wait;
 mod reports;
 mod rightsizing;

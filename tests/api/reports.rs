@@ -93,6 +93,84 @@ async fn the_worked_example_as_json_and_csv() {
     );
 }
 
+/// Finance's view of commitments: every reserved contract, shared or the project's own, with
+/// what it committed and used; and each project's forecast next to its burn.
+#[tokio::test]
+async fn the_report_shows_each_commitment_used_and_each_projects_forecast() {
+    let app = app_in_december().await;
+    worked_example(&app).await;
+    contract("A100", "reserved", "1.00")
+        .named("own")
+        .valid_from("2026-11-10T00:00:00Z")
+        .valid_until("2026-11-12T00:00:00Z")
+        .committed_gpus(2)
+        .project("vision")
+        .create(&app)
+        .await;
+    let json = report(&app, "/v1/reports/monthly/2026-11").await.json();
+    let lines: Vec<(Value, Value, String, String, String, String)> = json["commitments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let text = |field: &str| c[field].as_str().unwrap().to_owned();
+            (
+                c["name"].clone(),
+                c["project"].clone(),
+                text("committed_gpu_hours"),
+                text("used_gpu_hours"),
+                text("unused_gpu_hours"),
+                text("unused_commitment"),
+            )
+        })
+        .collect();
+    // R4 ran its 10 GPU-hours on the project's own reservation, which is more specific
+    // than C4: C4 went wholly unused over November's 720 hours.
+    let owned = |s: &str| s.to_owned();
+    assert_eq!(
+        lines,
+        [
+            (
+                json!("C4"),
+                Value::Null,
+                owned("1440"),
+                owned("0"),
+                owned("1440"),
+                owned("1440")
+            ),
+            (
+                json!("own"),
+                json!("vision"),
+                owned("96"),
+                owned("10"),
+                owned("86"),
+                owned("86")
+            ),
+        ]
+    );
+    assert_eq!(json["commitments"][0]["committed_gpus"], "2");
+    assert_eq!(json["ends_at"], "2026-12-01T00:00:00Z");
+    assert_eq!(json["as_of"], json["ends_at"], "November has ended");
+    let vision = &json["projects"][0];
+    // November has ended: the forecast is what was spent.
+    assert_eq!(vision["forecast"], vision["total"]);
+    assert_eq!(vision["forecast_pct"], Value::Null, "no budget");
+
+    let budgeted = app
+        .put(
+            "/v1/projects/vision/budgets/2026-11",
+            &app.admin,
+            json!({"amount": "200"}),
+        )
+        .await;
+    assert_eq!(budgeted.status, StatusCode::OK);
+    let json = report(&app, "/v1/reports/monthly/2026-11").await.json();
+    assert_eq!(
+        json["projects"][0]["forecast_pct"],
+        json["projects"][0]["burn_pct"]
+    );
+}
+
 #[tokio::test]
 async fn totals_are_rounded_from_unrounded_sums() {
     let app = app_in_december().await;

@@ -151,8 +151,10 @@ mod tests {
             closed: true,
             closed_at: Some(at),
             as_of: at,
+            ends_at: Some(at),
             projects: Vec::new(),
             shared: Vec::new(),
+            commitments: Vec::new(),
             adjustments,
             totals: Vec::new(),
         }

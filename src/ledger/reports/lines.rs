@@ -8,13 +8,13 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::model::{Amounts, ProjectLine, SharedContract, SharedLine};
+use super::model::{Amounts, CommitmentLine, ProjectLine, SharedContract, SharedLine};
 use crate::config::Settings;
+use crate::domain::burn::burn;
 use crate::domain::commitment::unused_commitment;
 use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
-use crate::domain::summary::burn_pct;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::{CostOf, GroupView, month_cost, month_figures_of_projects};
@@ -71,7 +71,7 @@ pub(super) async fn month_lines(
             .get(&project.id)
             .copied()
             .or(project.default_monthly_budget);
-        let burn_pct = budget.and_then(|b| burn_pct(figures.total, b).map(|p| p.normalize()));
+        let burn = burn(figures.total, budget, month.first_day(), as_of, tz);
         projects.push(ProjectLine {
             project: project.id.clone(),
             name: project.name.clone(),
@@ -79,7 +79,9 @@ pub(super) async fn month_lines(
             currency: project.currency.clone(),
             figures,
             budget: budget.map(|b| b.normalize()),
-            burn_pct,
+            burn_pct: burn.burn_pct.map(|p| p.normalize()),
+            forecast: burn.forecast.map(|f| f.normalize()),
+            forecast_pct: burn.forecast_pct.map(|p| p.normalize()),
             groups,
         });
     }
@@ -143,6 +145,51 @@ async fn shared_lines(
             line.unused_commitment = line.unused_commitment.normalize();
             line.unused_gpu_hours = line.unused_gpu_hours.normalize();
             line
+        })
+        .collect())
+}
+
+/// Every reserved contract committing GPUs in the month: committed, used and unused GPU-hours
+/// up to `as_of`, from the same hourly netting as the unused commitment.
+pub(super) async fn commitment_lines(
+    conn: &mut PgConnection,
+    month: Month,
+    as_of: DateTime<Utc>,
+    settings: &Settings,
+) -> LedgerResult<Vec<CommitmentLine>> {
+    let tz = settings.timezone;
+    let (start, _) = month_bounds(month.first_day(), tz);
+    if as_of <= start {
+        return Ok(Vec::new());
+    }
+    let contracts = store::contracts::commitments(conn, start, as_of).await?;
+    if contracts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = contracts.iter().map(|c| c.id).collect();
+    let usage = store::cost::contract_usage(conn, None, (start, as_of), &ids).await?;
+    let empty = BTreeMap::new();
+    Ok(contracts
+        .iter()
+        .map(|row| {
+            let contract = row.to_domain();
+            let used_by_hour = usage.get(&row.id).unwrap_or(&empty);
+            let charges = unused_commitment(&contract, used_by_hour, start, as_of, tz);
+            let committed: Decimal = charges.iter().map(|c| c.committed_gpu_hours).sum();
+            let unused: Decimal = charges.iter().map(|c| c.unused_gpu_hours).sum();
+            let cost: Decimal = charges.iter().map(|c| c.cost).sum();
+            CommitmentLine {
+                id: row.id,
+                name: row.name.clone(),
+                project: row.project_id.clone(),
+                gpu_model: row.gpu_model.clone(),
+                currency: row.currency.clone(),
+                committed_gpus: contract.committed_gpus.unwrap_or_default().normalize(),
+                committed_gpu_hours: committed.normalize(),
+                used_gpu_hours: (committed - unused).normalize(),
+                unused_gpu_hours: unused.normalize(),
+                unused_commitment: cost.normalize(),
+            }
         })
         .collect())
 }

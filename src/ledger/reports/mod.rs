@@ -21,8 +21,8 @@ use crate::store;
 pub use self::csv::{round_money, to_csv};
 use self::model::totals;
 pub use self::model::{
-    AdjustmentLine, Amounts, MonthlyReport, ProjectLine, Report, SharedContract, SharedLine,
-    TotalLine,
+    AdjustmentLine, Amounts, CommitmentLine, MonthlyReport, ProjectLine, Report, SharedContract,
+    SharedLine, TotalLine,
 };
 
 /// The report of a month. An open month's closes, lines and adjustments are read in one
@@ -91,6 +91,7 @@ async fn live_report(
     let (_, end) = month_bounds(month.first_day(), tz);
     let as_of = settings.clock.now().min(end);
     let (projects, shared) = lines::month_lines(conn, month, grouping, as_of, settings).await?;
+    let commitments = lines::commitment_lines(conn, month, as_of, settings).await?;
     let adjustments = adjustments::adjustments(conn, month, closes, settings).await?;
     let totals = totals(&projects, &shared, &adjustments);
     Ok(MonthlyReport {
@@ -98,8 +99,10 @@ async fn live_report(
         closed: false,
         closed_at: None,
         as_of,
+        ends_at: Some(end),
         projects,
         shared,
+        commitments,
         adjustments,
         totals,
     })

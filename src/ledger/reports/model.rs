@@ -23,9 +23,18 @@ pub struct MonthlyReport {
     pub closed_at: Option<DateTime<Utc>>,
     /// Unused commitment is accrued up to this instant: now, or the month's end once it ended.
     pub as_of: DateTime<Utc>,
+    /// The month's end in the ledger time zone: it can be closed once `as_of` reaches it.
+    /// Absent from reports frozen before it was added.
+    #[serde(default)]
+    pub ends_at: Option<DateTime<Utc>>,
     pub projects: Vec<ProjectLine>,
     /// Unused commitment of reserved contracts scoped to no project, per currency.
     pub shared: Vec<SharedLine>,
+    /// Every reserved contract that commits GPUs in the month, scoped or shared: what it
+    /// committed up to `as_of` and how much of that was used. Absent from reports frozen
+    /// before it was added.
+    #[serde(default)]
+    pub commitments: Vec<CommitmentLine>,
     /// Changes to closed months booked here, each with the month it belongs to.
     pub adjustments: Vec<AdjustmentLine>,
     pub totals: Vec<TotalLine>,
@@ -44,6 +53,16 @@ pub struct ProjectLine {
     pub budget: Option<Decimal>,
     #[schema(value_type = Option<String>)]
     pub burn_pct: Option<Decimal>,
+    /// total × hours in the month / hours elapsed by `as_of` (the burn's linear forecast);
+    /// null before 72 hours of the month have passed. Absent from reports frozen before it
+    /// was added.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub forecast: Option<Decimal>,
+    /// forecast / budget × 100; null without a budget or a forecast.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub forecast_pct: Option<Decimal>,
     /// With `group_by`: the project's figures per group.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupView>,
@@ -66,6 +85,33 @@ pub struct SharedContract {
     pub gpu_model: String,
     #[schema(value_type = String)]
     pub unused_gpu_hours: Decimal,
+    #[schema(value_type = String)]
+    pub unused_commitment: Decimal,
+}
+
+/// A reserved contract's commitment in the month, up to the report's `as_of`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CommitmentLine {
+    pub id: Uuid,
+    pub name: String,
+    /// The project its unused commitment is charged to; null for a shared contract.
+    pub project: Option<String>,
+    pub gpu_model: String,
+    /// The contract's currency, that of `unused_commitment`.
+    pub currency: String,
+    #[schema(value_type = String)]
+    pub committed_gpus: Decimal,
+    /// committed GPUs × the hours of its validity in the month up to `as_of`.
+    #[schema(value_type = String)]
+    pub committed_gpu_hours: Decimal,
+    /// The committed GPU-hours that rated GPU time used: per ledger hour, the lesser of the
+    /// commitment and the use.
+    #[schema(value_type = String)]
+    pub used_gpu_hours: Decimal,
+    /// committed − used.
+    #[schema(value_type = String)]
+    pub unused_gpu_hours: Decimal,
+    /// The unused GPU-hours at the contract's price.
     #[schema(value_type = String)]
     pub unused_commitment: Decimal,
 }
@@ -280,6 +326,7 @@ mod tests {
             closed: true,
             closed_at: Some(closed_at),
             as_of: Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap(),
+            ends_at: Some(Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap()),
             projects: vec![ProjectLine {
                 project: "vision".to_owned(),
                 name: "Vision".to_owned(),
@@ -287,6 +334,8 @@ mod tests {
                 currency: "USD".to_owned(),
                 budget: Some(d("1000")),
                 burn_pct: Some(d("8.493333333333333333")),
+                forecast: Some(d("84.93333333333333333333")),
+                forecast_pct: Some(d("8.493333333333333333")),
                 groups: vec![
                     GroupView {
                         key: Some("H100".to_owned()),
@@ -311,6 +360,18 @@ mod tests {
                     unused_commitment: d("1430"),
                 }],
             }],
+            commitments: vec![CommitmentLine {
+                id: Uuid::nil(),
+                name: "pool".to_owned(),
+                project: None,
+                gpu_model: "H100".to_owned(),
+                currency: "EUR".to_owned(),
+                committed_gpus: d("1"),
+                committed_gpu_hours: d("720"),
+                used_gpu_hours: d("5"),
+                unused_gpu_hours: d("715"),
+                unused_commitment: d("1430"),
+            }],
             adjustments: vec![AdjustmentLine {
                 project: None,
                 belongs_to: Month::parse("2026-10").unwrap(),
@@ -331,6 +392,21 @@ mod tests {
         }
     }
 
+    /// A month frozen before the forecast and the commitments were reported reads back
+    /// without them.
+    #[test]
+    fn a_report_frozen_without_the_newer_fields_reads_back() {
+        let mut json = serde_json::to_value(frozen_report()).unwrap();
+        json.as_object_mut().unwrap().remove("commitments");
+        json.as_object_mut().unwrap().remove("ends_at");
+        let project = json["projects"][0].as_object_mut().unwrap();
+        project.remove("forecast");
+        project.remove("forecast_pct");
+        let read: MonthlyReport = serde_json::from_value(json).unwrap();
+        assert!(read.commitments.is_empty());
+        assert_eq!(read.projects[0].forecast, None);
+    }
+
     /// The flattened figures hold integers (task counts), which serde_json's
     /// `arbitrary_precision` could not read through `#[serde(flatten)]` before 1.0.75; the
     /// decimals must come back with every digit and their scale.
@@ -344,6 +420,8 @@ mod tests {
         assert_eq!(read.projects[0].figures.tasks_failed, 1);
         assert_eq!(read.projects[0].groups[1].figures.retries, 2);
         assert_eq!(read.adjustments[0].amounts, written.adjustments[0].amounts);
+        assert_eq!(read.projects[0].forecast, written.projects[0].forecast);
+        assert_eq!(read.commitments[0].used_gpu_hours, d("5"));
         assert_eq!(serde_json::to_string(&read).unwrap(), json);
     }
 }

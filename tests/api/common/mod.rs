@@ -472,8 +472,13 @@ impl Served {
 
 impl TestApp {
     pub async fn serve(&self) -> Served {
+        self.serve_with(Default::default()).await
+    }
+
+    /// Serves the app with `settings`, such as the fixed clock its data was made for.
+    pub async fn serve_with(&self, settings: Settings) -> Served {
         let server = taskledger::server::Application::bind(
-            self.state(Default::default()),
+            self.state(settings),
             "127.0.0.1:0".parse().unwrap(),
         )
         .await

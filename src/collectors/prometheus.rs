@@ -1,0 +1,205 @@
+//! `taskledger collect prometheus`: asks Prometheus what kube-state-metrics and dcgm-exporter
+//! recorded of the pods that finished in the window, and maps them as
+//! [`crate::domain::kubernetes`] says.
+//!
+//! Every answer is read before anything is handed on: Prometheus down, a query timing out or
+//! an answer that cannot be read ends the run with an error, nothing delivered and the state
+//! where it was.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::{StreamExt, TryStreamExt};
+
+use super::Window;
+use crate::domain::kubernetes::promql::{self, PodQueries, Sample, TaskSource};
+use crate::domain::kubernetes::telemetry::Dcgm;
+use crate::domain::kubernetes::{self, Horizon, Mapping, Measured};
+use crate::domain::source::SourceBatch;
+
+/// How many per-pod DCGM queries are in flight at once.
+const PARALLEL_QUERIES: usize = 8;
+
+#[derive(Debug, Clone)]
+pub struct PrometheusCollector {
+    /// Prometheus' base URL, under which `api/v1/query` answers.
+    pub url: url::Url,
+    /// A bearer token for a Prometheus behind authentication.
+    pub token: Option<String>,
+    /// Extra matchers for every series (`cluster="gpu-a"`), or empty.
+    pub selector: String,
+    /// The scrape interval of kube-state-metrics: the step of the timestamp subqueries.
+    pub resolution: TimeDelta,
+    /// How long after a pod ended its data counts as complete.
+    pub settle: TimeDelta,
+    /// How far before the earliest pod of the window the pods of its tasks are looked for.
+    pub attempt_lookback: TimeDelta,
+    /// The longest one query may take.
+    pub query_timeout: Duration,
+    pub mapping: Mapping,
+}
+
+impl PrometheusCollector {
+    /// Reads the window: its pods, the other pods of their tasks, and what DCGM measured.
+    pub async fn read(&self, window: Window, now: DateTime<Utc>) -> anyhow::Result<SourceBatch> {
+        let client = reqwest::Client::builder()
+            .timeout(self.client_timeout())
+            .build()?;
+        let queries = PodQueries {
+            selector: &self.selector,
+            range: window.until - window.since,
+            resolution: self.resolution,
+        };
+        let answers =
+            futures::future::try_join_all(queries.all().into_iter().map(|(fact, query)| {
+                let client = &client;
+                async move {
+                    let samples = self.query(client, &query, window.until).await?;
+                    anyhow::Ok((fact, samples))
+                }
+            }))
+            .await?;
+        let pods = kubernetes::pods(answers).map_err(|error| self.unreadable(error))?;
+        let horizon = Horizon {
+            since: window.since,
+            until: window.until,
+            now,
+            settle: self.settle,
+        };
+        let plan = kubernetes::plan(pods, &horizon, &self.mapping);
+        if plan.candidates.is_empty() {
+            return Ok(kubernetes::records(
+                plan,
+                &[],
+                &Measured::default(),
+                &self.mapping,
+            ));
+        }
+
+        let earliest = plan
+            .candidates
+            .iter()
+            .map(|c| c.pod.created.unwrap_or(c.started))
+            .min()
+            .unwrap_or(window.since);
+        let task_range = window.until - earliest + self.attempt_lookback;
+        let mut tasks: BTreeMap<&TaskSource, BTreeSet<&str>> = BTreeMap::new();
+        for candidate in &plan.candidates {
+            tasks
+                .entry(&candidate.task.source)
+                .or_default()
+                .insert(&candidate.task.name);
+        }
+        let mut members = BTreeMap::new();
+        for (source, names) in tasks {
+            let query = promql::task_pods(&self.selector, source, names, task_range);
+            members.insert(
+                source.clone(),
+                self.query(&client, &query, window.until).await?,
+            );
+        }
+        let attempts = kubernetes::attempts(&plan.candidates, &members)
+            .map_err(|error| self.unreadable(error))?;
+
+        let products = self
+            .query(&client, &queries.node_products(), window.until)
+            .await?;
+        let node_products = products
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    s.label("node")?.to_owned(),
+                    s.label("label_nvidia_com_gpu_product")?.to_owned(),
+                ))
+            })
+            .collect();
+        let dcgm: BTreeMap<_, _> = futures::stream::iter(plan.candidates.iter())
+            .map(|candidate| {
+                let client = &client;
+                async move {
+                    let key = &candidate.pod.key;
+                    let query = promql::dcgm(
+                        &self.selector,
+                        &key.namespace,
+                        &key.name,
+                        Some(key.uid.as_str()).filter(|uid| !uid.is_empty()),
+                        candidate.ended - candidate.started,
+                    );
+                    let samples = self.query(client, &query, candidate.ended).await?;
+                    let dcgm = Dcgm::read(&samples)
+                        .map_err(|error| self.unreadable(format!("{}: {error}", key.location())))?;
+                    anyhow::Ok((key.clone(), dcgm))
+                }
+            })
+            .buffer_unordered(PARALLEL_QUERIES)
+            .try_collect()
+            .await?;
+        let measured = Measured {
+            dcgm,
+            node_products,
+        };
+        Ok(kubernetes::records(
+            plan,
+            &attempts,
+            &measured,
+            &self.mapping,
+        ))
+    }
+
+    /// Runs an instant query at `at`.
+    async fn query(
+        &self,
+        client: &reqwest::Client,
+        promql: &str,
+        at: DateTime<Utc>,
+    ) -> anyhow::Result<Vec<Sample>> {
+        let endpoint = self
+            .url
+            .join("api/v1/query")
+            .context("the --prometheus URL cannot take a path")?;
+        let time = format!("{}.{:03}", at.timestamp(), at.timestamp_subsec_millis());
+        let timeout = format!("{}ms", self.query_timeout.as_millis());
+        let mut request = client.post(endpoint.clone()).form(&[
+            ("query", promql),
+            ("time", &time),
+            ("timeout", &timeout),
+        ]);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let failed = |what: String| anyhow::anyhow!("{endpoint}: {what}; the query was: {promql}");
+        let response = request.send().await.map_err(|error| {
+            if error.is_timeout() {
+                failed(format!(
+                    "no answer within {} s",
+                    self.client_timeout().as_secs()
+                ))
+            } else {
+                failed(format!("cannot reach Prometheus ({error})"))
+            }
+        })?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|error| failed(format!("the answer broke off ({error})")))?;
+        match promql::vector(&body) {
+            Ok(samples) if status.is_success() => Ok(samples),
+            Ok(_) => Err(failed(format!("answered {status}"))),
+            Err(error) if status.is_success() => Err(failed(error)),
+            Err(error) => Err(failed(format!("answered {status}: {error}"))),
+        }
+    }
+
+    /// Prometheus gives up on its own at the query timeout; the client waits a little
+    /// longer, for the transfer of its answer.
+    fn client_timeout(&self) -> Duration {
+        self.query_timeout + self.query_timeout.min(Duration::from_secs(10))
+    }
+
+    fn unreadable(&self, error: String) -> anyhow::Error {
+        anyhow::anyhow!("{}: an answer cannot be read: {error}", self.url)
+    }
+}

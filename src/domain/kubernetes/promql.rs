@@ -1,0 +1,484 @@
+//! The PromQL the Prometheus collector asks, and how Prometheus' answers are read.
+//!
+//! Every question is an instant query answering one sample per pod (or one per figure of a
+//! pod), so an answer grows with the number of pods, never with the number of samples. Times
+//! come from sample timestamps (`timestamp()` inside a subquery), never from when a query was
+//! evaluated: an instant selector finds a sample up to five minutes old (Prometheus' lookback),
+//! so a pod's series seem to live on after it is gone.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use rust_decimal::Decimal;
+use serde_json::Value;
+
+/// kube-state-metrics spells extended resources with underscores (`nvidia_com_gpu`,
+/// `nvidia_com_mig_1g_10gb`); other exporters keep Kubernetes' spelling.
+pub const GPU_RESOURCES: &str = "nvidia[._]com[/_].+";
+
+/// The pod identity every pod query groups by.
+const POD: &str = "namespace, pod, uid";
+
+/// One series of an answer: its labels and its value as Prometheus wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    pub labels: BTreeMap<String, String>,
+    pub value: String,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .get(name)
+            .map(String::as_str)
+            .filter(|value| !value.is_empty())
+    }
+
+    /// The value as a decimal; `None` for NaN and infinities, which Prometheus may answer.
+    pub fn decimal(&self) -> Option<Decimal> {
+        let raw = self.value.as_str();
+        Decimal::from_str(raw)
+            .or_else(|_| Decimal::from_scientific(raw))
+            .ok()
+    }
+
+    /// The value read as Unix seconds.
+    pub fn time(&self) -> Option<DateTime<Utc>> {
+        let seconds = self.decimal()?;
+        let nanos = (seconds.fract() * Decimal::from(1_000_000_000)).round();
+        DateTime::from_timestamp(
+            i64::try_from(seconds.trunc()).ok()?,
+            u32::try_from(nanos).ok()?,
+        )
+    }
+}
+
+/// The samples of an instant query's answer (`resultType` `vector`), or what is wrong with it.
+pub fn vector(body: &[u8]) -> Result<Vec<Sample>, String> {
+    let answer: Value = serde_json::from_slice(body).map_err(|error| {
+        let start = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+        format!("the answer is not JSON ({error}): `{start}`")
+    })?;
+    match answer["status"].as_str() {
+        Some("success") => {}
+        Some("error") => {
+            return Err(format!(
+                "Prometheus answered {}: {}",
+                answer["errorType"].as_str().unwrap_or("an error"),
+                answer["error"].as_str().unwrap_or("no detail")
+            ));
+        }
+        _ => return Err("the answer has no `status` of success or error".to_owned()),
+    }
+    let data = &answer["data"];
+    if data["resultType"] != "vector" {
+        return Err(format!(
+            "the answer is a `{}`, not an instant vector",
+            data["resultType"].as_str().unwrap_or("?")
+        ));
+    }
+    let results = data["result"]
+        .as_array()
+        .ok_or("the answer has no `data.result` list")?;
+    results.iter().map(sample).collect()
+}
+
+fn sample(series: &Value) -> Result<Sample, String> {
+    let labels = series["metric"]
+        .as_object()
+        .ok_or("a series of the answer has no `metric` object")?
+        .iter()
+        .map(|(name, value)| {
+            value
+                .as_str()
+                .map(|value| (name.clone(), value.to_owned()))
+                .ok_or_else(|| format!("the label `{name}` of a series is not a string"))
+        })
+        .collect::<Result<_, _>>()?;
+    let value = series["value"][1]
+        .as_str()
+        .ok_or("a series of the answer has no `value` [time, \"number\"]")?
+        .to_owned();
+    Ok(Sample { labels, value })
+}
+
+/// A PromQL string literal.
+pub fn string(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        if c == '\\' || c == '"' {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// A regular expression matching exactly these values, as a PromQL string literal.
+pub fn any_of<'a>(values: impl IntoIterator<Item = &'a str>) -> String {
+    let alternatives: Vec<String> = values
+        .into_iter()
+        .map(|value| {
+            value
+                .chars()
+                .flat_map(|c| {
+                    let escape = "\\.+*?()|[]{}^$".contains(c);
+                    escape.then_some('\\').into_iter().chain([c])
+                })
+                .collect()
+        })
+        .collect();
+    string(&alternatives.join("|"))
+}
+
+/// A range or resolution in whole seconds, at least one.
+pub fn seconds(span: TimeDelta) -> String {
+    let whole = span.num_seconds() + i64::from(span.subsec_nanos() > 0);
+    format!("{}s", whole.max(1))
+}
+
+/// `name{matchers}`, with the operator's selector (`cluster="a"`) first.
+fn select(name: &str, selector: &str, matchers: &[&str]) -> String {
+    let all: Vec<&str> = std::iter::once(selector)
+        .chain(matchers.iter().copied())
+        .filter(|m| !m.is_empty())
+        .collect();
+    format!("{name}{{{}}}", all.join(", "))
+}
+
+/// What a pod query finds out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PodFact {
+    Created,
+    Started,
+    Completed,
+    /// The phase of the pod's last sample.
+    Phase,
+    /// When the pod was last seen at all.
+    LastSeen,
+    /// When the pod was last seen in phase Running.
+    LastRunning,
+    Owner,
+    Labels,
+    Requests,
+    Limits,
+    Restarts,
+    StatusReason,
+    TerminatedReason,
+    LastTerminatedReason,
+    Node,
+}
+
+/// The pod queries of a window, evaluated at its end.
+#[derive(Debug, Clone)]
+pub struct PodQueries<'a> {
+    /// Extra matchers for every series (`cluster="gpu-a"`), or empty.
+    pub selector: &'a str,
+    /// The window's length: each query reads `[range]` back from the window's end.
+    pub range: TimeDelta,
+    /// The subquery step of the timestamp queries: the scrape interval of kube-state-metrics.
+    pub resolution: TimeDelta,
+}
+
+impl PodQueries<'_> {
+    pub fn all(&self) -> Vec<(PodFact, String)> {
+        use PodFact::*;
+        [
+            Created,
+            Started,
+            Completed,
+            Phase,
+            LastSeen,
+            LastRunning,
+            Owner,
+            Labels,
+            Requests,
+            Limits,
+            Restarts,
+            StatusReason,
+            TerminatedReason,
+            LastTerminatedReason,
+            Node,
+        ]
+        .into_iter()
+        .map(|fact| (fact, self.query(fact)))
+        .collect()
+    }
+
+    pub fn query(&self, fact: PodFact) -> String {
+        let range = seconds(self.range);
+        let step = seconds(self.resolution);
+        let s = |name: &str, matchers: &[&str]| select(name, self.selector, matchers);
+        let resource = format!("resource=~{}", string(GPU_RESOURCES));
+        match fact {
+            PodFact::Created => {
+                format!(
+                    "max by ({POD}) (max_over_time({}[{range}]))",
+                    s("kube_pod_created", &[])
+                )
+            }
+            PodFact::Started => format!(
+                "max by ({POD}) (max_over_time({}[{range}]))",
+                s("kube_pod_start_time", &[])
+            ),
+            PodFact::Completed => format!(
+                "max by ({POD}) (max_over_time({}[{range}]))",
+                s("kube_pod_completion_time", &[])
+            ),
+            PodFact::Phase => format!(
+                "max by ({POD}, phase) (last_over_time({}[{range}])) == 1",
+                s("kube_pod_status_phase", &[])
+            ),
+            // One series per pod, where the phase has five.
+            PodFact::LastSeen => format!(
+                "max by ({POD}) (max_over_time(timestamp({})[{range}:{step}]))",
+                s("kube_pod_created", &[])
+            ),
+            // `timestamp()` answers a sample's own time only when applied to a selector
+            // itself, so the filter comes after it.
+            PodFact::LastRunning => {
+                let running = s("kube_pod_status_phase", &["phase=\"Running\""]);
+                format!(
+                    "max by ({POD}) (max_over_time((timestamp({running}) and {running} == 1)\
+                     [{range}:{step}]))"
+                )
+            }
+            PodFact::Owner => format!(
+                "max by ({POD}, owner_kind, owner_name) (last_over_time({}[{range}]))",
+                s("kube_pod_owner", &[])
+            ),
+            PodFact::Labels => format!("last_over_time({}[{range}])", s("kube_pod_labels", &[])),
+            PodFact::Requests | PodFact::Limits => {
+                let name = match fact {
+                    PodFact::Requests => "kube_pod_container_resource_requests",
+                    _ => "kube_pod_container_resource_limits",
+                };
+                format!(
+                    "sum by ({POD}, resource) (max by ({POD}, container, resource) \
+                     (last_over_time({}[{range}])))",
+                    s(name, &[&resource])
+                )
+            }
+            PodFact::Restarts => format!(
+                "sum by ({POD}) (max by ({POD}, container) (max_over_time({}[{range}])))",
+                s("kube_pod_container_status_restarts_total", &[])
+            ),
+            PodFact::StatusReason => format!(
+                "max by ({POD}, reason) (max_over_time({}[{range}])) == 1",
+                s("kube_pod_status_reason", &[])
+            ),
+            PodFact::TerminatedReason => format!(
+                "max by ({POD}, reason) (max_over_time({}[{range}])) == 1",
+                s("kube_pod_container_status_terminated_reason", &[])
+            ),
+            PodFact::LastTerminatedReason => format!(
+                "max by ({POD}, reason) (max_over_time({}[{range}])) == 1",
+                s("kube_pod_container_status_last_terminated_reason", &[])
+            ),
+            PodFact::Node => format!(
+                "max by ({POD}, node) (last_over_time({}[{range}]))",
+                s("kube_pod_info", &[])
+            ),
+        }
+    }
+
+    /// The GPU product label of each node, as NVIDIA's GPU feature discovery sets it.
+    pub fn node_products(&self) -> String {
+        format!(
+            "max by (node, label_nvidia_com_gpu_product) (last_over_time({}[{}]))",
+            select(
+                "kube_node_labels",
+                self.selector,
+                &["label_nvidia_com_gpu_product!=\"\""]
+            ),
+            seconds(self.range)
+        )
+    }
+}
+
+/// How the pods of one task are found, to number them as attempts.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TaskSource {
+    /// The pods a Job owns.
+    Job,
+    /// The pods with this kube-state-metrics label (`label_job_name`).
+    Label(String),
+    /// Pods of this name (a bare or StatefulSet pod recreated under its name).
+    PodName,
+}
+
+/// Every pod of the named tasks Prometheus saw in `[range]`, each with its creation time and
+/// its task in the label `task`.
+pub fn task_pods<'a>(
+    selector: &str,
+    source: &TaskSource,
+    tasks: impl IntoIterator<Item = &'a str>,
+    range: TimeDelta,
+) -> String {
+    let range = seconds(range);
+    let names = any_of(tasks);
+    let created = format!(
+        "max by ({POD}) (max_over_time({}[{range}]))",
+        select("kube_pod_created", selector, &[])
+    );
+    let (members, label) = match source {
+        TaskSource::Job => (
+            select(
+                "kube_pod_owner",
+                selector,
+                &["owner_kind=\"Job\"", &format!("owner_name=~{names}")],
+            ),
+            "owner_name".to_owned(),
+        ),
+        TaskSource::Label(label) => (
+            select("kube_pod_labels", selector, &[&format!("{label}=~{names}")]),
+            label.clone(),
+        ),
+        TaskSource::PodName => (
+            select("kube_pod_created", selector, &[&format!("pod=~{names}")]),
+            "pod".to_owned(),
+        ),
+    };
+    format!(
+        "{created} * on ({POD}) group_left (task) \
+         label_replace(group by ({POD}, {label}) (last_over_time({members}[{range}])), \
+         \"task\", \"$1\", {}, \"(.*)\")",
+        string(&label)
+    )
+}
+
+/// The figures dcgm-exporter measured of one pod's GPUs over its life, each tagged with the
+/// label `figure`: averages over the GPUs of the per-GPU averages over time, the highest
+/// framebuffer use, and the GPU models and MIG profiles of the pod's devices.
+pub fn dcgm(
+    selector: &str,
+    namespace: &str,
+    pod: &str,
+    uid: Option<&str>,
+    life: TimeDelta,
+) -> String {
+    let uid_matcher = uid.map(|uid| format!("pod_uid=~{}", any_of([uid, ""])));
+    let namespace = format!("namespace={}", string(namespace));
+    let pod = format!("pod={}", string(pod));
+    let mut matchers: Vec<&str> = vec![&namespace, &pod];
+    if let Some(uid) = &uid_matcher {
+        matchers.push(uid);
+    }
+    let range = seconds(life);
+    let s = |name: &str| select(name, selector, &matchers);
+    let tag = |figure: &str, expression: String| {
+        format!("label_replace({expression}, \"figure\", \"{figure}\", \"\", \"\")")
+    };
+    let average = |name: &str| format!("avg(avg_over_time({}[{range}]))", s(name));
+    let devices = |name: &str| {
+        format!(
+            "count by (modelName, GPU_I_PROFILE) (last_over_time({}[{range}]))",
+            s(name)
+        )
+    };
+    [
+        tag("gpu_util", average("DCGM_FI_DEV_GPU_UTIL")),
+        tag("gr_engine_active", average("DCGM_FI_PROF_GR_ENGINE_ACTIVE")),
+        tag("sm_active", average("DCGM_FI_PROF_SM_ACTIVE")),
+        tag("tensor_active", average("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")),
+        tag("dram_active", average("DCGM_FI_PROF_DRAM_ACTIVE")),
+        tag(
+            "fb_used",
+            format!("max(max_over_time({}[{range}]))", s("DCGM_FI_DEV_FB_USED")),
+        ),
+        tag(
+            "device",
+            format!(
+                "{} or {} or {}",
+                devices("DCGM_FI_DEV_FB_USED"),
+                devices("DCGM_FI_DEV_GPU_UTIL"),
+                devices("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+            ),
+        ),
+    ]
+    .join("\nor ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_or_refused_with_what_is_wrong() {
+        let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"namespace":"ml","pod":"a"},"value":[1717200000,"1717199000.5"]},
+            {"metric":{},"value":[1717200000,"NaN"]}]}}"#;
+        let samples = vector(body).unwrap();
+        assert_eq!(samples[0].label("pod"), Some("a"));
+        assert_eq!(
+            samples[0].time(),
+            Some("2024-05-31T23:43:20.5Z".parse().unwrap())
+        );
+        assert_eq!(samples[1].decimal(), None);
+        let error = br#"{"status":"error","errorType":"timeout","error":"query timed out"}"#;
+        assert_eq!(
+            vector(error).unwrap_err(),
+            "Prometheus answered timeout: query timed out"
+        );
+        assert!(
+            vector(b"<html>bad gateway</html>")
+                .unwrap_err()
+                .contains("not JSON")
+        );
+        let matrix = br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert!(vector(matrix).unwrap_err().contains("`matrix`"));
+        let broken =
+            br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}"#;
+        assert!(vector(broken).unwrap_err().contains("no `value`"));
+        let small = Sample {
+            labels: BTreeMap::new(),
+            value: "1.5e-7".to_owned(),
+        };
+        assert_eq!(small.decimal(), Some("0.00000015".parse().unwrap()));
+    }
+
+    #[test]
+    fn names_are_matched_exactly() {
+        assert_eq!(any_of(["train.v1", "b"]), r#""train\\.v1|b""#);
+        assert_eq!(string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(seconds(TimeDelta::milliseconds(1500)), "2s");
+        assert_eq!(seconds(TimeDelta::zero()), "1s");
+    }
+
+    #[test]
+    fn queries_carry_the_selector_and_the_range() {
+        let queries = PodQueries {
+            selector: "cluster=\"a\"",
+            range: TimeDelta::hours(1),
+            resolution: TimeDelta::seconds(30),
+        };
+        assert_eq!(
+            queries.query(PodFact::LastRunning),
+            "max by (namespace, pod, uid) (max_over_time((timestamp(\
+             kube_pod_status_phase{cluster=\"a\", phase=\"Running\"}) and \
+             kube_pod_status_phase{cluster=\"a\", phase=\"Running\"} == 1)[3600s:30s]))"
+        );
+        assert_eq!(
+            queries.query(PodFact::Requests),
+            "sum by (namespace, pod, uid, resource) (max by (namespace, pod, uid, container, \
+             resource) (last_over_time(kube_pod_container_resource_requests{cluster=\"a\", \
+             resource=~\"nvidia[._]com[/_].+\"}[3600s])))"
+        );
+        let plain = PodQueries {
+            selector: "",
+            ..queries
+        };
+        assert_eq!(
+            plain.query(PodFact::Created),
+            "max by (namespace, pod, uid) (max_over_time(kube_pod_created{}[3600s]))"
+        );
+        let dcgm = dcgm("", "ml", "p-1", Some("u1"), TimeDelta::minutes(10));
+        assert!(dcgm.contains(
+            "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{namespace=\"ml\", pod=\"p-1\", \
+             pod_uid=~\"u1|\"}[600s]))"
+        ));
+    }
+}

@@ -1,0 +1,1398 @@
+"use strict";
+// The dashboard: a finance page (every project of a month), a project page and a task page,
+// all read from the API with the token the user pasted. Every amount shown is a decimal string
+// the API computed, rounded for display; floats only place marks on charts.
+const state = {
+  token: null, role: null, projects: [], view: null, generation: 0, shown: null, tasks: null,
+  focusSort: null, charts: [], notice: null,
+};
+const $ = (id) => document.getElementById(id);
+const PARTS = [
+  ["productive", "Productive", "--productive"],
+  ["idle", "Idle GPUs", "--idle"],
+  ["unmeasured", "Unmeasured", "--unmeasured"],
+  ["failed", "Failed runs", "--failed"],
+  ["unused_commitment", "Unused commitment", "--unused"],
+];
+
+function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+
+// Rounds a decimal string half-even to `digits` places without passing through a float,
+// so what is shown is what finance's CSV shows.
+function roundDecimal(text, digits) {
+  if (text === null || text === undefined) return null;
+  let negative = text.startsWith("-");
+  let [whole, fraction = ""] = text.replace("-", "").split(".");
+  fraction = fraction.padEnd(digits + 1, "0");
+  let kept = whole + fraction.slice(0, digits);
+  const next = fraction.charCodeAt(digits) - 48;
+  const rest = fraction.slice(digits + 1).replace(/0/g, "");
+  const lastEven = (kept.charCodeAt(kept.length - 1) - 48) % 2 === 0;
+  if (next > 5 || (next === 5 && (rest.length > 0 || !lastEven))) {
+    let digitsArray = kept.split("").map(Number);
+    let i = digitsArray.length - 1;
+    while (i >= 0) {
+      if (digitsArray[i] === 9) { digitsArray[i] = 0; i -= 1; } else { digitsArray[i] += 1; break; }
+    }
+    if (i < 0) digitsArray.unshift(1);
+    kept = digitsArray.join("");
+  }
+  const intPart = kept.slice(0, kept.length - digits).replace(/^0+(?=\d)/, "") || "0";
+  const fracPart = digits > 0 ? "." + kept.slice(kept.length - digits) : "";
+  const grouped = intPart.replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  if (/^[0.,]*$/.test(grouped + fracPart)) negative = false;
+  return (negative ? "-" : "") + grouped + fracPart;
+}
+
+// Multiplies a decimal string by 10^places by moving its point (per-million unit costs).
+function shiftDecimal(text, places) {
+  const negative = text.startsWith("-");
+  let [whole, fraction = ""] = text.replace("-", "").split(".");
+  fraction = fraction.padEnd(places, "0");
+  const shifted = `${whole}${fraction.slice(0, places)}.${fraction.slice(places) || "0"}`;
+  return (negative ? "-" : "") + shifted.replace(/^0+(?=\d)/, "");
+}
+
+function money(amount, currency) {
+  if (amount === null || amount === undefined) return "—";
+  return `${roundDecimal(amount, 2)} ${currency}`;
+}
+
+function share(part, total) {
+  const t = Number(total);
+  return t > 0 ? Math.max(0, Number(part) / t * 100) : 0;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: { Authorization: `Bearer ${state.token}`, ...(options.headers || {}) } });
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    const error = new Error(body && body.detail ? body.detail : `HTTP ${response.status}`);
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+// Fetches a file the API serves to a token holder and hands it to the browser as a download.
+async function download(path, fallbackName) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${state.token}` } });
+  if (!response.ok) {
+    const body = await response.json().catch(() => null);
+    throw new Error(body && body.detail ? body.detail : `HTTP ${response.status}`);
+  }
+  const disposition = response.headers.get("Content-Disposition") || "";
+  const named = /filename="([^"]+)"/.exec(disposition);
+  const url = URL.createObjectURL(await response.blob());
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = named ? named[1] : fallbackName;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+function announce(text) {
+  $("announce").textContent = text;
+}
+
+function showLogin(message) {
+  $("nav").innerHTML = "";
+  $("who").textContent = "";
+  $("main").innerHTML = `
+    <div class="panel login">
+      <h2>Sign in</h2>
+      <p class="muted">Paste an API token (admin, finance or a reader of your project).</p>
+      ${message ? `<div class="error" role="alert">${escapeHtml(message)}</div>` : ""}
+      <form id="login-form"><label for="token" class="sr-only">Token</label>
+      <input id="token" type="password" autocomplete="off" placeholder="tl_…">
+      <button class="primary" type="submit">Open dashboard</button></form>
+    </div>`;
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.token = $("token").value.trim();
+    localStorage.setItem("taskledger.token", state.token);
+    start();
+  });
+  $("token").focus();
+}
+
+function currentMonth() {
+  const now = new Date();
+  return `${now.getUTCFullYear()}-${String(now.getUTCMonth() + 1).padStart(2, "0")}`;
+}
+
+const ROLE_LABELS = { admin: "Admin", finance: "Finance", reader: "Reader", ingest: "Ingest" };
+
+function mayReadReports() {
+  return state.role === "finance" || state.role === "admin";
+}
+
+async function start() {
+  $("main").innerHTML = `<p class="muted" role="status">Checking the token…</p>`;
+  try {
+    const token = await api("/v1/tokens/current");
+    state.role = token.role;
+    if (token.role === "ingest") {
+      $("main").innerHTML = `<div class="panel login" role="alert"><h2>This token cannot read</h2>
+        <p>It is an <b>ingest</b> token: it may only post job records for ${token.projects.map((p) => `<code>${escapeHtml(p)}</code>`).join(", ")}.
+        Ask for a reader, finance or admin token to see costs.</p>
+        <button type="button" class="primary" id="other-token">Use another token</button></div>`;
+      $("who").textContent = "Ingest token";
+      $("other-token").addEventListener("click", () => signOut());
+      return;
+    }
+    const page = await api("/v1/projects?limit=1000");
+    state.projects = page.items;
+  } catch (error) {
+    localStorage.removeItem("taskledger.token");
+    showLogin(error.status === 401 ? "That token is not valid (or was revoked)." : error.message);
+    return;
+  }
+  $("who").textContent = `${ROLE_LABELS[state.role] || state.role} token`;
+  $("project").innerHTML = state.projects.map((p) =>
+    `<option value="${escapeHtml(p.id)}">${escapeHtml(p.name)} (${escapeHtml(p.id)})</option>`).join("");
+  if (state.projects.length === 0 && !mayReadReports()) {
+    $("main").innerHTML = `<div class="panel">No project is visible to this token yet.</div>`;
+    return;
+  }
+  route();
+}
+
+function signOut() {
+  localStorage.removeItem("taskledger.token");
+  state.token = null;
+  state.role = null;
+  state.shown = null;
+  showLogin();
+}
+function cards(cost, burn) {
+  const c = cost.currency;
+  const wastePct = share(cost.waste, cost.total).toFixed(1);
+  const burnCard = burn && burn.budget ? `
+    <div class="card"><div class="label">Budget burn</div>
+      <div class="value">${roundDecimal(burn.burn_pct, 1)}%</div>
+      <div class="sub">${money(burn.spend, c)} of ${money(burn.budget, c)}${burn.forecast_pct ? ` · forecast ${roundDecimal(burn.forecast_pct, 0)}%` : ""}</div>
+      <div class="meter ${Number(burn.burn_pct) >= 100 ? "over" : ""}"><div style="width:${Math.min(100, Number(burn.burn_pct))}%"></div></div>
+    </div>` : `
+    <div class="card"><div class="label">Budget burn</div><div class="value">—</div>
+      <div class="sub">No budget set for this month</div></div>`;
+  return `<div class="cards">
+    <div class="card"><div class="label">Total cost</div><div class="value">${money(cost.total, c)}</div>
+      <div class="sub">${(Number(cost.gpu_seconds_held) / 3600).toFixed(1)} GPU-hours held</div></div>
+    <div class="card"><div class="label">Cost per completed task</div><div class="value">${money(cost.cost_per_completed_task, c)}</div>
+      <div class="sub">${cost.tasks_completed} tasks completed, ${cost.tasks_failed} failed</div></div>
+    <div class="card"><div class="label">Waste</div><div class="value">${money(cost.waste, c)}</div>
+      <div class="sub">${wastePct}% of the total: idle, failed, unused commitment</div></div>
+    ${burnCard}
+  </div>`;
+}
+
+function breakdown(cost, currency = cost.currency, partsShown = PARTS) {
+  const parts = partsShown.map(([key, label, color]) => ({ key, label, color, amount: cost.breakdown[key] }));
+  const bar = parts.map((p) =>
+    `<div title="${p.label}: ${money(p.amount, currency)}" style="width:${share(p.amount, cost.total)}%;background:var(${p.color})"></div>`).join("");
+  const legend = parts.map((p) =>
+    `<span style="--c:var(${p.color})">${p.label} <b>${money(p.amount, currency)}</b></span>`).join("");
+  const described = parts.map((p) => `${p.label} ${money(p.amount, currency)}`).join(", ");
+  return `<section><h2>Where the money went</h2><div class="panel">
+    <div class="stack" role="img" aria-label="Cost breakdown: ${escapeHtml(described)}">${bar}</div><div class="legend">${legend}</div></div></section>`;
+}
+
+
+// ---- Charts (uPlot, vendored and served by this binary) -------------------------------------
+
+// Every calendar day of a `YYYY-MM` month, as `YYYY-MM-DD` keys.
+function daysOf(month) {
+  const [year, mon] = month.split("-").map(Number);
+  const count = new Date(Date.UTC(year, mon, 0)).getUTCDate();
+  return Array.from({ length: count }, (_, i) => `${month}-${String(i + 1).padStart(2, "0")}`);
+}
+
+// Seconds since the epoch of a `YYYY-MM-DD` day's start; days are drawn as UTC calendar days.
+function daySeconds(day) {
+  return Date.UTC(Number(day.slice(0, 4)), Number(day.slice(5, 7)) - 1, Number(day.slice(8, 10))) / 1000;
+}
+
+function monthRange(month) {
+  const [year, mon] = month.split("-").map(Number);
+  return [Date.UTC(year, mon - 1, 1) / 1000, Date.UTC(year, mon, 1) / 1000];
+}
+
+function cssColour(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+}
+
+const CHART_HEIGHT = 240;
+
+// Charts waiting for their element to be in the page, and those drawn (to resize and destroy).
+const pendingCharts = [];
+
+function mountCharts() {
+  while (pendingCharts.length) {
+    const { id, build } = pendingCharts.shift();
+    const element = $(id);
+    if (!element) continue;
+    const chart = build(element, Math.max(element.clientWidth, 280));
+    state.charts.push({ chart, element });
+  }
+}
+
+function destroyCharts() {
+  pendingCharts.length = 0;
+  for (const { chart } of state.charts) chart.destroy();
+  state.charts = [];
+}
+
+window.addEventListener("resize", () => {
+  for (const { chart, element } of state.charts) {
+    chart.setSize({ width: Math.max(element.clientWidth, 280), height: CHART_HEIGHT });
+  }
+});
+
+function axisDates(u, values) {
+  return values.map((v) => {
+    const d = new Date(v * 1000);
+    return `${d.getUTCDate()} ${d.toLocaleString("en-GB", { month: "short", timeZone: "UTC" })}`;
+  });
+}
+
+function axisMoney(currency) {
+  return (u, values) => values.map((v) => COMPACT.format(v));
+}
+
+function baseOptions(width, currency) {
+  return {
+    width,
+    height: CHART_HEIGHT,
+    legend: { show: false },
+    tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
+    cursor: { drag: { x: false, y: false }, points: { size: 7 } },
+    axes: [
+      { values: axisDates, stroke: cssColour("--muted"), grid: { stroke: "#eef1f5" }, ticks: { stroke: "#e3e7ee" } },
+      { values: axisMoney(currency), stroke: cssColour("--muted"), grid: { stroke: "#eef1f5" }, ticks: { stroke: "#e3e7ee" }, size: 56,
+        label: currency, labelSize: 18, labelFont: "12px system-ui, sans-serif" },
+    ],
+  };
+}
+
+// The month's spend day by day against its budget: the API's running spend (`burn.days`), the
+// budget and its alert thresholds, the moments they were crossed, and the linear forecast
+// dashed from now to the month's end.
+function burnChart(burn, month) {
+  const c = burn.currency;
+  const [monthStart, monthEnd] = monthRange(month);
+  if (!burn.days || burn.days.length === 0) {
+    return `<section id="burn"><h2>Budget burn</h2><div class="panel muted">The month has not begun.</div></section>`;
+  }
+  const asOf = Math.min(Date.parse(burn.as_of) / 1000, monthEnd);
+  const points = burn.days.map((d, i) => ({
+    x: i === burn.days.length - 1 ? Math.min(daySeconds(d.day) + 86400, asOf) : daySeconds(d.day) + 86400,
+    spend: d.spend,
+  }));
+  const xs = [monthStart, ...points.map((p) => p.x)];
+  const spends = [0, ...points.map((p) => Number(p.spend))];
+  const hasForecast = burn.forecast !== null && asOf < monthEnd;
+  if (xs[xs.length - 1] < monthEnd) { xs.push(monthEnd); spends.push(null); }
+  const last = points.length;
+  const forecastLine = xs.map((x, i) => (hasForecast && i === last ? spends[i] : hasForecast && x === monthEnd ? Number(burn.forecast) : null));
+  const budget = burn.budget === null ? null : Number(burn.budget);
+  const budgetLine = xs.map(() => budget);
+  const thresholds = burn.thresholds.filter((t) => t.kind === "actual");
+  const crossings = burn.thresholds.filter((t) => t.crossed_at);
+  const top = Math.max(budget || 0, Number(burn.forecast || 0), Number(burn.spend)) * 1.08 || 1;
+
+  pendingCharts.push({ id: "burn-chart", build: (element, width) => {
+    const options = baseOptions(width, c);
+    options.scales = { x: { time: true, range: [monthStart, monthEnd] }, y: { range: [0, top] } };
+    options.series = [
+      {},
+      { label: "Spend", stroke: cssColour("--productive"), width: 2.5, fill: "rgba(0,114,178,.08)", points: { show: false } },
+      { label: "Forecast", stroke: cssColour("--forecast"), width: 2, dash: [7, 5], spanGaps: true, points: { show: false } },
+      { label: "Budget", stroke: cssColour("--budget"), width: 1.5, points: { show: false }, show: budget !== null },
+    ];
+    options.hooks = {
+      draw: [(u) => drawThresholds(u, budget, thresholds, crossings)],
+      setCursor: [(u) => {
+        const i = u.cursor.idx;
+        const readout = $("burn-readout");
+        if (!readout) return;
+        if (i === null || i === undefined || i === 0 || i > points.length) { readout.textContent = burnSummary(burn); return; }
+        const p = points[i - 1];
+        readout.textContent = `${burn.days[i - 1].day}: ${money(p.spend, c)} spent by ${i === points.length && p.x === asOf && asOf < monthEnd ? when(burn.as_of) + " UTC" : "the day's end"}${budget !== null ? ` · ${roundDecimal(String(Number(p.spend) / budget * 100), 1)}% of the budget` : ""}`;
+      }],
+    };
+    return new uPlot(options, [xs, spends, forecastLine, budgetLine], element);
+  } });
+
+  const legend = [
+    `<span class="plain"><i class="line-swatch" style="--c:var(--productive)"></i>Spend to date</span>`,
+    hasForecast ? `<span class="plain"><i class="line-swatch dashed" style="--c:var(--forecast)"></i>Forecast to month end: ${money(burn.forecast, c)}</span>` : "",
+    budget !== null ? `<span class="plain"><i class="line-swatch" style="--c:var(--budget)"></i>Budget ${money(burn.budget, c)}</span>` : "",
+    thresholds.length && budget !== null ? `<span class="plain"><i class="line-swatch dotted" style="--c:var(--threshold)"></i>Alert thresholds ${thresholds.map((t) => `${t.percent}%`).join(", ")}</span>` : "",
+  ].join("");
+  const crossed = crossings.map((t) => `<li>${t.kind === "forecast" ? `Forecast reached ${t.percent}% of the budget` : `${t.percent}% of the budget spent`}: ${when(t.crossed_at)} UTC</li>`).join("");
+  const rows = burn.days.map((d) => `<tr><th scope="row">${d.day}</th><td class="num">${money(d.spend, c)}</td></tr>`).join("");
+  return `<section id="burn"><h2>Budget burn</h2><div class="panel">
+    ${budget === null ? `<p class="muted small">No budget is set for this month: spend is shown without one.</p>` : ""}
+    <div class="chart" id="burn-chart" role="img" aria-label="${escapeHtml(burnSummary(burn))}"></div>
+    <div class="chart-readout" id="burn-readout" aria-hidden="true">${escapeHtml(burnSummary(burn))}</div>
+    <div class="legend">${legend}</div>
+    ${crossed ? `<ul class="small crossings" id="burn-crossings">${crossed}</ul>` : ""}
+    <details class="figures"><summary>Spend by day as a table</summary>
+      <table><caption class="sr-only">Spend of the month up to the end of each day</caption>
+      <thead><tr><th scope="col">Day</th><th scope="col" class="num">Spend to date</th></tr></thead>
+      <tbody id="burn-rows">${rows}</tbody></table></details>
+  </div></section>`;
+}
+
+function burnSummary(burn) {
+  const c = burn.currency;
+  const budget = burn.budget === null ? "no budget" : `${roundDecimal(burn.burn_pct, 1)}% of the ${money(burn.budget, c)} budget`;
+  const forecast = burn.forecast === null ? "" : `; forecast ${money(burn.forecast, c)}${burn.forecast_pct === null ? "" : ` (${roundDecimal(burn.forecast_pct, 0)}%)`}`;
+  return `Spend ${money(burn.spend, c)} as of ${when(burn.as_of)} UTC, ${budget}${forecast}`;
+}
+
+// Threshold lines across the plot, and a mark where each alert fired.
+function drawThresholds(u, budget, thresholds, crossings) {
+  const ctx = u.ctx;
+  const ratio = devicePixelRatio || 1;
+  ctx.save();
+  ctx.font = `${11 * ratio}px system-ui, sans-serif`;
+  ctx.fillStyle = cssColour("--muted");
+  if (budget !== null) {
+    for (const t of thresholds) {
+      const y = u.valToPos(budget * t.percent / 100, "y", true);
+      ctx.strokeStyle = cssColour("--threshold");
+      ctx.setLineDash([2 * ratio, 3 * ratio]);
+      ctx.lineWidth = ratio;
+      ctx.beginPath();
+      ctx.moveTo(u.bbox.left, y);
+      ctx.lineTo(u.bbox.left + u.bbox.width, y);
+      ctx.stroke();
+      ctx.textAlign = "left";
+      ctx.fillText(`${t.percent}%`, u.bbox.left + 4 * ratio, y - 3 * ratio);
+    }
+  }
+  ctx.setLineDash([]);
+  for (const t of crossings) {
+    // An alert that fired after the month (a late record) is marked at its end.
+    const x = Math.min(u.valToPos(Date.parse(t.crossed_at) / 1000, "x", true), u.bbox.left + u.bbox.width);
+    const y = t.kind === "actual" && budget !== null ? u.valToPos(budget * t.percent / 100, "y", true) : u.bbox.top + 8 * ratio;
+    ctx.fillStyle = t.kind === "actual" ? cssColour("--failed") : cssColour("--forecast");
+    ctx.beginPath();
+    ctx.moveTo(x, y - 6 * ratio);
+    ctx.lineTo(x + 6 * ratio, y);
+    ctx.lineTo(x, y + 6 * ratio);
+    ctx.lineTo(x - 6 * ratio, y);
+    ctx.closePath();
+    ctx.fill();
+    ctx.fillStyle = cssColour("--ink");
+    // Near the right edge the label goes to the left of its mark.
+    const right = x + 60 * ratio > u.bbox.left + u.bbox.width;
+    ctx.textAlign = right ? "right" : "left";
+    ctx.fillText(t.kind === "actual" ? `${t.percent}% crossed` : "forecast over", right ? x - 8 * ratio : x + 8 * ratio, y + 4 * ratio);
+  }
+  ctx.restore();
+}
+
+// The cost of each day, stacked by where the money went. The heights are drawn from the API's
+// parts; the figures read out are the API's own strings.
+function dailyChart(days, month, currency) {
+  if (!days.groups || days.groups.length === 0) {
+    return `<section id="daily"><h2>Daily cost</h2><div class="panel muted">No rated GPU time in this month.</div></section>`;
+  }
+  const byDay = new Map(days.groups.map((g) => [g.key, g]));
+  const keys = daysOf(month);
+  const xs = keys.map((day) => daySeconds(day) + 43200);
+  const stacked = [];
+  let below = keys.map(() => 0);
+  for (const [part] of PARTS) {
+    below = keys.map((day, i) => below[i] + Number(byDay.has(day) ? byDay.get(day).breakdown[part] : 0));
+    stacked.push(below);
+  }
+  const [monthStart, monthEnd] = monthRange(month);
+  const describe = (i) => {
+    const g = byDay.get(keys[i]);
+    if (!g) return `${keys[i]}: no cost`;
+    const parts = PARTS.filter(([part]) => Number(g.breakdown[part]) !== 0).map(([part, label]) => `${label} ${money(g.breakdown[part], currency)}`);
+    return `${keys[i]}: ${money(g.total, currency)}${parts.length ? ` — ${parts.join(", ")}` : ""}`;
+  };
+  const costliest = days.groups.reduce((a, b) => (Number(b.total) > Number(a.total) ? b : a));
+  const summary = `Daily cost of ${month}, ${days.groups.length} days with cost; the costliest, ${costliest.key}, ${money(costliest.total, currency)}`;
+  pendingCharts.push({ id: "daily-chart", build: (element, width) => {
+    const options = baseOptions(width, currency);
+    const bars = uPlot.paths.bars({ size: [0.75, 40], align: 0 });
+    options.scales = { x: { time: true, range: [monthStart, monthEnd] } };
+    // The tallest stack first, so that each part is painted over the one above it.
+    options.series = [{}, ...PARTS.map(([, label, colour]) => ({ label, fill: cssColour(colour), stroke: cssColour(colour), width: 0, paths: bars, points: { show: false } })).reverse()];
+    options.hooks = {
+      setCursor: [(u) => {
+        const readout = $("daily-readout");
+        if (readout) readout.textContent = u.cursor.idx === null || u.cursor.idx === undefined ? summary : describe(u.cursor.idx);
+      }],
+    };
+    return new uPlot(options, [xs, ...stacked.slice().reverse()], element);
+  } });
+  const legend = PARTS.map(([, label, colour]) => `<span style="--c:var(${colour})">${label}</span>`).join("");
+  const rows = keys.filter((day) => byDay.has(day)).map((day) => {
+    const g = byDay.get(day);
+    return `<tr><th scope="row">${day}</th><td class="num">${money(g.total, currency)}</td>${PARTS.map(([part]) => `<td class="num">${money(g.breakdown[part], currency)}</td>`).join("")}</tr>`;
+  }).join("");
+  return `<section id="daily"><h2>Daily cost</h2><div class="panel">
+    <div class="chart" id="daily-chart" role="img" aria-label="${escapeHtml(summary)}"></div>
+    <div class="chart-readout" id="daily-readout" aria-hidden="true">${escapeHtml(summary)}</div>
+    <div class="legend">${legend}</div>
+    <details class="figures"><summary>Daily cost as a table</summary><div class="scroll">
+      <table><caption class="sr-only">Cost of each day with its parts</caption>
+      <thead><tr><th scope="col">Day</th><th scope="col" class="num">Total</th>${PARTS.map(([, label]) => `<th scope="col" class="num">${label}</th>`).join("")}</tr></thead>
+      <tbody id="daily-rows">${rows}</tbody></table></div></details>
+  </div></section>`;
+}
+function outputs(cost) {
+  if (!cost.output || cost.output.length === 0) return "";
+  const rows = cost.output.map((o) => `<tr><td>${escapeHtml(o.unit)}</td>
+    <td class="num">${roundDecimal(o.quantity, 0)}</td>
+    <td class="num">${o.direct_cost_per_unit ? roundDecimal(shiftDecimal(o.direct_cost_per_unit, 6), 2) : "—"}</td>
+    <td class="num">${o.loaded_cost_per_unit ? roundDecimal(shiftDecimal(o.loaded_cost_per_unit, 6), 2) : "—"}</td></tr>`).join("");
+  return `<section><h2>Cost per unit of output (${escapeHtml(cost.currency)} per million units)</h2><div class="panel"><table>
+    <tr><th>Unit</th><th class="num">Quantity</th><th class="num">Direct</th><th class="num">Loaded with overheads</th></tr>${rows}</table></div></section>`;
+}
+
+function unrated(cost) {
+  if (!cost.unrated || cost.unrated.length === 0) return "";
+  const rows = cost.unrated.map((u) => `<tr><td>${escapeHtml(u.gpu_model)}</td><td>${escapeHtml(u.reason.replace(/_/g, " "))}</td>
+    <td class="num">${roundDecimal(u.gpu_seconds, 0)}</td></tr>`).join("");
+  return `<section><h2>Unrated GPU time</h2><div class="panel">
+    <p class="muted">No contract (or FX rate) covers this time yet, so it carries no cost. Add the missing contract and it is rated at once.</p>
+    <table><tr><th>GPU model</th><th>Reason</th><th class="num">GPU-seconds</th></tr>${rows}</table></div></section>`;
+}
+
+function alertWhat(a) {
+  if (a.kind === "idle_gpu") return `Idle GPU: task ${escapeHtml(a.idle_gpu.task_id)}`;
+  return `${a.kind === "forecast" ? "Forecast" : "Actual"} ${a.threshold}%`;
+}
+
+function alerts(list, currency) {
+  const rows = list.items.map((a) => `<tr><td>${escapeHtml(a.fired_at.replace("T", " ").slice(0, 16))}</td>
+    <td>${alertWhat(a)}</td>
+    <td class="num">${money(a.kind === "idle_gpu" ? a.idle_gpu.cost : a.spend, currency)}</td>
+    <td><span class="pill ${escapeHtml(a.delivery_state || "")}">${escapeHtml((a.delivery_state || "no webhook").replace("_", " "))}</span></td></tr>`).join("");
+  return `<section><h2>Alerts</h2><div class="panel">${list.items.length === 0
+    ? '<span class="muted">No alert fired this month.</span>'
+    : `<table><tr><th>Fired</th><th>Alert</th><th class="num">Spend then / idle cost</th><th>Webhook</th></tr>${rows}</table>`}</div></section>`;
+}
+
+// ---- Real utilisation and right-sizing ----------------------------------------------------
+
+// A share from 0 to 1 as a whole percentage; "—" where nothing reported it.
+function pct(value) {
+  return value === null || value === undefined ? "—" : `${(Number(value) * 100).toFixed(0)}%`;
+}
+
+const UTIL_METRICS = [
+  ["gpu_util", "GPU-Util", "Any kernel running, as nvidia-smi shows it"],
+  ["sm_active", "SM active", "Share of time the SMs had work"],
+  ["tensor_active", "Tensor", "Share of cycles the tensor cores worked"],
+  ["dram_active", "Memory bandwidth", "Share of cycles memory bandwidth was in use"],
+];
+
+function utilisationPanel(cost) {
+  const u = cost.utilisation;
+  const c = cost.currency;
+  if (!u) {
+    return `<section id="utilisation"><h2>Real utilisation</h2><div class="panel muted" id="utilisation-empty">
+      No record this month reported GPU telemetry, so what the GPUs really did is unknown.
+      Post DCGM figures (<code>gpu_util</code>, <code>sm_active</code>, <code>tensor_active</code>, <code>memory_peak_gib</code>) with the job records to see it here.</div></section>`;
+  }
+  const headline = UTIL_METRICS.slice(0, 3).filter(([key]) => u[key] !== null)
+    .map(([key, label]) => `${label === "Tensor" ? "tensor" : label} ${pct(u[key])}`).join(" · ");
+  const metric = ([key, label, title]) => `<div title="${escapeHtml(title)}"><div class="label">${label}</div>
+      <div class="value">${pct(u[key])}</div>
+      <div class="small muted">${u[key] === null ? "not reported" : `reported for ${pct(u.coverage[key])} of GPU time`}</div></div>`;
+  const unusedShare = u.memory_used_share === null ? null : String(1 - Number(u.memory_used_share));
+  const memory = `<div title="Σ held × (1 − memory peak ÷ memory of the GPU or slice)"><div class="label">Memory paid for, unused</div>
+      <div class="value">${pct(unusedShare)}</div>
+      <div class="small muted">${u.memory_used_share === null ? "no record reported its memory peak"
+        : `${money(cost.unused_memory_cost, c)} · ${gpuHours(cost.unused_memory_gpu_seconds)} GPU-h · reported for ${pct(u.coverage.memory_used_share)} of GPU time`}</div></div>`;
+  const looksBusy = cost.looks_busy_cost === null
+    ? `<div><div class="label">Looks busy, isn't</div><div class="value">—</div><div class="small muted">needs GPU-Util and SM active on the same records</div></div>`
+    : `<div title="Records with GPU-Util ≥ 80% while their SMs were active under 40% of the time; part of the total, not added to it"><div class="label">Looks busy, isn't</div>
+      <div class="value${Number(cost.looks_busy_cost) > 0 ? " flag" : ""}">${money(cost.looks_busy_cost, c)}</div>
+      <div class="small muted">GPU-Util ≥ 80% with SM active &lt; 40%</div></div>`;
+  return `<section id="utilisation"><h2>Real utilisation</h2><div class="panel">
+    <p class="util-head" id="utilisation-headline">${headline || "Only memory was reported"}</p>
+    <p class="small muted">Averages weighted by GPU time held, over the records that report each figure.</p>
+    <div class="util-grid">${UTIL_METRICS.map(metric).join("")}${memory}${looksBusy}</div></div></section>`;
+}
+
+function recommendationCell(r) {
+  if (r.kind === "mig") {
+    const slices = r.profile.split("g.")[0];
+    return `MIG <b>${escapeHtml(r.profile)}</b><div class="small muted">${slices}/7 of the card · ${r.memory_gib} GiB</div>`;
+  }
+  return `<b>${escapeHtml(r.gpu_model)}</b><div class="small muted">${r.memory_gib} GiB · ${pct(r.share)} of the price</div>`;
+}
+
+function recommendationsPanel(recs) {
+  const head = `<section id="recommendations"><h2>Right-sizing</h2><div class="panel">`;
+  if (!recs) return `${head}<span class="muted">Recommendations could not be loaded.</span></div></section>`;
+  const c = recs.currency;
+  const rows = recs.items.map((i) => `<tr>
+    <th scope="row" class="task-id">${escapeHtml(i.workload)}</th>
+    <td>${i.records} × ${escapeHtml(i.gpu_model)}<div class="small muted">up to ${escapeHtml(i.gpus)} GPU${i.gpus === "1" ? "" : "s"}</div></td>
+    <td class="num">${roundDecimal(i.memory_peak_p95_gib, 1)} GiB</td>
+    <td class="num">${pct(i.sm_active_p95)}</td>
+    <td>${recommendationCell(i.recommendation)}</td>
+    <td class="num">${money(i.period_cost, c)}</td>
+    <td class="num saving" title="${escapeHtml(i.assumption)}">${money(i.estimated_saving, c)}</td></tr>`).join("");
+  const table = recs.items.length === 0 ? "" : `<div class="scroll"><table class="recs">
+    <caption class="sr-only">Workloads that fit a MIG slice or a cheaper GPU, largest saving first</caption>
+    <thead><tr><th scope="col">Workload</th><th scope="col">Ran on</th><th scope="col" class="num">p95 memory</th>
+      <th scope="col" class="num">p95 SM active</th><th scope="col">Would fit</th><th scope="col" class="num">Cost this month</th>
+      <th scope="col" class="num">Estimated saving</th></tr></thead>
+    <tbody id="recommendation-rows">${rows}</tbody></table></div>
+    <p class="small muted">Each fits the workload's 95th-percentile memory peak and SM activity with 20% headroom. Savings assume the same run time; hover one for its assumption.</p>`;
+  const skipped = recs.skipped.length === 0 ? "" : `<details class="skipped"${recs.items.length === 0 ? " open" : ""}><summary>${recs.skipped.length} workload${recs.skipped.length === 1 ? "" : "s"} without a recommendation</summary>
+    <table><thead><tr><th scope="col">Workload</th><th scope="col">Ran on</th><th scope="col" class="num">Cost this month</th><th scope="col">Why</th></tr></thead>
+    <tbody id="skipped-rows">${recs.skipped.map((s) => `<tr><th scope="row" class="task-id">${escapeHtml(s.workload)}</th>
+      <td>${s.records} × ${escapeHtml(s.gpu_model)}</td><td class="num">${money(s.period_cost, c)}</td><td>${escapeHtml(s.reason)}</td></tr>`).join("")}</tbody></table></details>`;
+  const untold = recs.workloads_without_telemetry > 0
+    ? `<p class="small muted">${recs.workloads_without_telemetry} workload${recs.workloads_without_telemetry === 1 ? "" : "s"} on whole GPUs reported no memory peak or SM activity and could not be judged.</p>` : "";
+  const empty = recs.items.length > 0 ? ""
+    : recs.skipped.length > 0 ? `<p class="muted" id="recommendations-empty">No workload fits a smaller slice or a cheaper GPU this month.</p>`
+    : `<p class="muted" id="recommendations-empty">No workload on whole GPUs reported its memory peak this month, so none can be right-sized.</p>`;
+  return `${head}${empty}${table}${skipped}${untold}</div></section>`;
+}
+
+// ---- Tasks -------------------------------------------------------------------------------
+
+const STATUSES = ["completed", "failed", "preempted", "cancelled"];
+const OUTCOME_LABELS = { completed: "Completed", preempted: "Preempted", failed: "Failed", cancelled: "Cancelled" };
+const TASK_PARTS = PARTS.filter(([key]) => key !== "unused_commitment");
+const TASK_SORTS = ["cost", "waste", "gpu_hours", "queue_wait", "started_at"];
+const TASKS_PER_PAGE = 50;
+const TASK_COLUMNS = [
+  { label: "Task" },
+  { label: "Status" },
+  { label: "Started", sort: "started_at", title: "First start of the task (UTC)" },
+  { label: "Attempts", num: true, title: "Attempts in this month (failed ones in brackets)" },
+  { label: "GPU-hours", num: true, sort: "gpu_hours", title: "GPU time held in this month" },
+  { label: "Busy", num: true, title: "GPU-seconds busy ÷ held; — when no busy time was reported" },
+  { label: "Queue wait", num: true, sort: "queue_wait", title: "Time from queued to started, over the attempts that reported it" },
+  { label: "Output", num: true },
+  { label: "Cost", num: true, sort: "cost", title: "What the task cost in this month" },
+  { label: "Waste", num: true, sort: "waste", title: "Idle GPUs and failed runs" },
+  { label: "Final cost", num: true, title: "Lifetime total of a completed task, failed attempts included" },
+  { label: "Cost per unit", num: true, title: "Final cost ÷ lifetime output" },
+];
+
+// GPU-hours (GPU-seconds ÷ 3600) to one decimal: a figure for reading, never for adding up money.
+function gpuHours(seconds) {
+  const hours = Number(seconds) / 3600;
+  if (hours > 0 && hours < 0.1) return "&lt;0.1";
+  return hours.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "—";
+  const total = Math.round(Number(seconds));
+  if (total < 60) return `${total} s`;
+  const minutes = Math.round(total / 60);
+  if (minutes < 60) return `${minutes} min`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return `${hours} h${minutes % 60 ? ` ${String(minutes % 60).padStart(2, "0")} min` : ""}`;
+  return `${Math.floor(hours / 24)} d${hours % 24 ? ` ${hours % 24} h` : ""}`;
+}
+
+// `YYYY-MM-DD HH:MM` in UTC.
+function when(iso) {
+  return iso ? new Date(iso).toISOString().slice(0, 16).replace("T", " ") : "—";
+}
+
+// The end of a span: only the time when it ends on the day it began.
+function until(iso, since) {
+  const end = when(iso);
+  return end.slice(0, 10) === when(since).slice(0, 10) ? end.slice(11) : end;
+}
+
+function quantity(text) {
+  const [whole, fraction = ""] = text.split(".");
+  const kept = fraction.replace(/0+$/, "");
+  return roundDecimal(whole, 0) + (kept ? `.${kept}` : "");
+}
+
+function outputText(output, compact = false) {
+  if (!output || output.length === 0) return "—";
+  return output.map((o) => compact && Number(o.quantity) >= 10000
+    ? `<span title="${quantity(o.quantity)} ${escapeHtml(o.unit)}">${COMPACT.format(Number(o.quantity))} ${escapeHtml(o.unit)}</span>`
+    : `${quantity(o.quantity)} ${escapeHtml(o.unit)}`).join("<br>");
+}
+
+const COMPACT = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 2 });
+
+// A price as given, with at least two decimals.
+function price(text) {
+  const [, fraction = ""] = text.split(".");
+  return roundDecimal(text, Math.max(2, fraction.replace(/0+$/, "").length));
+}
+
+// Busy share of GPU time held. The list reports busy seconds without saying how many of the
+// held ones were measured, so "—" stands where nothing was, and "≥" where part was not.
+function busyShare(figures) {
+  const held = Number(figures.gpu_seconds_held);
+  const busy = Number(figures.gpu_seconds_busy);
+  const measured = busy > 0 || Number(figures.breakdown.productive) > 0 || Number(figures.breakdown.idle) > 0;
+  if (!(held > 0) || !measured) return { text: "—", title: "No busy time reported" };
+  const partly = Number(figures.breakdown.unmeasured) > 0;
+  const pct = `${(busy / held * 100).toFixed(0)}%`;
+  return partly
+    ? { text: `≥ ${pct}`, title: "At least: some attempts reported no busy time" }
+    : { text: pct, title: `${roundDecimal(figures.gpu_seconds_busy, 0)} of ${roundDecimal(figures.gpu_seconds_held, 0)} GPU-seconds busy` };
+}
+
+function attemptBusyShare(attempt) {
+  if (attempt.gpu_seconds_busy === null) return "—";
+  const held = Number(attempt.gpu_seconds_held);
+  return held > 0 ? `${(Number(attempt.gpu_seconds_busy) / held * 100).toFixed(0)}%` : "—";
+}
+
+const SCALES = [[0, ""], [3, "1k "], [6, "1M "], [9, "1B "], [12, "1T "]];
+
+// The smallest of SCALES at which a cost per unit reads 1 or more.
+function unitScale(costPerUnit) {
+  return SCALES.find(([p]) => Number(shiftDecimal(costPerUnit, p)) >= 1) || SCALES[SCALES.length - 1];
+}
+
+// Cost per unit scaled to a readable amount: 0.0000336 USD per token reads "33.60 USD / 1M tokens".
+function perUnit(costPerUnit, currency, unit, scale) {
+  if (costPerUnit === null || costPerUnit === undefined) return null;
+  const [places, prefix] = scale || unitScale(costPerUnit);
+  const scaled = shiftDecimal(costPerUnit, places);
+  const amount = roundDecimal(scaled, 2) === "0.00" ? scaled : roundDecimal(scaled, 2);
+  const named = unit || "units";
+  const per = places === 0 ? named.replace(/([^s])s$/, "$1") : `${prefix}${named}`;
+  return {
+    amount: `${amount} ${escapeHtml(currency)}`,
+    per: escapeHtml(per),
+    exact: `${costPerUnit} ${currency} per ${unit ? unit.replace(/([^s])s$/, "$1") : "unit"}`,
+  };
+}
+
+function statusPill(status) {
+  return `<span class="pill ${escapeHtml(status)}">${escapeHtml(status)}</span>`;
+}
+
+function unratedNote(seconds) {
+  return Number(seconds) > 0
+    ? `<div class="small warn" title="${roundDecimal(seconds, 0)} GPU-seconds no contract or FX rate priced: they carry no cost yet">+ ${gpuHours(seconds)} GPU-h unrated</div>`
+    : "";
+}
+
+function tasksPath(view) {
+  const query = new URLSearchParams({ month: view.month, sort: view.sort, order: view.order, limit: TASKS_PER_PAGE });
+  if (view.status) query.set("status", view.status);
+  return `/v1/projects/${encodeURIComponent(view.project)}/tasks?${query}`;
+}
+
+function taskRow(view, task) {
+  const c = task.currency;
+  const busy = busyShare(task);
+  const unit = task.output.length === 1 ? task.output[0].unit : null;
+  const unitCost = perUnit(task.cost_per_unit, c, unit);
+  return `<tr data-task="${escapeHtml(task.task_id)}">
+    <th scope="row" class="task-id"><a href="${escapeHtml(hashOf({ ...view, task: task.task_id }))}">${escapeHtml(task.task_id)}</a></th>
+    <td>${statusPill(task.status)}</td>
+    <td title="${when(task.first_started_at)} UTC">${when(task.first_started_at).slice(5)}</td>
+    <td class="num">${task.attempts}${task.failed_attempts ? ` <span class="muted">(${task.failed_attempts} failed)</span>` : ""}</td>
+    <td class="num">${gpuHours(task.gpu_seconds_held)}</td>
+    <td class="num" title="${escapeHtml(busy.title)}">${busy.text}</td>
+    <td class="num">${duration(task.queue_wait_seconds)}</td>
+    <td class="num">${outputText(task.output, true)}</td>
+    <td class="num"><b>${money(task.total, c)}</b>${unratedNote(task.unrated_gpu_seconds)}</td>
+    <td class="num">${money(task.waste, c)}</td>
+    <td class="num"${task.final_cost === null ? ' title="Not completed"' : ""}>${money(task.final_cost, c)}</td>
+    <td class="num"${unitCost ? ` title="${escapeHtml(unitCost.exact)}"` : ""}>${unitCost ? `${unitCost.amount}<div class="small muted">per ${unitCost.per}</div>` : "—"}</td>
+  </tr>`;
+}
+
+function taskHeader(view) {
+  return TASK_COLUMNS.map((column) => {
+    const title = column.title ? ` title="${escapeHtml(column.title)}"` : "";
+    const cls = column.num ? ' class="num"' : "";
+    if (!column.sort) return `<th scope="col"${cls}${title}>${column.label}</th>`;
+    const sorted = view.sort === column.sort;
+    const ariaSort = sorted ? ` aria-sort="${view.order === "asc" ? "ascending" : "descending"}"` : "";
+    const arrow = sorted ? (view.order === "asc" ? "▲" : "▼") : "▼";
+    const next = sorted && view.order === "desc" ? "ascending" : "descending";
+    return `<th scope="col"${cls}${title}${ariaSort}><button type="button" class="sort" data-sort="${column.sort}"
+      aria-label="${column.label}: sort ${next}">${column.label}<span class="arrow" aria-hidden="true">${arrow}</span></button></th>`;
+  }).join("");
+}
+
+function tasksPanel(view) {
+  const options = [["", "All statuses"], ...STATUSES.map((s) => [s, s[0].toUpperCase() + s.slice(1)])]
+    .map(([value, label]) => `<option value="${value}"${value === view.status ? " selected" : ""}>${label}</option>`).join("");
+  return `<section id="tasks" aria-labelledby="tasks-title">
+    <div class="section-head"><h2 id="tasks-title">Tasks</h2>
+      <label>Status <select id="task-status" aria-label="Only tasks with this status">${options}</select></label>
+      <span class="muted count" id="tasks-count" aria-live="polite"></span></div>
+    <div class="panel"><div class="scroll"><table class="tasks" id="task-table">
+      <caption class="sr-only">Tasks of the month, sorted by the column marked as sorted; open a task for its attempts</caption>
+      <thead><tr>${taskHeader(view)}</tr></thead>
+      <tbody id="task-rows"><tr><td colspan="${TASK_COLUMNS.length}" class="muted">Loading tasks…</td></tr></tbody>
+    </table></div><div class="more" id="tasks-more"></div></div></section>`;
+}
+
+function showTaskPage(page, append) {
+  const { view } = state.tasks;
+  const rows = page.items.map((task) => taskRow(view, task)).join("");
+  if (append) {
+    $("task-rows").insertAdjacentHTML("beforeend", rows);
+  } else {
+    const filter = view.status ? ` with status ${view.status}` : "";
+    $("task-rows").innerHTML = rows
+      || `<tr><td colspan="${TASK_COLUMNS.length}" class="muted">No task${escapeHtml(filter)} ran in this month.</td></tr>`;
+  }
+  state.tasks.shown += page.items.length;
+  state.tasks.cursor = page.next_cursor;
+  const shown = state.tasks.shown;
+  $("tasks-count").textContent = `${shown} task${shown === 1 ? "" : "s"}${page.next_cursor ? " shown, more to come" : ""}`;
+  $("tasks-more").innerHTML = page.next_cursor
+    ? `<button type="button" id="tasks-more-button">Show ${TASKS_PER_PAGE} more</button>` : "";
+}
+
+// Fills the Tasks panel for `view`; the rest of the project page stays as it is.
+async function loadTasks(view, generation, firstPage) {
+  state.tasks = { view, cursor: null, shown: 0 };
+  $("task-table").querySelector("thead tr").innerHTML = taskHeader(view);
+  if (state.focusSort) {
+    document.querySelector(`button[data-sort="${state.focusSort}"]`).focus();
+    state.focusSort = null;
+  }
+  $("task-status").value = view.status;
+  $("task-table").setAttribute("aria-busy", "true");
+  try {
+    const page = await (firstPage || api(tasksPath(view)));
+    if (generation !== state.generation) return;
+    showTaskPage(page, false);
+    $("task-table").removeAttribute("aria-busy");
+  } catch (error) {
+    if (generation !== state.generation) return;
+    $("task-rows").innerHTML = `<tr><td colspan="${TASK_COLUMNS.length}"><div class="error">${escapeHtml(error.message)}</div></td></tr>`;
+    $("tasks-more").innerHTML = "";
+    $("task-table").removeAttribute("aria-busy");
+  }
+}
+
+async function moreTasks() {
+  const generation = state.generation;
+  const button = $("tasks-more-button");
+  button.disabled = true;
+  button.textContent = "Loading…";
+  try {
+    const page = await api(`${tasksPath(state.tasks.view)}&cursor=${encodeURIComponent(state.tasks.cursor)}`);
+    if (generation !== state.generation) return;
+    showTaskPage(page, true);
+  } catch (error) {
+    if (generation !== state.generation) return;
+    $("tasks-more").innerHTML = `<div class="error">${escapeHtml(error.message)}</div>`;
+  }
+}
+
+// ---- One task ----------------------------------------------------------------------------
+
+const TICKS = [1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080, 20160, 40320].map((m) => m * 60000);
+
+// The attempts on a time axis: a bar from start to end coloured by outcome, preceded by a
+// lighter one for the time it waited in the queue.
+function timeline(task) {
+  const attempts = task.attempts;
+  if (attempts.length === 0) return "";
+  const c = task.currency;
+  const ms = (iso) => Date.parse(iso);
+  const earliest = Math.min(...attempts.map((a) => ms(a.queued_at || a.started_at)));
+  const latest = Math.max(...attempts.map((a) => ms(a.ended_at)));
+  const tick = TICKS.find((t) => (latest - earliest) / t <= 8) || TICKS[TICKS.length - 1];
+  const t0 = Math.floor(earliest / tick) * tick;
+  const t1 = Math.max(Math.ceil(latest / tick) * tick, t0 + tick);
+  const width = 1100, gutter = 150, right = 100, rowHeight = 34, top = 6, barHeight = 18;
+  const plot = width - gutter - right;
+  const x = (t) => gutter + (t - t0) / (t1 - t0) * plot;
+  const axisY = top + attempts.length * rowHeight + 4;
+  const height = axisY + 34;
+  const ticks = [];
+  for (let t = t0; t <= t1 + 1; t += tick) {
+    const stamp = when(new Date(t).toISOString());
+    const daily = tick >= 86400000;
+    const dated = daily || t === t0 || stamp.endsWith("00:00");
+    ticks.push(`<line class="grid" x1="${x(t)}" x2="${x(t)}" y1="${top - 4}" y2="${axisY}"/>
+      <text x="${x(t)}" y="${axisY + 15}" text-anchor="middle">${daily ? stamp.slice(5, 10) : stamp.slice(11)}</text>
+      ${dated && !daily ? `<text x="${x(t)}" y="${axisY + 29}" text-anchor="middle">${stamp.slice(0, 10)}</text>` : ""}`);
+  }
+  const rows = attempts.map((a, i) => {
+    const y = top + i * rowHeight + (rowHeight - barHeight) / 2;
+    const start = x(ms(a.started_at));
+    const end = Math.max(x(ms(a.ended_at)), start + 2);
+    const outcome = escapeHtml(a.outcome);
+    const ran = `${when(a.started_at)} → ${until(a.ended_at, a.started_at)} UTC (${duration((ms(a.ended_at) - ms(a.started_at)) / 1000)})`;
+    const queue = a.queued_at ? `<rect class="queue ${outcome}" x="${x(ms(a.queued_at))}" y="${y}" width="${Math.max(start - x(ms(a.queued_at)), 1)}" height="${barHeight}" rx="3">
+        <title>Attempt ${a.attempt} waited ${duration(a.queue_wait_seconds)} in the queue: ${when(a.queued_at)} → ${until(a.started_at, a.queued_at)} UTC</title></rect>` : "";
+    return `<g data-attempt="${a.attempt}">
+      <text class="row-label" x="0" y="${y + 13}">#${a.attempt}</text>
+      <text x="28" y="${y + 13}">${escapeHtml(a.gpu_count)} × ${escapeHtml(a.gpu_model)}</text>
+      ${queue}
+      <rect class="run ${outcome}" x="${start}" y="${y}" width="${end - start}" height="${barHeight}" rx="3">
+        <title>Attempt ${a.attempt}: ${outcome}, ${ran}, ${escapeHtml(a.gpu_count)} × ${escapeHtml(a.gpu_model)} ${escapeHtml(a.billing_mode.replace(/_/g, " "))}, ${money(a.total, c)}</title></rect>
+      <text class="cost-label" x="${end + 6}" y="${y + 13}">${money(a.total, c)}</text></g>`;
+  }).join("");
+  const outcomes = [...new Set(attempts.map((a) => a.outcome))];
+  const legend = outcomes.map((o) => `<span style="--c:var(--${escapeHtml(o)})">${escapeHtml(OUTCOME_LABELS[o] || o)}</span>`).join("")
+    + (attempts.some((a) => a.queued_at) ? `<span class="queue-swatch" style="--c:var(--cancelled)">Queue wait (lighter, before its bar)</span>` : "");
+  const summary = attempts.map((a) => `attempt ${a.attempt} ${a.outcome}${a.queued_at ? ` after ${duration(a.queue_wait_seconds)} in the queue` : ""}, ${when(a.started_at)} to ${when(a.ended_at)} UTC, ${money(a.total, c)}`).join("; ");
+  return `<section><h2>Attempts over time</h2><div class="panel">
+    <svg class="timeline" viewBox="0 0 ${width} ${height}" width="100%" role="img" aria-labelledby="timeline-title timeline-desc">
+      <title id="timeline-title">Timeline of the task's ${attempts.length} attempt${attempts.length === 1 ? "" : "s"} (UTC)</title>
+      <desc id="timeline-desc">${escapeHtml(summary)}</desc>
+      ${ticks.join("")}<line class="axis" x1="${gutter}" x2="${gutter + plot}" y1="${axisY}" y2="${axisY}"/>${rows}
+    </svg><div class="legend">${legend}</div></div></section>`;
+}
+
+function attemptRow(task, a) {
+  const c = task.currency;
+  const labels = Object.entries(a.labels || {}).map(([k, v]) => `${escapeHtml(k)}=${escapeHtml(v)}`).join(" ");
+  const where = [a.billing_mode.replace(/_/g, " "), a.provider, a.region].filter(Boolean).map(escapeHtml).join(" · ");
+  const parts = TASK_PARTS.filter(([key]) => Number(a.breakdown[key]) !== 0)
+    .map(([key, label]) => `<li>${label}<div class="small">${money(a.breakdown[key], c)}</div></li>`).join("");
+  const contracts = a.contracts.map((k) => `<li>${escapeHtml(k.name)}: ${money(k.cost, c)}<div class="small muted">${gpuHours(k.gpu_seconds_held)} GPU-h at ${price(k.price_per_gpu_hour)} ${escapeHtml(k.contract_currency)}/GPU-h</div></li>`).join("");
+  const unrated = a.unrated.map((u) => `<li class="warn">${roundDecimal(u.gpu_seconds, 0)} GPU-s: ${escapeHtml(u.reason.replace(/_/g, " "))}</li>`).join("");
+  const settles = a.completes_task ? "completed the task" : a.fails_task ? "failed the task" : "";
+  const ranFor = duration((Date.parse(a.ended_at) - Date.parse(a.started_at)) / 1000);
+  const counts = [a.retries ? `${a.retries} retr${a.retries === 1 ? "y" : "ies"}` : "", a.failures ? `${a.failures} failure${a.failures === 1 ? "" : "s"}` : ""].filter(Boolean).join(", ");
+  return `<tr data-attempt="${a.attempt}">
+    <th scope="row">#${a.attempt}${labels ? `<div class="small muted labels">${labels}</div>` : ""}</th>
+    <td>${statusPill(a.outcome)}${settles ? `<div class="small muted">${settles}</div>` : ""}${counts ? `<div class="small muted">${counts}</div>` : ""}</td>
+    <td>${when(a.started_at).slice(0, 10)}<div>${when(a.started_at).slice(11)} → ${until(a.ended_at, a.started_at)}</div><div class="small muted">${ranFor}</div></td>
+    <td class="num">${duration(a.queue_wait_seconds)}${a.queued_at ? `<div class="small muted">queued ${until(a.queued_at, a.started_at)}</div>` : ""}</td>
+    <td>${escapeHtml(a.gpu_count)} × ${escapeHtml(a.gpu_model)}<div class="small muted">${where}</div></td>
+    <td class="num">${gpuHours(a.gpu_seconds_held)}<div class="small muted">busy ${attemptBusyShare(a)}</div></td>
+    <td class="num"><b>${money(a.total, c)}</b></td>
+    <td class="wrap">${parts ? `<ul class="plain">${parts}</ul>` : '<span class="muted">—</span>'}</td>
+    <td class="wrap">${contracts ? `<ul class="plain">${contracts}</ul>` : '<span class="muted">none</span>'}</td>
+    <td${unrated ? ' class="wrap"' : ""}>${unrated ? `<ul class="plain">${unrated}</ul>` : '<span class="muted">—</span>'}</td>
+    <td class="num">${a.output ? outputText([a.output], true) : "—"}</td>
+  </tr>`;
+}
+
+function attemptTable(task) {
+  return `<section><h2>Attempts</h2><div class="panel"><div class="scroll"><table class="attempts" id="attempt-table">
+    <caption class="sr-only">Every attempt of the task with what it cost and the contracts that priced it</caption>
+    <thead><tr><th scope="col">Attempt</th><th scope="col">Outcome</th><th scope="col">Ran (UTC)</th>
+      <th scope="col" class="num">Queue wait</th><th scope="col">GPUs</th><th scope="col" class="num">GPU-hours</th>
+      <th scope="col" class="num">Cost</th><th scope="col">Parts</th><th scope="col">Contracts</th>
+      <th scope="col">Unrated</th><th scope="col" class="num">Output</th></tr></thead>
+    <tbody id="attempt-rows">${task.attempts.map((a) => attemptRow(task, a)).join("")}</tbody></table></div></div></section>`;
+}
+
+function monthsTable(view, task) {
+  const c = task.currency;
+  const rows = task.months.map((m) => `<tr><th scope="row"><a href="${escapeHtml(hashOf({ ...view, month: m.month, task: null }))}">${escapeHtml(m.month)}</a></th>
+    <td class="num">${m.attempts}</td><td class="num">${gpuHours(m.gpu_seconds_held)}</td>
+    <td class="num"><b>${money(m.total, c)}</b>${unratedNote(m.unrated_gpu_seconds)}</td><td class="num">${money(m.waste, c)}</td>
+    <td class="num">${outputText(m.output)}</td></tr>`).join("");
+  return `<section><h2>Cost per month</h2><div class="panel"><table>
+    <caption class="sr-only">The task's cost in each ledger month</caption>
+    <thead><tr><th scope="col">Month</th><th scope="col" class="num">Attempts ended</th><th scope="col" class="num">GPU-hours</th>
+      <th scope="col" class="num">Cost</th><th scope="col" class="num">Waste</th><th scope="col" class="num">Output</th></tr></thead>
+    <tbody id="month-rows">${rows}</tbody></table></div></section>`;
+}
+
+function backLink(view) {
+  const project = state.projects.find((p) => p.id === view.project);
+  return `<p class="crumbs"><a href="${escapeHtml(hashOf({ ...view, task: null }))}">← Tasks of ${escapeHtml(project ? project.name : view.project)}, ${escapeHtml(view.month)}</a></p>`;
+}
+
+function taskPage(view, task) {
+  const c = task.currency;
+  const life = task.lifetime;
+  const unit = life.output.length === 1 ? life.output[0].unit : null;
+  const unitCost = perUnit(task.cost_per_unit, c, unit);
+  const busy = busyShare(life);
+  const finalCard = task.final_cost !== null
+    ? `<div class="value">${money(task.final_cost, c)}</div><div class="sub">Lifetime total, failed attempts included</div>`
+    : `<div class="value">—</div><div class="sub">Not completed; ${money(life.total, c)} so far</div>`;
+  const unitCard = unitCost
+    ? `<div class="value" title="${escapeHtml(unitCost.exact)}">${unitCost.amount}</div><div class="sub">per ${unitCost.per} · ${outputText(life.output)} in all</div>`
+    : `<div class="value">—</div><div class="sub">${life.output.length ? `Output: ${outputText(life.output)}` : "No output reported"}</div>`;
+  const counts = [
+    `${life.failed_attempts} failed`,
+    `${life.retries} retr${life.retries === 1 ? "y" : "ies"}`,
+    `${life.failures} failure${life.failures === 1 ? "" : "s"}`,
+    life.queue_wait_seconds !== null ? `${duration(life.queue_wait_seconds)} queued` : "",
+  ].filter(Boolean).join(" · ");
+  return `${backLink(view)}
+    <h2 class="task-title">Task <span class="name">${escapeHtml(task.task_id)}</span> ${statusPill(task.status)}</h2>
+    <p class="task-meta">Ran ${when(task.first_started_at)} → ${until(task.last_ended_at, task.first_started_at)} UTC on ${task.gpu_models.map(escapeHtml).join(", ")}${task.completed_at ? ` · completed ${when(task.completed_at)}` : ""}</p>
+    <div class="cards">
+      <div class="card" id="final-cost"><div class="label">Final cost</div>${finalCard}</div>
+      <div class="card"><div class="label">Cost per unit</div>${unitCard}</div>
+      <div class="card"><div class="label">GPU time</div><div class="value">${gpuHours(life.gpu_seconds_held)} GPU-h</div>
+        <div class="sub" title="${escapeHtml(busy.title)}">${busy.text === "—" ? "No busy time reported" : `${busy.text} of it busy`}</div>${unratedNote(life.unrated_gpu_seconds)}</div>
+      <div class="card"><div class="label">Attempts</div><div class="value">${life.attempts}</div><div class="sub">${counts}</div></div>
+    </div>
+    ${breakdown(life, c, TASK_PARTS)}${timeline(task)}${attemptTable(task)}${monthsTable(view, task)}`;
+}
+
+async function renderTask(view, generation) {
+  state.shown = null;
+  $("main").innerHTML = `${backLink(view)}<p class="muted">Loading task ${escapeHtml(view.task)}…</p>`;
+  try {
+    const task = await api(`/v1/projects/${encodeURIComponent(view.project)}/tasks/${encodeURIComponent(view.task)}`);
+    if (generation !== state.generation) return;
+    if (task.task_id !== view.task) throw new Error(`This task id cannot be opened here: ${view.task}`);
+    $("main").innerHTML = taskPage(view, task);
+    document.title = `${view.task} · taskledger`;
+    document.body.dataset.loaded = "true";
+  } catch (error) {
+    if (generation !== state.generation) return;
+    $("main").innerHTML = `${backLink(view)}<div class="error">${escapeHtml(error.message)}</div>`;
+  }
+}
+
+
+// ---- The project page ---------------------------------------------------------------------
+
+// Waste as a share of the total, to one decimal: a ratio for reading, not an amount.
+function wasteShare(figures) {
+  return Number(figures.total) > 0 ? `${(Number(figures.waste) / Number(figures.total) * 100).toFixed(1)}%` : "—";
+}
+
+// Costs per unit of output, each unit on the scale `scales` gives it (rows compared in one
+// table share one scale per unit, so that 0.89 per 1M is not read against 890 per 1B).
+function unitCosts(figures, currency, scales = new Map()) {
+  const costs = (figures.output || []).filter((o) => o.direct_cost_per_unit !== null).map((o) => {
+    const unit = perUnit(o.direct_cost_per_unit, currency, o.unit, scales.get(o.unit));
+    return `<span title="${escapeHtml(unit.exact)}">${unit.amount}<span class="small muted"> per ${unit.per}</span></span>`;
+  });
+  return costs.length ? costs.join("<br>") : "—";
+}
+
+function teamPanel(byTeam, currency) {
+  const groups = byTeam.groups || [];
+  if (groups.length === 0) {
+    return `<section id="teams"><h2>By team</h2><div class="panel muted">No cost this month.</div></section>`;
+  }
+  const rows = groups.map((g) => `<tr>
+    <th scope="row">${g.key === null ? '<span class="muted">no team label</span>' : escapeHtml(g.key)}</th>
+    <td class="num"><b>${money(g.total, currency)}</b></td>
+    <td class="num">${share(g.total, byTeam.total).toFixed(1)}%<div class="meter" aria-hidden="true"><div style="width:${share(g.total, byTeam.total)}%"></div></div></td>
+    <td class="num">${money(g.waste, currency)}</td>
+    <td class="num">${g.tasks_completed}</td>
+    <td class="num">${money(g.cost_per_completed_task, currency)}</td></tr>`).join("");
+  return `<section id="teams"><h2>By team</h2><div class="panel"><div class="scroll"><table>
+    <caption class="sr-only">The month's cost by the records' team label</caption>
+    <thead><tr><th scope="col">Team</th><th scope="col" class="num">Cost</th><th scope="col" class="num">Share</th>
+      <th scope="col" class="num">Waste</th><th scope="col" class="num">Tasks completed</th><th scope="col" class="num">Cost per completed task</th></tr></thead>
+    <tbody id="team-rows">${rows}</tbody></table></div>
+    <p class="small muted">Unused commitment of the project's own reservations belongs to no team.</p></div></section>`;
+}
+
+const BILLING_LABELS = { on_demand: "on demand", spot: "spot", reserved: "reserved" };
+
+// What a finished task costs on each GPU model as bought, from `group_by=gpu_model,billing_mode`
+// (keys `<model>/<mode>`; a billing mode holds no `/`).
+function comparisonPanel(byModel, currency) {
+  const groups = (byModel.groups || []).filter((g) => g.key !== null);
+  if (groups.length === 0) {
+    return `<section id="compare"><h2>Compare GPU models and billing modes</h2><div class="panel muted">No GPU time this month.</div></section>`;
+  }
+  const scales = new Map();
+  for (const o of groups.flatMap((g) => g.output || []).filter((o) => o.direct_cost_per_unit !== null)) {
+    const scale = unitScale(o.direct_cost_per_unit);
+    if (!scales.has(o.unit) || scale[0] < scales.get(o.unit)[0]) scales.set(o.unit, scale);
+  }
+  const priced = groups.filter((g) => g.cost_per_completed_task !== null);
+  const cheapest = priced.length > 1
+    ? priced.reduce((a, b) => (Number(b.cost_per_completed_task) < Number(a.cost_per_completed_task) ? b : a)).key : null;
+  const rows = groups.map((g) => {
+    const cut = g.key.lastIndexOf("/");
+    const model = g.key.slice(0, cut);
+    const mode = g.key.slice(cut + 1);
+    return `<tr data-key="${escapeHtml(g.key)}">
+      <th scope="row">${escapeHtml(model)}</th><td>${escapeHtml(BILLING_LABELS[mode] || mode)}</td>
+      <td class="num">${gpuHours(g.gpu_seconds_held)}${unratedNote(g.unrated_gpu_seconds)}</td>
+      <td class="num">${money(g.total, currency)}</td>
+      <td class="num">${g.tasks_completed}${g.tasks_failed ? ` <span class="muted">(${g.tasks_failed} failed)</span>` : ""}</td>
+      <td class="num"><b>${money(g.cost_per_completed_task, currency)}</b>${g.key === cheapest ? '<span class="badge">lowest</span>' : ""}</td>
+      <td class="num">${unitCosts(g, currency, scales)}</td>
+      <td class="num">${wasteShare(g)}</td></tr>`;
+  }).join("");
+  return `<section id="compare"><h2>Compare GPU models and billing modes</h2><div class="panel"><div class="scroll"><table>
+    <caption class="sr-only">Cost per completed task, per unit of output and waste on each GPU model and billing mode</caption>
+    <thead><tr><th scope="col">GPU model</th><th scope="col">Billing</th><th scope="col" class="num">GPU-hours</th>
+      <th scope="col" class="num">Cost</th><th scope="col" class="num">Tasks completed</th>
+      <th scope="col" class="num" title="Cost ÷ tasks completed, failed attempts and idle time included">Cost per completed task</th>
+      <th scope="col" class="num" title="Cost of completed records ÷ their output">Cost per unit of output</th>
+      <th scope="col" class="num" title="Idle, failed and unused commitment ÷ cost">Waste share</th></tr></thead>
+    <tbody id="compare-rows">${rows}</tbody></table></div>
+    <p class="small muted">A card cheaper per hour but slower, or preempted more often, is not cheaper per task: failed attempts and idle time count in what a finished task cost.</p></div></section>`;
+}
+
+function pageHead(title, extra = "") {
+  return `<div class="page-head"><h2 id="page-title">${title}</h2>${extra}</div>`;
+}
+
+function projectName(id) {
+  const project = state.projects.find((p) => p.id === id);
+  return project ? project.name : id;
+}
+
+async function renderProject(view, generation) {
+  const { project, month } = view;
+  destroyCharts();
+  $("main").innerHTML = `<p class="muted" role="status">Loading ${escapeHtml(project)} ${escapeHtml(month)}…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    const base = `/v1/projects/${encodeURIComponent(project)}`;
+    const firstTasks = api(tasksPath(view));
+    firstTasks.catch(() => {});
+    const [cost, days, burn, byTeam, byModel, alertList, recs] = await Promise.all([
+      api(`${base}/cost?month=${month}`),
+      api(`${base}/cost?month=${month}&group_by=day`),
+      api(`${base}/burn?month=${month}`),
+      api(`${base}/cost?month=${month}&group_by=label:team`),
+      api(`${base}/cost?month=${month}&group_by=gpu_model,billing_mode`),
+      api(`/v1/alerts?project=${encodeURIComponent(project)}&month=${month}`).catch(() => ({ items: [] })),
+      api(`${base}/recommendations?month=${month}`).catch(() => null),
+    ]);
+    if (generation !== state.generation) return;
+    $("main").innerHTML = pageHead(`${escapeHtml(projectName(project))} <span class="muted">· ${escapeHtml(month)}</span>`)
+      + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
+      + teamPanel(byTeam, cost.currency) + dailyChart(days, month, cost.currency)
+      + comparisonPanel(byModel, cost.currency)
+      + utilisationPanel(cost) + recommendationsPanel(recs)
+      + tasksPanel(view) + outputs(cost) + unrated(cost) + alerts(alertList, cost.currency);
+    mountCharts();
+    state.shown = `${project}|${month}`;
+    await loadTasks(view, generation, firstTasks);
+    if (generation !== state.generation) return;
+    document.title = `${projectName(project)} ${month} · taskledger`;
+    $("main").removeAttribute("aria-busy");
+    document.body.dataset.loaded = "true";
+  } catch (error) {
+    if (generation !== state.generation) return;
+    $("main").removeAttribute("aria-busy");
+    $("main").innerHTML = `<div class="error" role="alert">${escapeHtml(error.message)}</div>`;
+  }
+}
+
+// ---- The finance page: every project of a month ------------------------------------------
+
+function monthName(month) {
+  const [year, mon] = month.split("-").map(Number);
+  return new Date(Date.UTC(year, mon - 1, 1)).toLocaleString("en-GB", { month: "long", year: "numeric", timeZone: "UTC" });
+}
+
+// The burn of a budget as a bar with a tick at each alert threshold and a dashed mark at the
+// forecast; the text next to it says the same for those who do not see the bar.
+function burnCell(line, thresholds) {
+  if (line.budget === null || line.budget === undefined) return `<td class="burn-cell muted" data-label="Burn">no budget</td>`;
+  const burn = Number(line.burn_pct);
+  const forecast = line.forecast_pct === null || line.forecast_pct === undefined ? null : Number(line.forecast_pct);
+  const scale = Math.min(Math.max(100, burn, forecast || 0, ...thresholds) * 1.1, 250);
+  const at = (percent) => `${Math.min(percent, scale) / scale * 100}%`;
+  const ticks = thresholds.map((t) => `<span class="tick" style="left:${at(t)}" title="${t}% threshold"></span>`).join("");
+  const marker = forecast === null ? "" : `<span class="forecast" style="left:${at(forecast)}" title="Forecast ${roundDecimal(line.forecast_pct, 0)}%"></span>`;
+  const text = `${roundDecimal(line.burn_pct, 1)}%${forecast === null ? "" : ` · forecast ${roundDecimal(line.forecast_pct, 0)}%`}`;
+  return `<td class="burn-cell" data-label="Burn"><span class="burn-text">${text}</span>
+    <div class="burn${burn >= 100 ? " over" : ""}" aria-hidden="true"><span class="fill" style="width:${at(burn)}"></span>${ticks}${marker}</div></td>`;
+}
+
+function alertsCell(projectAlerts) {
+  if (projectAlerts.length === 0) return `<td class="muted" data-label="Alerts">none</td>`;
+  const budget = projectAlerts.filter((a) => a.kind !== "idle_gpu")
+    .map((a) => (a.kind === "forecast" ? "forecast" : `${a.threshold}%`));
+  const idle = projectAlerts.filter((a) => a.kind === "idle_gpu").length;
+  const parts = [...new Set(budget)].sort();
+  if (idle) parts.push(`${idle} idle GPU`);
+  return `<td data-label="Alerts">${parts.map(escapeHtml).join(" · ")}</td>`;
+}
+
+function projectRow(view, line, alertsByProject) {
+  const c = line.currency;
+  const project = state.projects.find((p) => p.id === line.project);
+  const thresholds = project ? project.alert_thresholds : [50, 80, 100];
+  const link = hashOf({ ...view, page: "project", project: line.project, task: null });
+  return `<tr data-project="${escapeHtml(line.project)}">
+    <th scope="row"><a href="${escapeHtml(link)}">${escapeHtml(line.name)}</a><div class="small muted">${escapeHtml(line.project)}${line.team ? ` · ${escapeHtml(line.team)}` : ""}</div></th>
+    <td class="num" data-label="Spend"><b>${money(line.total, c)}</b>${unratedNote(line.unrated_gpu_seconds)}</td>
+    <td class="num" data-label="Budget">${money(line.budget, c)}</td>
+    ${burnCell(line, thresholds)}
+    <td class="num" data-label="Waste">${money(line.waste, c)}<div class="small muted">${wasteShare(line)}</div></td>
+    <td class="num" data-label="Cost per completed task">${money(line.cost_per_completed_task, c)}<div class="small muted">${line.tasks_completed} completed</div></td>
+    ${alertsCell(alertsByProject.get(line.project) || [])}</tr>`;
+}
+
+function totalsTable(report) {
+  const rows = report.totals.map((t) => `<tr><th scope="row">${escapeHtml(t.currency)}</th>
+    <td class="num">${money(t.projects, t.currency)}</td><td class="num">${money(t.shared, t.currency)}</td>
+    <td class="num">${money(t.adjustments, t.currency)}</td><td class="num"><b>${money(t.total, t.currency)}</b></td></tr>`).join("");
+  return `<section id="totals"><h2>Totals per currency</h2><div class="panel"><div class="scroll"><table>
+    <caption class="sr-only">Grand totals of the month in each currency</caption>
+    <thead><tr><th scope="col">Currency</th><th scope="col" class="num">Projects</th><th scope="col" class="num">Shared unused commitment</th>
+      <th scope="col" class="num">Prior-period adjustments</th><th scope="col" class="num">Total</th></tr></thead>
+    <tbody id="total-rows">${rows || `<tr><td colspan="5" class="muted">Nothing was spent this month.</td></tr>`}</tbody></table></div></div></section>`;
+}
+
+function commitmentsPanel(report) {
+  const lines = report.commitments || [];
+  const shared = report.shared.map((s) => `${money(s.unused_commitment, s.currency)} (${roundDecimal(s.unused_gpu_hours, 1)} GPU-h)`).join(" + ");
+  const rows = lines.map((l) => {
+    const used = Number(l.committed_gpu_hours) > 0 ? Number(l.used_gpu_hours) / Number(l.committed_gpu_hours) * 100 : 0;
+    return `<tr data-contract="${escapeHtml(l.name)}"><th scope="row">${escapeHtml(l.name)}</th>
+      <td>${l.project === null ? '<span class="pill">shared</span>' : escapeHtml(l.project)}</td>
+      <td>${escapeHtml(roundDecimal(l.committed_gpus, 0))} × ${escapeHtml(l.gpu_model)}</td>
+      <td class="num">${roundDecimal(l.committed_gpu_hours, 1)}</td>
+      <td class="num">${roundDecimal(l.used_gpu_hours, 1)}<div class="meter" aria-hidden="true"><div style="width:${used}%"></div></div></td>
+      <td class="num">${used.toFixed(1)}%</td>
+      <td class="num">${money(l.unused_commitment, l.currency)}</td></tr>`;
+  }).join("");
+  const none = report.commitments === undefined
+    ? "This month was closed before its report listed each commitment."
+    : "No reserved contract commits GPUs this month.";
+  const table = lines.length === 0 ? `<p class="muted">${none}</p>` : `<div class="scroll"><table>
+    <caption class="sr-only">Each reserved contract's committed and used GPU-hours this month</caption>
+    <thead><tr><th scope="col">Contract</th><th scope="col">Charged to</th><th scope="col">Commitment</th>
+      <th scope="col" class="num">Committed GPU-h</th><th scope="col" class="num">Used GPU-h</th><th scope="col" class="num">Used</th>
+      <th scope="col" class="num">Unused commitment</th></tr></thead>
+    <tbody id="commitment-rows">${rows}</tbody></table></div>`;
+  return `<section id="commitments"><h2>Reserved capacity</h2><div class="panel">
+    <p id="shared-unused">Shared unused commitment (contracts scoped to no project): <b>${shared || "none"}</b></p>
+    ${table}</div></section>`;
+}
+
+function adjustmentsPanel(report) {
+  const rows = report.adjustments.map((a) => `<tr><th scope="row">${a.project === null ? '<span class="pill">shared</span>' : escapeHtml(a.project)}</th>
+    <td>${escapeHtml(a.belongs_to)}</td><td class="num"><b>${money(a.total, a.currency)}</b></td>
+    <td class="num">${money(a.failed, a.currency)}</td><td class="num">${money(a.unused_commitment, a.currency)}</td></tr>`).join("");
+  return `<section id="adjustments"><h2>Prior-period adjustments</h2><div class="panel">${report.adjustments.length === 0
+    ? '<span class="muted">No change to a closed month was booked into this one.</span>'
+    : `<div class="scroll"><table><caption class="sr-only">Changes to closed months booked into this month</caption>
+      <thead><tr><th scope="col">Project</th><th scope="col">Belongs to</th><th scope="col" class="num">Amount</th>
+        <th scope="col" class="num">of it failed runs</th><th scope="col" class="num">of it unused commitment</th></tr></thead>
+      <tbody id="adjustment-rows">${rows}</tbody></table></div>`}</div></section>`;
+}
+
+function closeControls(report) {
+  if (report.closed) {
+    return `<span class="pill closed" id="month-state">Closed${report.closed_at ? ` ${when(report.closed_at)} UTC` : ""}</span>`;
+  }
+  const ended = report.ends_at && Date.parse(report.as_of) >= Date.parse(report.ends_at);
+  const status = `<span class="pill open" id="month-state">Open · as of ${when(report.as_of)} UTC</span>`;
+  if (!mayReadReports()) return status;
+  const why = ended ? "" : `<span class="small muted" id="close-why">Can be closed once it has ended${report.ends_at ? ` (${when(report.ends_at)} UTC)` : ""}</span>`;
+  return `${status}<button type="button" class="danger" id="close-month"${ended ? "" : ' disabled aria-describedby="close-why"'}>Close month…</button>${why}`;
+}
+
+function closeDialog(month) {
+  return `<dialog id="close-dialog" aria-labelledby="close-title" aria-describedby="close-text">
+    <h2 id="close-title">Close ${escapeHtml(monthName(month))}?</h2>
+    <p id="close-text">Its report is frozen as it stands and never changes again. Records and re-rating that
+      touch it later are booked into the next open month as prior-period adjustments. This cannot be undone.</p>
+    <div class="error" id="close-error" role="alert" hidden></div>
+    <div class="buttons"><button type="button" id="close-cancel" autofocus>Cancel</button>
+      <button type="button" class="danger" id="close-confirm">Close ${escapeHtml(month)}</button></div></dialog>`;
+}
+
+async function renderFinance(view, generation) {
+  const { month } = view;
+  destroyCharts();
+  state.shown = null;
+  if (!mayReadReports()) {
+    $("main").innerHTML = `<div class="panel" role="alert"><h2>Finance needs a finance or admin token</h2>
+      <p>This ${escapeHtml(ROLE_LABELS[state.role] || "")} token reads its own projects only.</p></div>`;
+    document.body.dataset.loaded = "true";
+    return;
+  }
+  $("main").innerHTML = `<p class="muted" role="status">Loading the report of ${escapeHtml(month)}…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    const [report, alertList] = await Promise.all([
+      api(`/v1/reports/monthly/${month}`),
+      api(`/v1/alerts?month=${month}&limit=1000`).catch(() => ({ items: [] })),
+    ]);
+    if (generation !== state.generation) return;
+    const alertsByProject = new Map();
+    for (const a of alertList.items) {
+      if (!alertsByProject.has(a.project)) alertsByProject.set(a.project, []);
+      alertsByProject.get(a.project).push(a);
+    }
+    const actions = `<div class="actions">
+      <button type="button" id="download-csv">Download CSV</button>
+      <button type="button" id="download-focus">Download FOCUS</button></div>`;
+    const notice = state.notice ? `<div class="notice" role="status">${escapeHtml(state.notice)}</div>` : "";
+    state.notice = null;
+    const rows = report.projects.map((line) => projectRow(view, line, alertsByProject)).join("");
+    $("main").innerHTML = notice + pageHead(`${escapeHtml(monthName(month))} <span class="muted">· all projects</span>`, closeControls(report) + actions)
+      + `<div class="error" id="finance-error" role="alert" hidden></div>`
+      + `<section id="projects-report"><h2>Projects</h2><div class="panel"><div class="scroll"><table class="finance">
+        <caption class="sr-only">Every project's spend, budget burn, waste, cost per completed task and alerts this month</caption>
+        <thead><tr><th scope="col">Project</th><th scope="col" class="num">Spend</th><th scope="col" class="num">Budget</th>
+          <th scope="col" title="Spend ÷ budget; ticks mark the alert thresholds, the dashed mark the forecast">Burn</th>
+          <th scope="col" class="num">Waste</th><th scope="col" class="num">Cost per completed task</th><th scope="col">Alerts</th></tr></thead>
+        <tbody id="finance-rows">${rows || `<tr><td colspan="7" class="muted">No project yet.</td></tr>`}</tbody></table></div></div></section>`
+      + totalsTable(report) + commitmentsPanel(report) + adjustmentsPanel(report)
+      + (mayReadReports() && !report.closed ? closeDialog(month) : "");
+    document.title = `Finance ${month} · taskledger`;
+    $("main").removeAttribute("aria-busy");
+    document.body.dataset.loaded = "true";
+  } catch (error) {
+    if (generation !== state.generation) return;
+    $("main").removeAttribute("aria-busy");
+    $("main").innerHTML = `<div class="error" role="alert">${escapeHtml(error.message)}</div>`;
+    document.body.dataset.loaded = "true";
+  }
+}
+
+function financeError(message) {
+  const box = $("finance-error");
+  box.textContent = message;
+  box.hidden = false;
+}
+
+async function closeMonth() {
+  const { month } = state.view;
+  const button = $("close-confirm");
+  button.disabled = true;
+  button.textContent = "Closing…";
+  try {
+    await api(`/v1/reports/monthly/${month}/close`, { method: "POST" });
+    $("close-dialog").close();
+    state.notice = `${monthName(month)} is closed: its report is frozen.`;
+    announce(state.notice);
+    route();
+  } catch (error) {
+    $("close-error").textContent = error.message;
+    $("close-error").hidden = false;
+    button.disabled = false;
+    button.textContent = `Close ${month}`;
+  }
+}
+
+// ---- What is shown, read from the URL hash ---------------------------------------------------
+
+const PAGES = ["finance", "project"];
+
+// `#page=finance&month=…`, `#project=…&month=…&sort=…&order=…&status=…` or, for one task,
+// `…&task=…`. Without a page or a project, finance opens on its page and others on a project.
+function hashView() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const project = params.get("project");
+  const month = params.get("month");
+  const known = state.projects.some((p) => p.id === project);
+  const requested = PAGES.includes(params.get("page")) ? params.get("page") : null;
+  const page = requested || (project === null && mayReadReports() ? "finance" : "project");
+  return {
+    page: page === "project" && state.projects.length === 0 ? "finance" : page,
+    project: known ? project : (state.projects[0] || { id: null }).id,
+    month: /^\d{4}-\d{2}$/.test(month || "") ? month : currentMonth(),
+    sort: TASK_SORTS.includes(params.get("sort")) ? params.get("sort") : "cost",
+    order: params.get("order") === "asc" ? "asc" : "desc",
+    status: STATUSES.includes(params.get("status")) ? params.get("status") : "",
+    task: page === "project" ? params.get("task") : null,
+  };
+}
+
+function hashOf(view) {
+  if (view.page === "finance") return `#${new URLSearchParams({ page: "finance", month: view.month })}`;
+  const params = new URLSearchParams({ project: view.project, month: view.month });
+  if (view.sort !== "cost") params.set("sort", view.sort);
+  if (view.order !== "desc") params.set("order", view.order);
+  if (view.status) params.set("status", view.status);
+  if (view.task !== null && view.task !== undefined) params.set("task", view.task);
+  return `#${params}`;
+}
+
+function go(view) {
+  const next = hashOf(view);
+  if (location.hash === next) route(); else location.hash = next;
+}
+
+function showNav(view) {
+  const links = [];
+  if (mayReadReports()) links.push(["finance", "Finance", hashOf({ ...view, page: "finance" })]);
+  if (state.projects.length) links.push(["project", "Project", hashOf({ ...view, page: "project", task: null })]);
+  $("nav").innerHTML = links.map(([page, label, href]) =>
+    `<a href="${escapeHtml(href)}"${view.page === page ? ' aria-current="page"' : ""}>${label}</a>`).join("");
+  $("project-picker").hidden = view.page === "finance" || state.projects.length === 0;
+}
+
+async function route() {
+  const view = hashView();
+  const canonical = hashOf(view);
+  if (location.hash !== canonical) history.replaceState(null, "", canonical);
+  const pageChanged = state.view !== null && (state.view.page !== view.page || state.view.task !== view.task);
+  if (view.project) $("project").value = view.project;
+  $("month").value = view.month;
+  state.view = view;
+  state.generation += 1;
+  document.body.dataset.loaded = "false";
+  showNav(view);
+  if (view.page === "finance") {
+    await renderFinance(view, state.generation);
+  } else if (view.task !== null) {
+    destroyCharts();
+    await renderTask(view, state.generation);
+  } else if (state.shown === `${view.project}|${view.month}` && $("tasks")) {
+    await loadTasks(view, state.generation);
+    document.body.dataset.loaded = "true";
+  } else {
+    await renderProject(view, state.generation);
+  }
+  if (pageChanged && !$("main").contains(document.activeElement) && document.activeElement !== $("month") && document.activeElement !== $("project")) $("main").focus({ preventScroll: true });
+}
+
+$("project").addEventListener("change", () => go({ ...state.view, page: "project", project: $("project").value, task: null }));
+$("month").addEventListener("change", () => {
+  if (/^\d{4}-\d{2}$/.test($("month").value)) go({ ...state.view, month: $("month").value, task: null });
+});
+$("logout").addEventListener("click", () => signOut());
+window.addEventListener("hashchange", () => { if (state.token && state.role && state.role !== "ingest") route(); });
+document.addEventListener("click", (event) => {
+  const sort = event.target.closest("button[data-sort]");
+  if (sort) {
+    const column = sort.dataset.sort;
+    const order = state.view.sort === column && state.view.order === "desc" ? "asc" : "desc";
+    state.focusSort = column;
+    go({ ...state.view, sort: column, order });
+  } else if (event.target.closest("#tasks-more-button")) {
+    moreTasks();
+  } else if (event.target.closest("#close-month")) {
+    $("close-error").hidden = true;
+    $("close-dialog").showModal();
+  } else if (event.target.closest("#close-cancel")) {
+    $("close-dialog").close();
+    $("close-month").focus();
+  } else if (event.target.closest("#close-confirm")) {
+    closeMonth();
+  } else if (event.target.closest("#download-csv")) {
+    download(`/v1/reports/monthly/${state.view.month}?format=csv`, `taskledger-${state.view.month}.csv`).catch((error) => financeError(error.message));
+  } else if (event.target.closest("#download-focus")) {
+    download(`/v1/exports/focus/${state.view.month}`, `taskledger-focus-${state.view.month}.csv`).catch((error) => financeError(error.message));
+  }
+});
+document.addEventListener("change", (event) => {
+  if (event.target.id === "task-status") go({ ...state.view, status: event.target.value });
+});
+
+const fragment = new URLSearchParams(location.hash.slice(1));
+if (fragment.get("token")) {
+  localStorage.setItem("taskledger.token", fragment.get("token"));
+  fragment.delete("token");
+  history.replaceState(null, "", `#${fragment.toString()}`);
+}
+state.token = localStorage.getItem("taskledger.token");
+if (state.token) start(); else showLogin();
