@@ -1,20 +1,23 @@
-//! How long the month cost query and the task list take at 1 million and 10 million job
-//! records a month.
+//! How long the month cost query, the task list and the monthly report take at 1 million and
+//! 10 million job records a month.
 //!
 //! Each size gets its own database on an embedded cluster. The month is generated set-based
-//! in SQL into the tables `rate_records` fills (segments, per-record figures, the hourly,
-//! daily and monthly rollups aggregated from them, as compaction leaves them, and each
-//! task's status and figures per month), across 200 projects, four GPU models, three
+//! in SQL into the tables `rate_records` fills (segments, per-record figures, the daily and
+//! monthly rollups aggregated from them, as compaction leaves them, and each
+//! task's status and figures per month), across 1,000 projects, four GPU models, three
 //! billing modes and every hour of November 2026; each project also has a reserved contract
 //! with a commitment, so unused commitment is computed too. The job records the segments
 //! were cut from are stored as well, two in three with the time they were queued, so that
 //! the attempts' queue wait is read too. Each query then runs through the real router, as a
 //! reader would call it, for rotating projects: the month's cost, the month's cost by day,
 //! the 50 costliest tasks of the month (and the next 50, through the cursor), the 50 most
-//! wasteful, and the 50 costliest of a fortnight.
+//! wasteful, and the 50 costliest of a fortnight. Then finance's monthly report of every
+//! project: of the open month, of the same month once closed, and of the month after it (which
+//! books what changed in a closed month as adjustments), with the statements they spent their
+//! database time in.
 //!
 //! Run with `cargo bench --bench cost_query`; `TASKLEDGER_BENCH_RECORDS=1000000` runs one
-//! size only.
+//! size only, `TASKLEDGER_BENCH_PROJECTS=200` spreads the records over fewer projects.
 
 use std::time::{Duration, Instant};
 
@@ -29,10 +32,16 @@ use taskledger::db::embedded::{EmbeddedOptions, EmbeddedPostgres};
 use taskledger::domain::access::Role;
 use taskledger::http::state::AppState;
 
+#[path = "support/statements.rs"]
+mod statements;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-const PROJECTS: i64 = 200;
+const DEFAULT_PROJECTS: i64 = 1_000;
+const PROJECTS_ENV: &str = "TASKLEDGER_BENCH_PROJECTS";
+/// Runs of each monthly report (the whole organisation's month, far heavier than one
+/// project's queries).
+const REPORT_RUNS: usize = 10;
 const RUNS: usize = 40;
 const SIZES: [i64; 2] = [1_000_000, 10_000_000];
 const RECORDS_ENV: &str = "TASKLEDGER_BENCH_RECORDS";
@@ -110,22 +119,10 @@ GROUP BY project_id, task_id, attempt;
 "#;
 
 const ROLLUPS: &str = r#"
-INSERT INTO cost_hourly
-SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit,
-       count(*), sum(gpu_seconds_held), coalesce(sum(gpu_seconds_busy), 0), coalesce(sum(cost), 0),
-       sum(productive), sum(idle), sum(unmeasured), sum(failed), coalesce(sum(output_quantity), 0)
-FROM rated_segments
-GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, unrated_reason, output_unit;
-
 INSERT INTO rated_records
 SELECT project_id, task_id, attempt, max(hour), min(gpu_model), min(billing_mode), min(outcome),
        0, (min(outcome) <> 'completed')::int, min(outcome) = 'completed', min(outcome) <> 'completed'
 FROM rated_segments GROUP BY project_id, task_id, attempt;
-
-INSERT INTO records_hourly
-SELECT project_id, end_hour, gpu_model, billing_mode, outcome, count(*), sum(retries),
-       sum(failures), count(*) FILTER (WHERE completes_task), count(*) FILTER (WHERE fails_task)
-FROM rated_records GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome;
 
 INSERT INTO cost_daily
 SELECT project_id, (hour AT TIME ZONE 'UTC')::date, gpu_model, billing_mode, outcome, contract_id,
@@ -171,13 +168,12 @@ FROM task_hourly GROUP BY 1, 2, 3;
 "#;
 
 /// Secondary indexes are built once after the bulk load, as one would for an import.
-const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_segments_by_kind, \
-                            rated_records_by_end, task_monthly_by_cost, job_records_by_start";
+const DROP_INDEXES: &str = "DROP INDEX rated_segments_by_hour, rated_records_by_end, \
+                            task_monthly_by_cost, job_records_by_start";
 const CREATE_INDEXES: &str = r#"
 CREATE INDEX job_records_by_start ON job_records (project_id, started_at, task_id, attempt)
     INCLUDE (queued_at);
 CREATE INDEX rated_segments_by_hour ON rated_segments (project_id, hour);
-CREATE INDEX rated_segments_by_kind ON rated_segments (project_id, gpu_model, billing_mode, hour);
 CREATE INDEX rated_records_by_end ON rated_records (project_id, end_hour);
 CREATE INDEX task_monthly_by_cost ON task_monthly (project_id, month, cost DESC, task_id);
 "#;
@@ -186,10 +182,10 @@ async fn execute_script(conn: &mut PgConnection, script: &str) {
     sqlx::raw_sql(script).execute(conn).await.expect(script);
 }
 
-async fn load(conn: &mut PgConnection, records: i64) {
+async fn load(conn: &mut PgConnection, records: i64, projects: i64) {
     execute_script(conn, DROP_INDEXES).await;
     sqlx::query(SETUP.split(";\n").next().unwrap())
-        .bind(PROJECTS)
+        .bind(projects)
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -198,7 +194,7 @@ async fn load(conn: &mut PgConnection, records: i64) {
     }
     sqlx::query(SEGMENTS)
         .bind(records)
-        .bind(PROJECTS)
+        .bind(projects)
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -212,17 +208,16 @@ fn percentile(sorted: &[Duration], pct: usize) -> Duration {
     sorted[(sorted.len() * pct / 100).min(sorted.len() - 1)]
 }
 
-async fn measure(cluster: &EmbeddedPostgres, records: i64) {
+async fn measure(cluster: &EmbeddedPostgres, records: i64, projects: i64) {
     let database = format!("bench_{records}");
     let pool = support::create_migrated_database(|name| cluster.url(name), &database, 4).await;
 
     let started = Instant::now();
-    load(&mut pool.acquire().await.unwrap(), records).await;
+    load(&mut pool.acquire().await.unwrap(), records, projects).await;
     let load_time = started.elapsed();
     let (segments, rollup_rows): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM rated_segments), \
-                (SELECT count(*) FROM cost_hourly) + (SELECT count(*) FROM cost_daily) \
-                + (SELECT count(*) FROM cost_monthly)",
+                (SELECT count(*) FROM cost_daily) + (SELECT count(*) FROM cost_monthly)",
     )
     .fetch_one(&pool)
     .await
@@ -231,7 +226,8 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     let secret = support::insert_token(&pool, "bench", Role::Admin, &[]).await;
     let router = taskledger::http::app(AppState::new(pool.clone(), Settings::default()));
     let summary = format!(
-        "{records:>9} records ({segments} segments, {rollup_rows} cost rollup rows, load {:.1} s)",
+        "{records:>9} records of {projects} projects ({segments} segments, {rollup_rows} cost \
+         rollup rows, load {:.1} s)",
         load_time.as_secs_f64()
     );
     println!("{summary}");
@@ -281,7 +277,7 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
     for (name, query) in queries {
         let mut timings = Vec::with_capacity(RUNS);
         for run in 0..RUNS + 3 {
-            let project = format!("p{:03}", (run * 37) % PROJECTS as usize);
+            let project = format!("p{:03}", (run * 37) % projects as usize);
             let base = format!("/v1/projects/{project}");
             let query = if query.contains("{cursor}") {
                 let (_, first) = get(format!("{base}/tasks?month=2026-11&limit=50")).await;
@@ -307,6 +303,62 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64) {
             percentile(&timings, 95).as_secs_f64() * 1000.0,
         );
     }
+
+    // The organisation's month for finance: open, closed, and the next month, whose report
+    // books what changed in the closed one as adjustments.
+    let profiled = statements::reset(&pool).await;
+    let reports = [
+        ("monthly report, open month", "/v1/reports/monthly/2026-11"),
+        (
+            "monthly report, closed month",
+            "/v1/reports/monthly/2026-11",
+        ),
+        (
+            "monthly report after a closed month",
+            "/v1/reports/monthly/2026-12",
+        ),
+    ];
+    for (i, (name, uri)) in reports.into_iter().enumerate() {
+        if i == 1 {
+            let request = Request::post("/v1/reports/monthly/2026-11/close")
+                .header(header::AUTHORIZATION, format!("Bearer {secret}"))
+                .body(Body::empty())
+                .unwrap();
+            let started = Instant::now();
+            let response = router.clone().oneshot(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert!(status.is_success(), "{}", String::from_utf8_lossy(&body));
+            println!(
+                "{records:>9} records: closing the month took {:.2} ms",
+                started.elapsed().as_secs_f64() * 1000.0
+            );
+        }
+        let mut timings = Vec::with_capacity(REPORT_RUNS);
+        for run in 0..REPORT_RUNS + 1 {
+            let (elapsed, body) = get(uri.to_owned()).await;
+            let report: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if i < 2 {
+                assert_eq!(
+                    report["projects"].as_array().unwrap().len(),
+                    projects as usize
+                );
+            }
+            if run >= 1 {
+                timings.push(elapsed);
+            }
+        }
+        timings.sort();
+        println!(
+            "{records:>9} records: {name:<36} median {:>7.2} ms, p95 {:>7.2} ms over \
+             {REPORT_RUNS} runs",
+            percentile(&timings, 50).as_secs_f64() * 1000.0,
+            percentile(&timings, 95).as_secs_f64() * 1000.0,
+        );
+    }
+    if profiled {
+        statements::print(&pool, "the monthly reports").await;
+    }
     pool.close().await;
     let mut admin = PgConnection::connect(&cluster.url("postgres"))
         .await
@@ -330,6 +382,7 @@ fn main() {
         let options = EmbeddedOptions {
             durable: false,
             max_connections: 20,
+            statement_statistics: true,
         };
         let cluster = support::start_cluster(dir.path(), options).await.unwrap();
         let sizes = match std::env::var(RECORDS_ENV) {
@@ -339,8 +392,18 @@ fn main() {
             ],
             Err(_) => SIZES.to_vec(),
         };
+        let projects = match std::env::var(PROJECTS_ENV) {
+            Ok(raw) => raw
+                .parse()
+                .expect("TASKLEDGER_BENCH_PROJECTS: a number of projects"),
+            Err(_) => DEFAULT_PROJECTS,
+        };
+        assert!(
+            (1..=1_000).contains(&projects),
+            "TASKLEDGER_BENCH_PROJECTS: from 1 to 1000 (project ids have three digits)"
+        );
         for records in sizes {
-            measure(&cluster, records).await;
+            measure(&cluster, records, projects).await;
         }
         cluster.stop().await.unwrap();
     });

@@ -42,6 +42,8 @@ use taskledger::http::state::AppState;
 use taskledger::server::Application;
 use taskledger::store;
 
+#[path = "support/statements.rs"]
+mod statements;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -52,6 +54,8 @@ const CLIENTS: usize = 4;
 /// The service's default `--db-pool-size`.
 const SERVER_POOL_SIZE: u32 = 16;
 const PROJECT: &str = "bench";
+/// The project's monthly budget per record of the run, in USD.
+const BUDGET_PER_RECORD: u32 = 10;
 const HTTP_DATABASE: &str = "bench_http";
 const COPY_DATABASE: &str = "bench_copy";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -95,7 +99,7 @@ fn main() {
         &server_runtime,
         SETUP_TIMEOUT,
         "setting up the cluster",
-        Setup::start(data_dir.path()),
+        Setup::start(data_dir.path(), total),
     );
     println!(
         "cluster and databases ready in {}",
@@ -113,6 +117,7 @@ fn main() {
     let client = Arc::new(HttpClient::new(server.address, &setup.token));
 
     checkpoint(&client_runtime, &setup.http_url);
+    let profiled = client_runtime.block_on(statements::reset(&setup.http_pool));
     let ingest = bounded(
         &client_runtime,
         PHASE_TIMEOUT,
@@ -120,6 +125,9 @@ fn main() {
         post_all(&client, &generator, total, Expect::AllAccepted),
     );
     ingest.print("HTTP ingest");
+    if profiled {
+        client_runtime.block_on(statements::print(&setup.http_pool, "HTTP ingest"));
+    }
 
     checkpoint(&client_runtime, &setup.copy_url);
     let copy = bounded(
@@ -135,6 +143,7 @@ fn main() {
     );
 
     checkpoint(&client_runtime, &setup.http_url);
+    let profiled = client_runtime.block_on(statements::reset(&setup.http_pool));
     let replay = bounded(
         &client_runtime,
         PHASE_TIMEOUT,
@@ -142,6 +151,22 @@ fn main() {
         post_all(&client, &generator, total, Expect::AllDuplicates),
     );
     replay.print("HTTP replay");
+    if profiled {
+        client_runtime.block_on(statements::print(&setup.http_pool, "HTTP replay"));
+    }
+
+    checkpoint(&client_runtime, &setup.http_url);
+    let profiled = client_runtime.block_on(statements::reset(&setup.http_pool));
+    let rerating = bounded(
+        &client_runtime,
+        PHASE_TIMEOUT,
+        "re-rating",
+        rerate_all(&setup, server.address),
+    );
+    rerating.print("re-rating (a price change per contract)");
+    if profiled {
+        client_runtime.block_on(statements::print(&setup.http_pool, "re-rating"));
+    }
 
     let tables = bounded(
         &client_runtime,
@@ -169,6 +194,7 @@ fn main() {
         ingest,
         copy,
         replay,
+        rerating,
         tables,
         peak_rss_kib: peak_rss,
     });
@@ -201,31 +227,50 @@ fn bounded<T>(runtime: &Runtime, limit: Duration, what: &str, work: impl Future<
         .unwrap_or_else(|_| panic!("{what} did not finish within {}s", limit.as_secs()))
 }
 
-/// The cluster, the two databases and the ingest token.
+/// The cluster, the two databases and the tokens.
 struct Setup {
     cluster: EmbeddedPostgres,
     http_url: String,
     copy_url: String,
     http_pool: PgPool,
     token: String,
+    admin_token: String,
 }
 
+/// What the benchmark's records are priced by: an on-demand and a spot list price per model,
+/// and a reservation of committed GPUs per model (priced as owned hardware's TCO).
+const CONTRACTS: &str = r#"
+INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency,
+                       valid_from, committed_gpus)
+SELECT md5(m || '/' || b)::uuid, m || ' ' || b, m, b, (ARRAY[3.90, 1.80])[mi] * (ARRAY[1, 0.35, 0.6])[bi],
+       'USD', '2020-01-01T00:00:00Z', CASE WHEN b = 'reserved' THEN 64 END
+FROM unnest(ARRAY['H100', 'A100']) WITH ORDINALITY AS models(m, mi),
+     unnest(ARRAY['on_demand', 'spot', 'reserved']) WITH ORDINALITY AS modes(b, bi)
+"#;
+
 impl Setup {
-    async fn start(data_dir: &std::path::Path) -> Self {
+    async fn start(data_dir: &std::path::Path, total: usize) -> Self {
         let cluster = support::start_cluster(
             data_dir,
             EmbeddedOptions {
                 durable: true,
                 max_connections: 100,
+                statement_statistics: true,
             },
         )
         .await
         .expect("starting the embedded PostgreSQL");
         let http_url = cluster.url(HTTP_DATABASE);
         let copy_url = cluster.url(COPY_DATABASE);
-        let http_pool = migrated_database(&cluster, HTTP_DATABASE, SERVER_POOL_SIZE).await;
-        let copy_pool = migrated_database(&cluster, COPY_DATABASE, 1).await;
+        // About what half the records cost, so that ingest crosses the alert thresholds.
+        let budget = Decimal::from(total) * Decimal::from(BUDGET_PER_RECORD);
+        let http_pool = migrated_database(&cluster, HTTP_DATABASE, SERVER_POOL_SIZE, budget).await;
+        let copy_pool = migrated_database(&cluster, COPY_DATABASE, 1, budget).await;
         copy_pool.close().await;
+        sqlx::query(CONTRACTS)
+            .execute(&http_pool)
+            .await
+            .expect("creating the contracts");
         let token = support::insert_token(
             &http_pool,
             "bench ingest",
@@ -233,12 +278,14 @@ impl Setup {
             &[PROJECT.to_owned()],
         )
         .await;
+        let admin_token = support::insert_token(&http_pool, "bench admin", Role::Admin, &[]).await;
         Self {
             cluster,
             http_url,
             copy_url,
             http_pool,
             token,
+            admin_token,
         }
     }
 
@@ -307,8 +354,14 @@ impl Server {
     }
 }
 
-/// A migrated database holding the benchmark's project.
-async fn migrated_database(cluster: &EmbeddedPostgres, name: &str, pool_size: u32) -> PgPool {
+/// A migrated database holding the benchmark's project, with a monthly budget of `budget`
+/// USD and the usual alert thresholds.
+async fn migrated_database(
+    cluster: &EmbeddedPostgres,
+    name: &str,
+    pool_size: u32,
+    budget: Decimal,
+) -> PgPool {
     let pool =
         support::create_migrated_database(|database| cluster.url(database), name, pool_size).await;
     store::projects::insert(
@@ -318,8 +371,8 @@ async fn migrated_database(cluster: &EmbeddedPostgres, name: &str, pool_size: u3
             name: "Ingest benchmark".to_owned(),
             team: None,
             currency: "USD".to_owned(),
-            default_monthly_budget: None,
-            alert_thresholds: Vec::new(),
+            default_monthly_budget: Some(budget),
+            alert_thresholds: vec![50, 80, 100],
             webhook_url: None,
             idle_gpu_threshold: Some(idle::DEFAULT_THRESHOLD),
             idle_gpu_min_gpu_hours: idle::DEFAULT_MIN_GPU_HOURS,
@@ -816,6 +869,54 @@ async fn post_all(
     .await
 }
 
+/// Raises every contract's price by a tenth, one `PATCH` at a time: each re-rates every
+/// record its model and billing mode price, so together they re-rate every record once.
+async fn rerate_all(setup: &Setup, address: SocketAddr) -> PhaseResult {
+    let contracts = sqlx::query_as::<_, (uuid::Uuid, Decimal, i64)>(
+        "SELECT c.id, c.price_per_gpu_hour, \
+                (SELECT count(*) FROM rated_records r \
+                 WHERE r.gpu_model = c.gpu_model AND r.billing_mode = c.billing_mode) \
+         FROM contracts c ORDER BY c.name",
+    )
+    .fetch_all(&setup.http_pool)
+    .await
+    .expect("listing the contracts");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(PHASE_TIMEOUT)
+        .build()
+        .expect("building the HTTP client");
+    let authorization = format!("Bearer {}", setup.admin_token);
+    let cpu_before = process_cpu();
+    let started = Instant::now();
+    let mut latencies = Vec::with_capacity(contracts.len());
+    let mut records = 0;
+    for (id, price, priced) in contracts {
+        let url = format!("http://{address}/v1/contracts/{id}");
+        let new_price = (price * Decimal::new(11, 1)).round_dp(4).to_string();
+        let body = serde_json::json!({ "price_per_gpu_hour": new_price });
+        let request_started = Instant::now();
+        let response = client
+            .patch(&url)
+            .header(reqwest::header::AUTHORIZATION, &authorization)
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("PATCH {url} failed: {error}"));
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        assert_eq!(status, StatusCode::OK, "PATCH {url} answered {text}");
+        latencies.push(request_started.elapsed());
+        records += usize::try_from(priced).expect("a count is not negative");
+    }
+    PhaseResult {
+        records,
+        elapsed: started.elapsed(),
+        cpu: process_cpu() - cpu_before,
+        latencies,
+    }
+}
+
 async fn copy_all(url: &str, generator: &Arc<Generator>, total: usize) -> PhaseResult {
     let mut connections = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
@@ -927,6 +1028,7 @@ struct Summary {
     ingest: PhaseResult,
     copy: PhaseResult,
     replay: PhaseResult,
+    rerating: PhaseResult,
     tables: TableSizes,
     peak_rss_kib: u64,
 }
@@ -945,6 +1047,7 @@ fn print_summary(summary: &Summary) {
         ("HTTP ingest", &summary.ingest),
         ("COPY, same rows", &summary.copy),
         ("HTTP replay, all duplicates", &summary.replay),
+        ("re-rating, records of changed prices", &summary.rerating),
     ] {
         row(
             name,
@@ -956,11 +1059,28 @@ fn print_summary(summary: &Summary) {
             ),
         );
     }
-    let verdict = if ratio >= 0.5 { "meets" } else { "misses" };
-    row("ratio HTTP / COPY", format!("{ratio:.2} ({verdict} ≥ 0.5)"));
+    let verdict = |met: bool| if met { "meets" } else { "misses" };
     row(
-        "peak RSS of the process (VmHWM)",
-        format!("{:.0} MiB", summary.peak_rss_kib as f64 / 1024.0),
+        "ratio HTTP / COPY",
+        format!("{ratio:.2} ({} ≥ 0.5)", verdict(ratio >= 0.5)),
+    );
+    let replay_ratio = summary.replay.rate() / summary.ingest.rate();
+    row(
+        "ratio replay / ingest",
+        format!("{replay_ratio:.2} ({} ≥ 1.0)", verdict(replay_ratio >= 1.0)),
+    );
+    let rerate_rate = summary.rerating.rate();
+    row(
+        "re-rating",
+        format!(
+            "{rerate_rate:.0} records/s ({} ≥ 200000)",
+            verdict(rerate_rate >= 200_000.0)
+        ),
+    );
+    let rss_mib = summary.peak_rss_kib as f64 / 1024.0;
+    row(
+        "peak RSS, server and clients",
+        format!("{rss_mib:.0} MiB ({} ≤ 150)", verdict(rss_mib <= 150.0)),
     );
     let tables = &summary.tables;
     row(

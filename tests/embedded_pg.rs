@@ -23,6 +23,7 @@ use tempfile::TempDir;
 const TEST_OPTIONS: EmbeddedOptions = EmbeddedOptions {
     durable: false,
     max_connections: 20,
+    statement_statistics: false,
 };
 const HOLD_DATA_DIR_ENV: &str = "EMBEDDED_PG_TEST_HOLD_DATA_DIR";
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -1098,7 +1099,7 @@ async fn pending_rollup_deltas(pg: &EmbeddedPostgres) -> i64 {
     query_i64_in(
         pg,
         "replicas",
-        "SELECT count(*) FROM records_hourly WHERE delta <> 0",
+        "SELECT count(*) FROM records_daily WHERE delta <> 0",
     )
     .await
 }

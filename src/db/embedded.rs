@@ -66,6 +66,14 @@ const NON_DURABLE_SETTINGS: [&str; 3] = [
     "full_page_writes=off",
 ];
 
+/// Whether the installation of the server binaries in `bin_dir` has `pg_stat_statements`
+/// (Debian's and PostgreSQL's own packages keep it in `../lib`).
+fn has_statement_statistics(bin_dir: &Path) -> bool {
+    bin_dir
+        .parent()
+        .is_some_and(|root| root.join("lib").join("pg_stat_statements.so").is_file())
+}
+
 /// How the embedded cluster runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmbeddedOptions {
@@ -74,6 +82,9 @@ pub struct EmbeddedOptions {
     pub durable: bool,
     /// PostgreSQL's `max_connections`; must exceed `superuser_reserved_connections` (3).
     pub max_connections: u32,
+    /// Loads `pg_stat_statements` at start, where the server's installation has it, so a
+    /// database that creates the extension can see where its time goes. For benchmarks.
+    pub statement_statistics: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -81,6 +92,7 @@ impl Default for EmbeddedOptions {
         Self {
             durable: true,
             max_connections: 100,
+            statement_statistics: false,
         }
     }
 }
@@ -950,6 +962,11 @@ fn spawn_postgres(
         for setting in NON_DURABLE_SETTINGS {
             command.arg("-c").arg(setting);
         }
+    }
+    if options.statement_statistics && has_statement_statistics(bin_dir) {
+        command
+            .arg("-c")
+            .arg("shared_preload_libraries=pg_stat_statements");
     }
     let log_for_stdout = log.try_clone().map_err(io_err("duplicate", pg_dir))?;
     command

@@ -53,6 +53,7 @@ impl Database {
                 let options = EmbeddedOptions {
                     durable: true,
                     max_connections: pool_size.max(20) * 2 + 10,
+                    ..EmbeddedOptions::default()
                 };
                 let cluster = match EmbeddedPostgres::start(data_dir, options).await {
                     Ok(cluster) => cluster,

@@ -16,6 +16,7 @@ use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::ledger::LedgerResult;
 use crate::store;
+use crate::store::cost::Scope;
 
 /// The money figures of one group of a period.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -172,21 +173,34 @@ async fn group_sums(
     query: &CostQuery,
     tz: Tz,
 ) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
+    let scope = Scope::Project(of.project, &query.grouping);
+    let mut groups = rollup_sums(conn, scope, query.period, tz).await?;
+    let currencies = BTreeMap::from([(of.project.to_owned(), of.currency.to_owned())]);
+    let group_of = |_: &str, hour, gpu_model: &str| hour_key(&query.grouping, hour, gpu_model, tz);
+    add_unused_commitment(conn, scope, &currencies, query, tz, group_of, &mut groups).await?;
+    Ok(groups)
+}
+
+/// The sums the rollups hold for each group of the scope over the period.
+async fn rollup_sums(
+    conn: &mut sqlx::PgConnection,
+    scope: Scope<'_>,
+    period: (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
     let mut groups: BTreeMap<Option<String>, FigureSums> = BTreeMap::new();
-    for row in store::cost::cost_sums(conn, of.project, query.period, &query.grouping, tz).await? {
+    for row in store::cost::cost_sums(conn, scope, period, tz).await? {
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_segments(&sums);
     }
-    for row in store::cost::record_sums(conn, of.project, query.period, &query.grouping, tz).await?
-    {
+    for row in store::cost::record_sums(conn, scope, period, tz).await? {
         let (key, counts) = row.into_parts();
         groups.entry(key).or_default().add_records(&counts);
     }
-    for row in store::cost::util_sums(conn, of.project, query.period, &query.grouping, tz).await? {
+    for row in store::cost::util_sums(conn, scope, period, tz).await? {
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_util(&sums);
     }
-    add_unused_commitment(conn, of, query, tz, &mut groups).await?;
     Ok(groups)
 }
 
@@ -223,6 +237,41 @@ pub async fn month_cost(
         as_of,
     };
     period_figures(conn, of, &query, tz).await
+}
+
+/// Every project's money figures over a whole ledger month, with unused commitment accrued up
+/// to `as_of`: for each of `projects` (every project there is), in their order, what
+/// [`month_cost`] gives it without a grouping, read for all of them in a fixed number of
+/// statements.
+pub async fn month_figures_of_projects(
+    conn: &mut sqlx::PgConnection,
+    projects: &[CostOf<'_>],
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<Vec<Figures>> {
+    let query = CostQuery {
+        period: month_bounds(month, tz),
+        grouping: Grouping::Whole,
+        as_of,
+    };
+    let scope = Scope::EveryProject;
+    let mut groups = rollup_sums(conn, scope, query.period, tz).await?;
+    let currencies: BTreeMap<String, String> = projects
+        .iter()
+        .map(|of| (of.project.to_owned(), of.currency.to_owned()))
+        .collect();
+    let group_of = |project: &str, _, _: &str| Some(project.to_owned());
+    add_unused_commitment(conn, scope, &currencies, &query, tz, group_of, &mut groups).await?;
+    Ok(projects
+        .iter()
+        .map(|of| {
+            groups
+                .remove(&Some(of.project.to_owned()))
+                .unwrap_or_default()
+                .figures()
+        })
+        .collect())
 }
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
@@ -311,12 +360,16 @@ fn hour_key(grouping: &Grouping, hour: DateTime<Utc>, gpu_model: &str, tz: Tz) -
     }
 }
 
-/// Unused commitment of the project's own reserved contracts, per group, up to `as_of`.
+/// Unused commitment of the reserved contracts scoped to the scope's projects (each kept in
+/// the currency `currencies` gives it), up to `as_of`, added to the group
+/// `group_of(project, hour, gpu_model)` names.
 async fn add_unused_commitment(
     conn: &mut sqlx::PgConnection,
-    of: CostOf<'_>,
+    scope: Scope<'_>,
+    currencies: &BTreeMap<String, String>,
     query: &CostQuery,
     tz: Tz,
+    group_of: impl Fn(&str, DateTime<Utc>, &str) -> Option<String>,
     groups: &mut BTreeMap<Option<String>, FigureSums>,
 ) -> LedgerResult<()> {
     let (from, to) = query.period;
@@ -325,23 +378,37 @@ async fn add_unused_commitment(
         return Ok(());
     }
     let window = (from, accrues_until);
+    let project = match scope {
+        Scope::Project(project, _) => Some(project),
+        Scope::EveryProject => None,
+    };
     let contracts =
-        store::contracts::project_commitments(conn, of.project, from, accrues_until).await?;
+        store::contracts::project_commitments(conn, project, from, accrues_until).await?;
     if contracts.is_empty() {
         return Ok(());
     }
     let ids: Vec<_> = contracts.iter().map(|c| c.id).collect();
     // An hour cut by `as_of` has its usage read whole: usage has no finer grain.
-    let usage = store::cost::contract_usage(conn, of.project, window, &ids).await?;
+    let usage = store::cost::contract_usage(conn, project, window, &ids).await?;
+    let mut to_currencies: Vec<String> = currencies.values().cloned().collect();
+    to_currencies.sort_unstable();
+    to_currencies.dedup();
     let fx = store::fx_rates::table(
         conn,
         LedgerHour::holding(from, tz).month,
         LedgerHour::holding(accrues_until, tz).month,
-        &[of.currency.to_owned()],
+        &to_currencies,
     )
     .await?;
     let empty = BTreeMap::new();
     for row in &contracts {
+        let Some((project, currency)) = row
+            .project_id
+            .as_ref()
+            .and_then(|project| currencies.get_key_value(project))
+        else {
+            continue;
+        };
         let contract = row.to_domain();
         let used = usage.get(&row.id).unwrap_or(&empty);
         for charge in unused_commitment(&contract, used, window.0, window.1, tz) {
@@ -350,14 +417,9 @@ async fn add_unused_commitment(
             }
             let month = LedgerHour::holding(charge.hour, tz).month;
             let group = groups
-                .entry(hour_key(
-                    &query.grouping,
-                    charge.hour,
-                    &contract.gpu_model,
-                    tz,
-                ))
+                .entry(group_of(project, charge.hour, &contract.gpu_model))
                 .or_default();
-            match fx.conversion(month, &contract.currency, of.currency) {
+            match fx.conversion(month, &contract.currency, currency) {
                 Some(rate) => {
                     group.add_unused_commitment((charge.cost * rate).round_dp(SUM_SCALE));
                 }

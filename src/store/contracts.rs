@@ -223,16 +223,18 @@ pub async fn ids_in_currency(conn: &mut PgConnection, currency: &str) -> sqlx::R
         .await
 }
 
-/// Reserved contracts scoped to `project` that commit GPUs over some of `[from, to)`.
+/// Reserved contracts scoped to `project` (to any project without one) that commit GPUs over
+/// some of `[from, to)`.
 pub async fn project_commitments(
     conn: &mut PgConnection,
-    project: &str,
+    project: Option<&str>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<ContractRow>> {
     sqlx::query_as::<_, ContractRow>(&format!(
         "SELECT {COLUMNS} FROM contracts \
-         WHERE project_id = $1 AND billing_mode = 'reserved' AND committed_gpus IS NOT NULL \
+         WHERE project_id = coalesce($1, project_id) AND billing_mode = 'reserved' \
+           AND committed_gpus IS NOT NULL \
            AND valid_from < $3 AND (valid_until IS NULL OR valid_until > $2) \
          ORDER BY id"
     ))

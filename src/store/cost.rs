@@ -20,6 +20,55 @@ use crate::domain::rating::Outcome;
 use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
+/// Whose figures a query reads, and how they are grouped.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// One project's, in the groups of a grouping.
+    Project(&'a str, &'a Grouping),
+    /// Every project's over the whole period, one group per project keyed by its id.
+    EveryProject,
+}
+
+impl Scope<'_> {
+    fn grouping(&self) -> &Grouping {
+        match self {
+            Scope::Project(_, grouping) => grouping,
+            Scope::EveryProject => &Grouping::Whole,
+        }
+    }
+
+    /// The condition on `project_id`: the query's first parameter, or every project. (The
+    /// array of every project is evaluated once, so the rollups are read through their
+    /// project-leading keys rather than scanned whole.)
+    fn projects(&self) -> &'static str {
+        match self {
+            Scope::Project(..) => "= $1",
+            Scope::EveryProject => "= ANY(ARRAY(SELECT id FROM projects))",
+        }
+    }
+
+    /// How the period is read from the rollups.
+    fn split(&self, period: (DateTime<Utc>, DateTime<Utc>), tz: Tz) -> PeriodSplit {
+        PeriodSplit::new(period, tz, *self.grouping() != Grouping::Day)
+    }
+
+    /// The group key over the monthly, daily and hourly rollups.
+    fn rollup_keys(&self) -> (String, String, String) {
+        match self {
+            Scope::Project(_, grouping) => (
+                month_key(grouping),
+                day_key(grouping),
+                key_expression(grouping, "hour", ""),
+            ),
+            Scope::EveryProject => (
+                "project_id".to_owned(),
+                "project_id".to_owned(),
+                "project_id".to_owned(),
+            ),
+        }
+    }
+}
+
 /// Sums of segments of one group and kind.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct CostSums {
@@ -170,24 +219,29 @@ fn month_key(grouping: &Grouping) -> String {
     }
 }
 
-/// Runs a grouped query of [`cost_sums`] or [`record_sums`] with its parameters: the project,
-/// then `from` and `to` for labels or the period's split into months, days and hours for the
-/// other groupings (whole months included unless it groups by day), then the extra one.
+/// Runs a grouped query of [`cost_sums`], [`record_sums`] or [`util_sums`] with its
+/// parameters: the project (`$1`, null and unread for every project), then
+/// `from` and `to` for labels or the period's split into months, days and hours for the other
+/// groupings (whole months included unless it groups by day), then the extra one.
 async fn fetch_grouped<T>(
     conn: &mut PgConnection,
     sql: &str,
-    project: &str,
+    scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
-    grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<T>>
 where
     T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
 {
-    let query = sqlx::query_as::<_, T>(sql).bind(project);
+    let query = sqlx::query_as::<_, T>(sql);
+    let query = match scope {
+        Scope::Project(project, _) => query.bind(project),
+        Scope::EveryProject => query.bind(None::<&str>),
+    };
+    let grouping = scope.grouping();
     let mut query = match grouping {
         Grouping::Label(_) => query.bind(period.0).bind(period.1),
-        _ => PeriodSplit::new(period, tz, *grouping != Grouping::Day).bind(query),
+        _ => scope.split(period, tz).bind(query),
     };
     if let Some(extra) = extra_parameter(grouping, tz) {
         query = query.bind(extra);
@@ -207,15 +261,16 @@ fn extra_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
     }
 }
 
-/// Segment sums of `project` over `[from, to)` (ledger hour boundaries), by group and by
+/// Segment sums of the scope over `[from, to)` (ledger hour boundaries), by group and by
 /// outcome, model, unrated reason and output unit.
 pub async fn cost_sums(
     conn: &mut PgConnection,
-    project: &str,
+    scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
-    grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<CostSums>> {
+    let grouping = scope.grouping();
+    let (month_keys, day_keys, hour_keys) = scope.rollup_keys();
     let sql = match grouping {
         // Labels live on the records, so grouping by one reads the period's segments.
         Grouping::Label(_) => format!(
@@ -232,32 +287,29 @@ pub async fn cost_sums(
              FROM ({rows}) AS rows \
              GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
             sums = cost_columns(""),
-            rows = PeriodSplit::rows_sql(
+            rows = scope.split(period, tz).rows_sql(
                 "cost",
                 "{key} AS key, outcome, gpu_model, unrated_reason, output_unit, segments, \
                  gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, unmeasured, failed, \
                  output_quantity",
-                (
-                    &month_key(grouping),
-                    &day_key(grouping),
-                    &key_expression(grouping, "hour", ""),
-                ),
-                "= $1",
+                (&month_keys, &day_keys, &hour_keys),
+                scope.projects(),
                 2,
             ),
         ),
     };
-    fetch_grouped(conn, &sql, project, period, grouping, tz).await
+    fetch_grouped(conn, &sql, scope, period, tz).await
 }
 
-/// Per-record counts of `project` for the records that ended in `[from, to)`, by group.
+/// Per-record counts of the scope for the records that ended in `[from, to)`, by group.
 pub async fn record_sums(
     conn: &mut PgConnection,
-    project: &str,
+    scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
-    grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<RecordSums>> {
+    let grouping = scope.grouping();
+    let (month_keys, day_keys, hour_keys) = scope.rollup_keys();
     let sql = match grouping {
         Grouping::Label(_) => format!(
             "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
@@ -277,20 +329,16 @@ pub async fn record_sums(
                     sum(tasks_failed)::bigint AS tasks_failed \
              FROM ({rows}) AS rows \
              GROUP BY 1 HAVING sum(records) > 0",
-            rows = PeriodSplit::rows_sql(
+            rows = scope.split(period, tz).rows_sql(
                 "records",
                 "{key} AS key, records, retries, failures, tasks_completed, tasks_failed",
-                (
-                    &month_key(grouping),
-                    &day_key(grouping),
-                    &key_expression(grouping, "hour", ""),
-                ),
-                "= $1",
+                (&month_keys, &day_keys, &hour_keys),
+                scope.projects(),
                 2,
             ),
         ),
     };
-    fetch_grouped(conn, &sql, project, period, grouping, tz).await
+    fetch_grouped(conn, &sql, scope, period, tz).await
 }
 
 /// The group key of a job record by its `started_at`; the ledger time zone or the label key
@@ -352,40 +400,22 @@ pub async fn queue_waits(
     query.fetch_all(conn).await
 }
 
-/// GPU-seconds each of `contracts` rated for `project`, per ledger hour of `[from, to)`.
+/// GPU-seconds each of `contracts` rated for `project` (for any project without one), per
+/// ledger hour of `[from, to)`.
 pub async fn contract_usage(
     conn: &mut PgConnection,
-    project: &str,
+    project: Option<&str>,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     contracts: &[Uuid],
 ) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
     let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
         "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
          FROM contract_usage_hourly \
-         WHERE contract_id = ANY($4) AND hour >= $2 AND hour < $3 AND project_id = $1 \
+         JOIN UNNEST($4::uuid[]) AS wanted(id) ON contract_id = wanted.id \
+         WHERE hour >= $2 AND hour < $3 AND project_id = coalesce($1, project_id) \
          GROUP BY 1, 2 HAVING sum(segments) > 0"
     ))
     .bind(project)
-    .bind(from)
-    .bind(to)
-    .bind(contracts)
-    .fetch_all(conn)
-    .await?;
-    Ok(by_contract_and_hour(rows))
-}
-
-/// GPU-seconds each of `contracts` rated for any project, per ledger hour of `[from, to)`.
-pub async fn contract_usage_all_projects(
-    conn: &mut PgConnection,
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
-    contracts: &[Uuid],
-) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
-    let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
-        "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
-         FROM contract_usage_hourly \
-         WHERE contract_id = ANY($3) AND hour >= $1 AND hour < $2 \
-         GROUP BY 1, 2 HAVING sum(segments) > 0"
-    ))
     .bind(from)
     .bind(to)
     .bind(contracts)
@@ -441,16 +471,17 @@ impl UtilRow {
     }
 }
 
-/// Utilisation sums of `project` over `[from, to)` by group, from the utilisation rollups
+/// Utilisation sums of the scope over `[from, to)` by group, from the utilisation rollups
 /// (or, by label, from the period's segments with telemetry); groups without telemetry have
 /// no row.
 pub async fn util_sums(
     conn: &mut PgConnection,
-    project: &str,
+    scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
-    grouping: &Grouping,
     tz: Tz,
 ) -> sqlx::Result<Vec<UtilRow>> {
+    let grouping = scope.grouping();
+    let (month_keys, day_keys, hour_keys) = scope.rollup_keys();
     let sums = &UTIL_SUMS[1..];
     let rounded = sums
         .iter()
@@ -472,18 +503,14 @@ pub async fn util_sums(
         ),
         _ => format!(
             "SELECT key, {rounded} FROM ({rows}) AS rows GROUP BY 1 HAVING sum(segments) > 0",
-            rows = PeriodSplit::rows_sql(
+            rows = scope.split(period, tz).rows_sql(
                 "util",
                 &format!("{{key}} AS key, {}", UTIL_SUMS.join(", ")),
-                (
-                    &month_key(grouping),
-                    &day_key(grouping),
-                    &key_expression(grouping, "hour", ""),
-                ),
-                "= $1",
+                (&month_keys, &day_keys, &hour_keys),
+                scope.projects(),
                 2,
             ),
         ),
     };
-    fetch_grouped(conn, &sql, project, period, grouping, tz).await
+    fetch_grouped(conn, &sql, scope, period, tz).await
 }

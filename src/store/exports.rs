@@ -67,7 +67,7 @@ pub async fn usage_by_contract(
               AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
               AND t.unrated_reason IS NOT DISTINCT FROM u.unrated_reason \
          ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode",
-        rows = PeriodSplit::rows_sql(
+        rows = split.rows_sql(
             "cost",
             "project_id, gpu_model, billing_mode, contract_id, unrated_reason, segments, \
              gpu_seconds_held, gpu_seconds_busy, cost",

@@ -1,5 +1,7 @@
 //! Projects and their monthly budgets.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgExecutor, PgPool};
@@ -204,6 +206,23 @@ pub async fn budget_for(
     .fetch_optional(executor)
     .await?;
     Ok(own.or(project.default_monthly_budget))
+}
+
+/// The budgets set for `month` itself, by project (a project without one has its default).
+pub async fn own_budgets(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+) -> sqlx::Result<BTreeMap<String, Decimal>> {
+    let rows = sqlx::query!(
+        "SELECT project_id, amount FROM budgets WHERE month = $1",
+        month,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.project_id, row.amount))
+        .collect())
 }
 
 /// Projects with a budget for `month` (their own or a default): those the periodic burn check

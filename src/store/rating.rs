@@ -24,7 +24,7 @@ use crate::store::{contracts, fx_rates, tasks as task_ledger};
 /// The most hourly segments one rating call is asked to make. A call holds its segments in
 /// memory, so this bounds the memory of rating, whatever the batch: records of up to a month
 /// make up to 745 segments each.
-pub const SEGMENTS_PER_CALL: i64 = 50_000;
+pub const SEGMENTS_PER_CALL: i64 = 10_000;
 
 #[derive(Debug, sqlx::FromRow)]
 struct RecordRow {
@@ -215,19 +215,16 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unmeasured, failed, output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
           memory_used_share, mig_slices)";
 
-/// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s rollup
-/// at every level, tagged with the delta number in the CTE `tag`; `tz` is the parameter
-/// holding the time zone.
+/// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s daily
+/// and monthly rollups, tagged with the delta number in the CTE `tag`; `tz` is the parameter
+/// holding the time zone. (Its hourly rollup is a view over what rating stores.)
 fn append_diff(family: Family, diff: &str, tz: &str) -> String {
-    Level::ALL
+    Level::STORED
         .iter()
         .enumerate()
         .map(|(i, &level)| {
-            let source = format!("{diff}, tag");
-            let append = match level {
-                Level::Hour => rollups::append_hourly_sql(family, &source, "tag.delta"),
-                _ => rollups::append_sql(family, level, tz, &source, "min(tag.delta)"),
-            };
+            let append =
+                rollups::append_sql(family, level, tz, &format!("{diff}, tag"), "min(tag.delta)");
             format!("{diff}_append_{i} AS ({append})")
         })
         .collect::<Vec<_>>()
@@ -600,9 +597,10 @@ async fn rate_all(
     Ok(segments)
 }
 
-/// Re-rates every record with segments of `gpu_model` and `billing_mode` in `[from, until)`
-/// (open-ended without `until`), of `project` or of every project: what a contract valid
-/// over that span may change. Returns how many records were re-rated.
+/// Re-rates every record of `gpu_model` and `billing_mode` with segments in `[from, until)`
+/// (open-ended without `until`), and the few within an hour of it, of `project` or of every
+/// project: what a contract valid over that span may change. Returns how many records were
+/// re-rated.
 pub async fn rerate_kind(
     conn: &mut PgConnection,
     gpu_model: &str,
@@ -619,13 +617,15 @@ pub async fn rerate_kind(
                 .await?
         }
     };
-    // A segment lies inside its ledger hour, which is at most an hour long.
+    // A record's segments lie in the ledger hours from the one holding its start to the one
+    // holding its end, each at most an hour long: one with a segment in the span started
+    // less than an hour before its end and ended less than an hour before its start. The
+    // records' own model and mode are those of their segments.
     let keys = sqlx::query_as::<_, (String, String, i32, i64)>(&format!(
         "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM job_records r \
-         WHERE (r.project_id, r.task_id, r.attempt) IN ( \
-             SELECT project_id, task_id, attempt FROM rated_segments \
-             WHERE project_id = ANY($1) AND gpu_model = $2 AND billing_mode = $3 \
-               AND hour > $4 - interval '1 hour' AND ($5::timestamptz IS NULL OR hour < $5)) \
+         WHERE r.project_id = ANY($1) AND r.gpu_model = $2 AND r.billing_mode = $3 \
+           AND r.ended_at > $4 - interval '1 hour' \
+           AND ($5::timestamptz IS NULL OR r.started_at < $5 + interval '1 hour') \
          ORDER BY r.project_id, r.task_id, r.attempt",
     ))
     .bind(&projects)

@@ -5,7 +5,9 @@
 //! (`delta = 0`). Every read sums all rows of a key, so figures are exact whether or not
 //! compaction has run. A period is read from the monthly tables for its whole ledger months,
 //! from the daily ones for its other whole ledger days, and from the hourly ones for the
-//! hours left over.
+//! hours left over. The hourly ones are views with a row per segment or per-record figures
+//! (migration 0011): a period has at most two partial days, which the segments' index by
+//! project and hour reads as fast as a table of sums, and rating writes no hourly row.
 
 use anyhow::Context;
 use chrono::{DateTime, Months, NaiveDate, Utc};
@@ -157,7 +159,9 @@ pub enum Level {
 }
 
 impl Level {
-    pub const ALL: [Level; 3] = [Level::Hour, Level::Day, Level::Month];
+    /// The levels kept as tables, which rating appends to and compaction folds. The hourly
+    /// rollups are views over the segments and per-record figures.
+    pub const STORED: [Level; 2] = [Level::Day, Level::Month];
 
     pub fn column(self) -> &'static str {
         match self {
@@ -208,20 +212,6 @@ pub fn append_sql(family: Family, level: Level, tz: &str, source: &str, delta: &
     )
 }
 
-/// An `INSERT` into `family`'s hourly table of the rows of `source`, already summed per
-/// hourly key, tagged with `delta`; rows that change nothing are left out.
-pub fn append_hourly_sql(family: Family, source: &str, delta: &str) -> String {
-    let sums = family.sums();
-    let columns = sums.join(", ");
-    let zeros = vec!["0"; sums.len()].join(", ");
-    let key = family.key(Level::Hour);
-    format!(
-        "INSERT INTO {table} ({key}, {columns}, delta) \
-         SELECT {key}, {columns}, {delta} FROM {source} WHERE ({columns}) <> ({zeros})",
-        table = family.table(Level::Hour),
-    )
-}
-
 /// One rollup table, as compaction sees it.
 struct Rollup {
     table: String,
@@ -234,7 +224,7 @@ fn rollups() -> Vec<Rollup> {
     let mut rollups: Vec<Rollup> = Family::ALL
         .iter()
         .flat_map(|&family| {
-            Level::ALL.iter().map(move |&level| Rollup {
+            Level::STORED.iter().map(move |&level| Rollup {
                 table: family.table(level),
                 constraint: family.constraint(level),
                 key: family.key(level),
@@ -541,11 +531,14 @@ impl PeriodSplit {
         }
     }
 
-    /// SQL reading `columns` of a rollup family (`cost` or `records`) over the period, as
-    /// one row set: whole months from `{family}_monthly`, other whole days from
+    /// SQL reading `columns` of a rollup family (`cost`, `records` or `util`) over the
+    /// period, as one row set: whole months from `{family}_monthly`, other whole days from
     /// `{family}_daily`, other hours from `{family}_hourly`. In `columns`, `{key}` stands for
-    /// the month, day or hour key. `$n` are bound by [`PeriodSplit::bind`] from `first`.
+    /// the month, day or hour key. `$n` are bound by [`PeriodSplit::bind`] from `first`. Parts
+    /// of the period that are empty are left out: with no project to lead an index, even an
+    /// empty range would otherwise scan a whole table.
     pub fn rows_sql(
+        &self,
         family: &str,
         columns: &str,
         (month_key, day_key, hour_key): (&str, &str, &str),
@@ -561,14 +554,38 @@ impl PeriodSplit {
         let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
             level_rows(family, level, columns, projects, (time, start, end))
         };
-        [
-            select(&monthly, "monthly", "month", &first_month, &end_month),
-            select(&daily, "daily", "day", &first_day, &first_month),
-            select(&daily, "daily", "day", &end_month, &end_day),
-            select(&hourly, "hourly", "hour", &from, &days_start),
-            select(&hourly, "hourly", "hour", &days_end, &to),
-        ]
-        .join(" UNION ALL ")
+        let parts = [
+            (
+                self.first_month < self.end_month,
+                select(&monthly, "monthly", "month", &first_month, &end_month),
+            ),
+            (
+                self.first_day < self.first_month,
+                select(&daily, "daily", "day", &first_day, &first_month),
+            ),
+            (
+                self.end_month < self.end_day,
+                select(&daily, "daily", "day", &end_month, &end_day),
+            ),
+            (
+                self.from < self.days_start,
+                select(&hourly, "hourly", "hour", &from, &days_start),
+            ),
+            (
+                self.days_end < self.to,
+                select(&hourly, "hourly", "hour", &days_end, &to),
+            ),
+        ];
+        let read: Vec<&str> = parts
+            .iter()
+            .filter(|(covered, _)| *covered)
+            .map(|(_, sql)| sql.as_str())
+            .collect();
+        match read.is_empty() {
+            // An empty period still reads one (empty) range, for the columns' types.
+            true => parts[3].1.clone(),
+            false => read.join(" UNION ALL "),
+        }
     }
 
     /// Binds the eight parameters [`PeriodSplit::rows_sql`] uses, in its order.
@@ -748,5 +765,13 @@ mod tests {
             (split.months_start, split.months_end),
             (at(2026, 11, 1, 4), at(2026, 12, 1, 5))
         );
+    }
+
+    #[test]
+    fn the_hourly_utilisation_view_judges_looks_busy_by_the_same_thresholds() {
+        let views = include_str!("../../migrations/0011_hourly_rollups_as_views.sql");
+        assert!(views.contains(&format!(
+            "gpu_util >= {LOOKS_BUSY_GPU_UTIL} AND sm_active < {LOOKS_BUSY_SM_ACTIVE}"
+        )));
     }
 }

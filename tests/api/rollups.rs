@@ -202,8 +202,8 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
     }
     // Compacted rows are one per key.
     let compacted: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM cost_hourly WHERE delta = 0 \
-         GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+        "SELECT count(*) FROM cost_daily WHERE delta = 0 \
+         GROUP BY project_id, day, gpu_model, billing_mode, outcome, contract_id, \
                   unrated_reason, output_unit ORDER BY 1 DESC LIMIT 1",
     )
     .fetch_one(&app.pool)

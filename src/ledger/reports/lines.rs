@@ -12,11 +12,12 @@ use super::model::{Amounts, CommitmentLine, ProjectLine, SharedContract, SharedL
 use crate::config::Settings;
 use crate::domain::burn::burn;
 use crate::domain::commitment::unused_commitment;
+use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
-use crate::ledger::cost::{CostOf, month_cost};
+use crate::ledger::cost::{CostOf, GroupView, month_cost, month_figures_of_projects};
 use crate::store;
 
 /// Who owns a line: a project, or the shared commitment (`None`), in a currency.
@@ -31,26 +32,57 @@ pub(super) async fn month_lines(
     settings: &Settings,
 ) -> LedgerResult<(Vec<ProjectLine>, Vec<SharedLine>)> {
     let tz = settings.timezone;
-    let mut projects = Vec::new();
-    for project in store::projects::all(conn).await? {
-        let of = CostOf {
+    let rows = store::projects::all(conn).await?;
+    let of: Vec<CostOf> = rows
+        .iter()
+        .map(|project| CostOf {
             project: &project.id,
             currency: &project.currency,
-        };
-        let cost = month_cost(conn, of, month.first_day(), grouping.clone(), as_of, tz).await?;
-        let budget = store::projects::budget_for(&mut *conn, &project, month.first_day()).await?;
-        let burn = burn(cost.figures.total, budget, month.first_day(), as_of, tz);
+        })
+        .collect();
+    // Without groups, every project's figures are read at once.
+    let costs: Vec<(Figures, Vec<GroupView>)> = match grouping {
+        Grouping::Whole => month_figures_of_projects(conn, &of, month.first_day(), as_of, tz)
+            .await?
+            .into_iter()
+            .map(|figures| (figures, Vec::new()))
+            .collect(),
+        _ => {
+            let mut costs = Vec::with_capacity(of.len());
+            for &project in &of {
+                let cost = month_cost(
+                    conn,
+                    project,
+                    month.first_day(),
+                    grouping.clone(),
+                    as_of,
+                    tz,
+                )
+                .await?;
+                costs.push((cost.figures, cost.groups));
+            }
+            costs
+        }
+    };
+    let own_budgets = store::projects::own_budgets(conn, month.first_day()).await?;
+    let mut projects = Vec::with_capacity(rows.len());
+    for (project, (figures, groups)) in rows.iter().zip(costs) {
+        let budget = own_budgets
+            .get(&project.id)
+            .copied()
+            .or(project.default_monthly_budget);
+        let burn = burn(figures.total, budget, month.first_day(), as_of, tz);
         projects.push(ProjectLine {
-            project: project.id,
-            name: project.name,
-            team: project.team,
-            currency: project.currency,
-            figures: cost.figures,
+            project: project.id.clone(),
+            name: project.name.clone(),
+            team: project.team.clone(),
+            currency: project.currency.clone(),
+            figures,
             budget: budget.map(|b| b.normalize()),
             burn_pct: burn.burn_pct.map(|p| p.normalize()),
             forecast: burn.forecast.map(|f| f.normalize()),
             forecast_pct: burn.forecast_pct.map(|p| p.normalize()),
-            groups: cost.groups,
+            groups,
         });
     }
     let shared = shared_lines(conn, month, as_of, settings).await?;
@@ -75,7 +107,7 @@ async fn shared_lines(
         return Ok(Vec::new());
     }
     let ids: Vec<Uuid> = contracts.iter().map(|c| c.id).collect();
-    let usage = store::cost::contract_usage_all_projects(conn, (start, as_of), &ids).await?;
+    let usage = store::cost::contract_usage(conn, None, (start, as_of), &ids).await?;
     let empty = BTreeMap::new();
     let mut by_currency: BTreeMap<String, SharedLine> = BTreeMap::new();
     for row in &contracts {
@@ -135,7 +167,7 @@ pub(super) async fn commitment_lines(
         return Ok(Vec::new());
     }
     let ids: Vec<Uuid> = contracts.iter().map(|c| c.id).collect();
-    let usage = store::cost::contract_usage_all_projects(conn, (start, as_of), &ids).await?;
+    let usage = store::cost::contract_usage(conn, None, (start, as_of), &ids).await?;
     let empty = BTreeMap::new();
     Ok(contracts
         .iter()

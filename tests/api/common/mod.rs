@@ -67,6 +67,7 @@ async fn start_embedded_cluster() -> EmbeddedPostgres {
     let options = || EmbeddedOptions {
         durable: false,
         max_connections: 300,
+        ..EmbeddedOptions::default()
     };
     let shared = std::env::temp_dir().join(format!(
         "taskledger-test-cluster-{}",
