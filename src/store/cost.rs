@@ -411,8 +411,8 @@ pub async fn contract_usage(
     let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
         "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
          FROM contract_usage_hourly \
-         JOIN UNNEST($4::uuid[]) AS wanted(id) ON contract_id = wanted.id \
-         WHERE hour >= $2 AND hour < $3 AND project_id = coalesce($1, project_id) \
+         WHERE contract_id = ANY($4) AND hour >= $2 AND hour < $3 \
+           AND ($1::text IS NULL OR project_id = $1) \
          GROUP BY 1, 2 HAVING sum(segments) > 0"
     ))
     .bind(project)
