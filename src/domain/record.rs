@@ -27,6 +27,17 @@ pub const MAX_GPU_COUNT: u32 = 1_000_000;
 /// How far in the future `ended_at` may lie (clock skew between CI and the server).
 pub const FUTURE_TOLERANCE_SECONDS: i64 = 300;
 
+/// A label value taken from another system, as a record may carry it: control characters
+/// dropped, cut to [`MAX_LABEL_VALUE_CHARS`]; `None` when nothing but white space is left.
+pub fn label_value(raw: &str) -> Option<String> {
+    let value: String = raw
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_LABEL_VALUE_CHARS)
+        .collect();
+    (!value.trim().is_empty()).then_some(value)
+}
+
 const FIELDS: [&str; 25] = [
     "project",
     "task_id",

@@ -22,7 +22,7 @@ use self::resources::GpuRequest;
 use self::telemetry::{Dcgm, SHARED_GPU};
 use crate::domain::gpu;
 use crate::domain::rating::Outcome;
-use crate::domain::record::{MAX_LABEL_VALUE_CHARS, format_time};
+use crate::domain::record::{format_time, label_value};
 use crate::domain::slurm::{account_slug, telemetry::mig_profile};
 use crate::domain::source::{LeftOut, Problem, SourceBatch, SourceRecord};
 use crate::domain::values::ProjectId;
@@ -688,12 +688,8 @@ fn labels(candidate: &Candidate, mapping: &Mapping) -> Map<String, Value> {
         .into_iter()
         .chain(copied)
         .filter_map(|(key, value)| {
-            let value: String = value?
-                .chars()
-                .filter(|c| !c.is_control())
-                .take(MAX_LABEL_VALUE_CHARS)
-                .collect();
-            (!value.trim().is_empty()).then(|| (key.to_owned(), Value::String(value)))
+            let value = label_value(value?)?;
+            Some((key.to_owned(), Value::String(value)))
         })
         .collect()
 }

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
-use crate::domain::record::{MAX_LABEL_VALUE_CHARS, format_time};
+use crate::domain::record::{format_time, label_value};
 use crate::domain::source::{Problem, SourceBatch, SourceRecord};
 use crate::domain::values::ProjectId;
 
@@ -297,13 +297,8 @@ fn labels(job: &SlurmJob) -> Map<String, Value> {
     ]
     .into_iter()
     .filter_map(|(key, value)| {
-        let value: String = value
-            .as_deref()?
-            .chars()
-            .filter(|c| !c.is_control())
-            .take(MAX_LABEL_VALUE_CHARS)
-            .collect();
-        (!value.trim().is_empty()).then(|| (key.to_owned(), Value::String(value)))
+        let value = label_value(value.as_deref()?)?;
+        Some((key.to_owned(), Value::String(value)))
     })
     .collect()
 }
