@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 
@@ -18,6 +18,8 @@ use super::rating::{BillingMode, Contract};
 pub struct UnusedCommitment {
     /// Start of the ledger hour.
     pub hour: DateTime<Utc>,
+    /// The ledger month holding the hour.
+    pub month: NaiveDate,
     /// The GPU-hours committed in the part of the hour inside the window.
     pub committed_gpu_hours: Decimal,
     pub unused_gpu_hours: Decimal,
@@ -41,6 +43,34 @@ pub fn unused_commitment(
     to: DateTime<Utc>,
     tz: Tz,
 ) -> Vec<UnusedCommitment> {
+    let hours = ledger_hours(from, to, tz);
+    unused_commitment_in(contract, used_gpu_seconds_by_hour, &hours, from, to)
+}
+
+/// The ledger hours that hold some of `[from, to)`, in order.
+pub fn ledger_hours(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Vec<LedgerHour> {
+    let mut hours = Vec::new();
+    if from >= to {
+        return hours;
+    }
+    let mut hour = LedgerHour::holding(from, tz);
+    while hour.start < to {
+        let next = hour.following(tz);
+        hours.push(hour);
+        hour = next;
+    }
+    hours
+}
+
+/// [`unused_commitment`] over `hours`, the ledger hours of `[from, to)` as [`ledger_hours`]
+/// gives them: a caller netting many contracts over one window finds its hours once.
+pub fn unused_commitment_in(
+    contract: &Contract,
+    used_gpu_seconds_by_hour: &BTreeMap<DateTime<Utc>, Decimal>,
+    hours: &[LedgerHour],
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Vec<UnusedCommitment> {
     let Some(committed_gpus) = contract
         .committed_gpus
         .filter(|_| contract.billing_mode == BillingMode::Reserved)
@@ -49,26 +79,45 @@ pub fn unused_commitment(
     };
     let start = from.max(contract.valid_from);
     let end = contract.valid_until.map_or(to, |until| until.min(to));
-    let mut charges = Vec::new();
     if start >= end {
-        return charges;
+        return Vec::new();
     }
-    let mut hour = LedgerHour::holding(start, tz);
-    while hour.start < end {
-        let committed_seconds =
-            committed_gpus * seconds_between(hour.start.max(start), hour.end.min(end));
-        let used_seconds = used_gpu_seconds_by_hour
-            .get(&hour.start)
-            .copied()
-            .unwrap_or_default();
+    // The hours from the one holding `start` to the one holding the last instant before `end`.
+    let first = hours.partition_point(|hour| hour.end <= start);
+    let last = hours.partition_point(|hour| hour.start < end);
+    let mut charges = Vec::with_capacity(last.saturating_sub(first));
+    let mut used = used_gpu_seconds_by_hour.range(hours.get(first).map_or(start, |h| h.start)..);
+    let mut next_used = used.next();
+    // Whole hours commit the same GPU-hours, so they are worked out once.
+    let mut committed_of: Option<(Decimal, Decimal, Decimal)> = None;
+    for hour in &hours[first..last] {
+        let seconds = seconds_between(hour.start.max(start), hour.end.min(end));
+        let (committed_seconds, committed_gpu_hours) = match committed_of {
+            Some((cached, committed_seconds, committed_gpu_hours)) if cached == seconds => {
+                (committed_seconds, committed_gpu_hours)
+            }
+            _ => {
+                let committed_seconds = committed_gpus * seconds;
+                let committed_gpu_hours = committed_seconds / SECONDS_PER_HOUR;
+                committed_of = Some((seconds, committed_seconds, committed_gpu_hours));
+                (committed_seconds, committed_gpu_hours)
+            }
+        };
+        while next_used.is_some_and(|(at, _)| *at < hour.start) {
+            next_used = used.next();
+        }
+        let used_seconds = match next_used {
+            Some((at, seconds)) if *at == hour.start => *seconds,
+            _ => Decimal::ZERO,
+        };
         let unused_seconds = (committed_seconds - used_seconds).max(Decimal::ZERO);
         charges.push(UnusedCommitment {
             hour: hour.start,
-            committed_gpu_hours: committed_seconds / SECONDS_PER_HOUR,
+            month: hour.month,
+            committed_gpu_hours,
             unused_gpu_hours: unused_seconds / SECONDS_PER_HOUR,
             cost: unused_seconds * contract.price_per_gpu_hour / SECONDS_PER_HOUR,
         });
-        hour = hour.following(tz);
     }
     charges
 }

@@ -10,11 +10,11 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::commitment::unused_commitment;
 use crate::domain::figures::{FigureSums, Figures, Grouping, QueueWait, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::ledger::LedgerResult;
+use crate::ledger::commitments::Commitments;
 use crate::store;
 use crate::store::cost::Scope;
 
@@ -177,7 +177,8 @@ async fn group_sums(
     let mut groups = rollup_sums(conn, scope, query.period, tz).await?;
     let currencies = BTreeMap::from([(of.project.to_owned(), of.currency.to_owned())]);
     let group_of = |_: &str, hour, gpu_model: &str| hour_key(&query.grouping, hour, gpu_model, tz);
-    add_unused_commitment(conn, scope, &currencies, query, tz, group_of, &mut groups).await?;
+    let commitments = Commitments::of_project(conn, of.project, accrual_window(query), tz).await?;
+    add_unused_commitment(conn, &commitments, &currencies, tz, group_of, &mut groups).await?;
     Ok(groups)
 }
 
@@ -239,30 +240,27 @@ pub async fn month_cost(
     period_figures(conn, of, &query, tz).await
 }
 
-/// Every project's money figures over a whole ledger month, with unused commitment accrued up
-/// to `as_of`: for each of `projects` (every project there is), in their order, what
+/// Every project's money figures over a whole ledger month, with the unused commitment of
+/// `commitments` (every contract's, accrued up to `as_of`, as [`month_commitments`] reads
+/// them): for each of `projects` (every project there is), in their order, what
 /// [`month_cost`] gives it without a grouping, read for all of them in a fixed number of
 /// statements.
 pub async fn month_figures_of_projects(
     conn: &mut sqlx::PgConnection,
     projects: &[CostOf<'_>],
     month: NaiveDate,
-    as_of: DateTime<Utc>,
+    commitments: &Commitments,
     tz: Tz,
 ) -> LedgerResult<Vec<Figures>> {
-    let query = CostQuery {
-        period: month_bounds(month, tz),
-        grouping: Grouping::Whole,
-        as_of,
-    };
+    let period = month_bounds(month, tz);
     let scope = Scope::EveryProject;
-    let mut groups = rollup_sums(conn, scope, query.period, tz).await?;
+    let mut groups = rollup_sums(conn, scope, period, tz).await?;
     let currencies: BTreeMap<String, String> = projects
         .iter()
         .map(|of| (of.project.to_owned(), of.currency.to_owned()))
         .collect();
     let group_of = |project: &str, _, _: &str| Some(project.to_owned());
-    add_unused_commitment(conn, scope, &currencies, &query, tz, group_of, &mut groups).await?;
+    add_unused_commitment(conn, commitments, &currencies, tz, group_of, &mut groups).await?;
     Ok(projects
         .iter()
         .map(|of| {
@@ -272,6 +270,21 @@ pub async fn month_figures_of_projects(
                 .figures()
         })
         .collect())
+}
+
+/// Every reserved contract's commitment over a ledger month, accrued up to `as_of`.
+pub async fn month_commitments(
+    conn: &mut sqlx::PgConnection,
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<Commitments> {
+    let query = CostQuery {
+        period: month_bounds(month, tz),
+        grouping: Grouping::Whole,
+        as_of,
+    };
+    Commitments::all(conn, accrual_window(&query), tz).await
 }
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
@@ -360,76 +373,96 @@ fn hour_key(grouping: &Grouping, hour: DateTime<Utc>, gpu_model: &str, tz: Tz) -
     }
 }
 
-/// Unused commitment of the reserved contracts scoped to the scope's projects (each kept in
-/// the currency `currencies` gives it), up to `as_of`, added to the group
+/// The commitments of `query`'s period up to its `as_of`: where unused commitment accrues.
+fn accrual_window(query: &CostQuery) -> (DateTime<Utc>, DateTime<Utc>) {
+    let (from, to) = query.period;
+    (from, to.min(query.as_of))
+}
+
+/// Unused commitment of the project-scoped contracts among `commitments` whose project
+/// `currencies` keeps (in the currency it gives), added to the group
 /// `group_of(project, hour, gpu_model)` names.
 async fn add_unused_commitment(
     conn: &mut sqlx::PgConnection,
-    scope: Scope<'_>,
+    commitments: &Commitments,
     currencies: &BTreeMap<String, String>,
-    query: &CostQuery,
     tz: Tz,
     group_of: impl Fn(&str, DateTime<Utc>, &str) -> Option<String>,
     groups: &mut BTreeMap<Option<String>, FigureSums>,
 ) -> LedgerResult<()> {
-    let (from, to) = query.period;
-    let accrues_until = to.min(query.as_of);
-    if accrues_until <= from {
+    if commitments.accrued.is_empty() {
         return Ok(());
     }
-    let window = (from, accrues_until);
-    let project = match scope {
-        Scope::Project(project, _) => Some(project),
-        Scope::EveryProject => None,
-    };
-    let contracts =
-        store::contracts::project_commitments(conn, project, from, accrues_until).await?;
-    if contracts.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<_> = contracts.iter().map(|c| c.id).collect();
-    // An hour cut by `as_of` has its usage read whole: usage has no finer grain.
-    let usage = store::cost::contract_usage(conn, project, window, &ids).await?;
+    let (from, until) = commitments.window;
     let mut to_currencies: Vec<String> = currencies.values().cloned().collect();
     to_currencies.sort_unstable();
     to_currencies.dedup();
     let fx = store::fx_rates::table(
         conn,
         LedgerHour::holding(from, tz).month,
-        LedgerHour::holding(accrues_until, tz).month,
+        LedgerHour::holding(until, tz).month,
         &to_currencies,
     )
     .await?;
-    let empty = BTreeMap::new();
-    for row in &contracts {
-        let Some((project, currency)) = row
+    for accrued in &commitments.accrued {
+        let Some((project, currency)) = accrued
+            .row
             .project_id
             .as_ref()
             .and_then(|project| currencies.get_key_value(project))
         else {
             continue;
         };
-        let contract = row.to_domain();
-        let used = usage.get(&row.id).unwrap_or(&empty);
-        for charge in unused_commitment(&contract, used, window.0, window.1, tz) {
-            if charge.unused_gpu_hours.is_zero() {
-                continue;
+        let contract = &accrued.contract;
+        // Consecutive hours mostly fall in one group: their amounts are added to it together,
+        // each as it is, so the group is looked up once per run of hours.
+        let mut run: Option<Option<String>> = None;
+        let mut amounts: Vec<Charged> = Vec::new();
+        for charge in &accrued.unused_hours {
+            let key = group_of(project, charge.hour, &contract.gpu_model);
+            if run.as_ref().is_some_and(|held| *held != key) {
+                add_charged(groups, run.take(), &mut amounts, &contract.gpu_model);
             }
-            let month = LedgerHour::holding(charge.hour, tz).month;
-            let group = groups
-                .entry(group_of(project, charge.hour, &contract.gpu_model))
-                .or_default();
-            match fx.conversion(month, &contract.currency, currency) {
-                Some(rate) => {
-                    group.add_unused_commitment((charge.cost * rate).round_dp(SUM_SCALE));
-                }
-                None => group.add_unrated(
-                    "no_fx_rate",
-                    &contract.gpu_model,
-                    (charge.unused_gpu_hours * SECONDS_PER_HOUR).round_dp(SUM_SCALE),
-                ),
+            run = Some(key);
+            amounts.push(
+                match fx.conversion(charge.month, &contract.currency, currency) {
+                    Some(rate) => Charged::Unused((charge.cost * rate).round_dp(SUM_SCALE)),
+                    None => Charged::NoFxRate(
+                        (charge.unused_gpu_hours * SECONDS_PER_HOUR).round_dp(SUM_SCALE),
+                    ),
+                },
+            );
+        }
+        add_charged(groups, run, &mut amounts, &contract.gpu_model);
+    }
+    Ok(())
+}
+
+/// What one hour of unused commitment adds to its group.
+enum Charged {
+    /// Its cost in the project's currency.
+    Unused(Decimal),
+    /// Its GPU-seconds, unrated for want of an FX rate.
+    NoFxRate(Decimal),
+}
+
+/// Adds `amounts`, in order, to the group `key` (if any), leaving `amounts` empty.
+fn add_charged(
+    groups: &mut BTreeMap<Option<String>, FigureSums>,
+    key: Option<Option<String>>,
+    amounts: &mut Vec<Charged>,
+    gpu_model: &str,
+) {
+    let Some(key) = key else {
+        return;
+    };
+    let group = groups.entry(key).or_default();
+    for amount in amounts.drain(..) {
+        match amount {
+            Charged::Unused(cost) => group.add_unused_commitment(cost),
+            Charged::NoFxRate(gpu_seconds) => {
+                group.add_unrated("no_fx_rate", gpu_model, gpu_seconds)
             }
         }
     }
-    Ok(())
 }

@@ -4,6 +4,7 @@
 //! [`LedgerError`].
 
 pub mod alerting;
+pub mod commitments;
 pub mod cost;
 pub mod demo;
 pub mod error;

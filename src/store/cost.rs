@@ -401,19 +401,23 @@ pub async fn queue_waits(
 }
 
 /// GPU-seconds each of `contracts` rated for `project` (for any project without one), per
-/// ledger hour of `[from, to)`.
+/// ledger hour of `[from, to)`. Each contract's hours come back as one row of arrays: a
+/// month of a thousand reservations is hundreds of thousands of hours.
 pub async fn contract_usage(
     conn: &mut PgConnection,
     project: Option<&str>,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     contracts: &[Uuid],
 ) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
-    let rows: Vec<(Uuid, DateTime<Utc>, Decimal)> = sqlx::query_as(&format!(
-        "SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) \
-         FROM contract_usage_hourly \
-         WHERE contract_id = ANY($4) AND hour >= $2 AND hour < $3 \
-           AND ($1::text IS NULL OR project_id = $1) \
-         GROUP BY 1, 2 HAVING sum(segments) > 0"
+    let rows: Vec<(Uuid, Vec<DateTime<Utc>>, Vec<Decimal>)> = sqlx::query_as(&format!(
+        "SELECT contract_id, array_agg(hour ORDER BY hour), array_agg(used ORDER BY hour) \
+         FROM ( \
+           SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) AS used \
+           FROM contract_usage_hourly \
+           WHERE contract_id = ANY($4) AND hour >= $2 AND hour < $3 \
+             AND ($1::text IS NULL OR project_id = $1) \
+           GROUP BY 1, 2 HAVING sum(segments) > 0) u \
+         GROUP BY contract_id"
     ))
     .bind(project)
     .bind(from)
@@ -421,17 +425,10 @@ pub async fn contract_usage(
     .bind(contracts)
     .fetch_all(conn)
     .await?;
-    Ok(by_contract_and_hour(rows))
-}
-
-fn by_contract_and_hour(
-    rows: Vec<(Uuid, DateTime<Utc>, Decimal)>,
-) -> BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> {
-    let mut usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>> = BTreeMap::new();
-    for (contract, hour, seconds) in rows {
-        usage.entry(contract).or_default().insert(hour, seconds);
-    }
-    usage
+    Ok(rows
+        .into_iter()
+        .map(|(contract, hours, used)| (contract, hours.into_iter().zip(used).collect()))
+        .collect())
 }
 
 /// Utilisation sums of one group.

@@ -6,31 +6,40 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
-use uuid::Uuid;
 
 use super::model::{Amounts, CommitmentLine, ProjectLine, SharedContract, SharedLine};
 use crate::config::Settings;
 use crate::domain::burn::burn;
-use crate::domain::commitment::unused_commitment;
 use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
-use crate::ledger::cost::{CostOf, GroupView, month_cost, month_figures_of_projects};
+use crate::ledger::commitments::{Accrued, Commitments};
+use crate::ledger::cost::{
+    CostOf, GroupView, month_commitments, month_cost, month_figures_of_projects,
+};
 use crate::store;
 
 /// Who owns a line: a project, or the shared commitment (`None`), in a currency.
 pub(super) type LineKey = (Option<String>, String);
 
-/// The project lines and shared lines of a month, with unused commitment accrued up to `as_of`.
+/// The lines of a month as the rated data says, with unused commitment accrued up to `as_of`.
+pub(super) struct MonthLines {
+    pub projects: Vec<ProjectLine>,
+    pub shared: Vec<SharedLine>,
+    pub commitments: Vec<CommitmentLine>,
+}
+
+/// The project lines, shared lines and commitment lines of a month. Every reserved
+/// contract's usage is read and netted once, for all three.
 pub(super) async fn month_lines(
     conn: &mut PgConnection,
     month: Month,
     grouping: Grouping,
     as_of: DateTime<Utc>,
     settings: &Settings,
-) -> LedgerResult<(Vec<ProjectLine>, Vec<SharedLine>)> {
+) -> LedgerResult<MonthLines> {
     let tz = settings.timezone;
     let rows = store::projects::all(conn).await?;
     let of: Vec<CostOf> = rows
@@ -40,13 +49,16 @@ pub(super) async fn month_lines(
             currency: &project.currency,
         })
         .collect();
+    let commitments = month_commitments(conn, month.first_day(), as_of, tz).await?;
     // Without groups, every project's figures are read at once.
     let costs: Vec<(Figures, Vec<GroupView>)> = match grouping {
-        Grouping::Whole => month_figures_of_projects(conn, &of, month.first_day(), as_of, tz)
-            .await?
-            .into_iter()
-            .map(|figures| (figures, Vec::new()))
-            .collect(),
+        Grouping::Whole => {
+            month_figures_of_projects(conn, &of, month.first_day(), &commitments, tz)
+                .await?
+                .into_iter()
+                .map(|figures| (figures, Vec::new()))
+                .collect()
+        }
         _ => {
             let mut costs = Vec::with_capacity(of.len());
             for &project in &of {
@@ -85,42 +97,25 @@ pub(super) async fn month_lines(
             groups,
         });
     }
-    let shared = shared_lines(conn, month, as_of, settings).await?;
-    Ok((projects, shared))
+    Ok(MonthLines {
+        projects,
+        shared: shared_lines(&commitments),
+        commitments: commitment_lines(&commitments),
+    })
 }
 
-/// Unused commitment of unscoped reserved contracts up to `as_of`, in each contract's
-/// currency: it belongs to no project, so no project's currency applies.
-async fn shared_lines(
-    conn: &mut PgConnection,
-    month: Month,
-    as_of: DateTime<Utc>,
-    settings: &Settings,
-) -> LedgerResult<Vec<SharedLine>> {
-    let tz = settings.timezone;
-    let (start, _) = month_bounds(month.first_day(), tz);
-    if as_of <= start {
-        return Ok(Vec::new());
-    }
-    let contracts = store::contracts::shared_commitments(conn, start, as_of).await?;
-    if contracts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<Uuid> = contracts.iter().map(|c| c.id).collect();
-    let usage = store::cost::contract_usage(conn, None, (start, as_of), &ids).await?;
-    let empty = BTreeMap::new();
+/// Unused commitment of unscoped reserved contracts, in each contract's currency: it belongs
+/// to no project, so no project's currency applies.
+fn shared_lines(commitments: &Commitments) -> Vec<SharedLine> {
+    let mut shared: Vec<&Accrued> = commitments
+        .accrued
+        .iter()
+        .filter(|accrued| accrued.row.project_id.is_none())
+        .collect();
+    shared.sort_by_key(|accrued| accrued.row.id);
     let mut by_currency: BTreeMap<String, SharedLine> = BTreeMap::new();
-    for row in &contracts {
-        let contract = row.to_domain();
-        let charges = unused_commitment(
-            &contract,
-            usage.get(&row.id).unwrap_or(&empty),
-            start,
-            as_of,
-            tz,
-        );
-        let hours: Decimal = charges.iter().map(|c| c.unused_gpu_hours).sum();
-        let cost: Decimal = charges.iter().map(|c| c.cost).sum();
+    for accrued in shared {
+        let contract = &accrued.contract;
         let line = by_currency
             .entry(contract.currency.clone())
             .or_insert_with(|| SharedLine {
@@ -129,69 +124,54 @@ async fn shared_lines(
                 unused_gpu_hours: Decimal::ZERO,
                 contracts: Vec::new(),
             });
-        line.unused_commitment += cost;
-        line.unused_gpu_hours += hours;
+        line.unused_commitment += accrued.cost;
+        line.unused_gpu_hours += accrued.unused_gpu_hours;
         line.contracts.push(SharedContract {
-            id: row.id,
-            name: row.name.clone(),
+            id: accrued.row.id,
+            name: accrued.row.name.clone(),
             gpu_model: contract.gpu_model.clone(),
-            unused_gpu_hours: hours.normalize(),
-            unused_commitment: cost.normalize(),
+            unused_gpu_hours: accrued.unused_gpu_hours.normalize(),
+            unused_commitment: accrued.cost.normalize(),
         });
     }
-    Ok(by_currency
+    by_currency
         .into_values()
         .map(|mut line| {
             line.unused_commitment = line.unused_commitment.normalize();
             line.unused_gpu_hours = line.unused_gpu_hours.normalize();
             line
         })
-        .collect())
+        .collect()
 }
 
-/// Every reserved contract committing GPUs in the month: committed, used and unused GPU-hours
-/// up to `as_of`, from the same hourly netting as the unused commitment.
-pub(super) async fn commitment_lines(
-    conn: &mut PgConnection,
-    month: Month,
-    as_of: DateTime<Utc>,
-    settings: &Settings,
-) -> LedgerResult<Vec<CommitmentLine>> {
-    let tz = settings.timezone;
-    let (start, _) = month_bounds(month.first_day(), tz);
-    if as_of <= start {
-        return Ok(Vec::new());
-    }
-    let contracts = store::contracts::commitments(conn, start, as_of).await?;
-    if contracts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<Uuid> = contracts.iter().map(|c| c.id).collect();
-    let usage = store::cost::contract_usage(conn, None, (start, as_of), &ids).await?;
-    let empty = BTreeMap::new();
-    Ok(contracts
+/// Every reserved contract committing GPUs in the month: committed, used and unused GPU-hours,
+/// from the same hourly netting as the unused commitment.
+fn commitment_lines(commitments: &Commitments) -> Vec<CommitmentLine> {
+    commitments
+        .accrued
         .iter()
-        .map(|row| {
-            let contract = row.to_domain();
-            let used_by_hour = usage.get(&row.id).unwrap_or(&empty);
-            let charges = unused_commitment(&contract, used_by_hour, start, as_of, tz);
-            let committed: Decimal = charges.iter().map(|c| c.committed_gpu_hours).sum();
-            let unused: Decimal = charges.iter().map(|c| c.unused_gpu_hours).sum();
-            let cost: Decimal = charges.iter().map(|c| c.cost).sum();
+        .map(|accrued| {
+            let row = &accrued.row;
+            let committed = accrued.committed_gpu_hours;
+            let unused = accrued.unused_gpu_hours;
             CommitmentLine {
                 id: row.id,
                 name: row.name.clone(),
                 project: row.project_id.clone(),
                 gpu_model: row.gpu_model.clone(),
                 currency: row.currency.clone(),
-                committed_gpus: contract.committed_gpus.unwrap_or_default().normalize(),
+                committed_gpus: accrued
+                    .contract
+                    .committed_gpus
+                    .unwrap_or_default()
+                    .normalize(),
                 committed_gpu_hours: committed.normalize(),
                 used_gpu_hours: (committed - unused).normalize(),
                 unused_gpu_hours: unused.normalize(),
-                unused_commitment: cost.normalize(),
+                unused_commitment: accrued.cost.normalize(),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The amounts of every line of a month as the rated data says now.
@@ -201,8 +181,8 @@ pub(super) async fn current_amounts(
     settings: &Settings,
 ) -> LedgerResult<BTreeMap<LineKey, Amounts>> {
     let (_, end) = month_bounds(month.first_day(), settings.timezone);
-    let (projects, shared) = month_lines(conn, month, Grouping::Whole, end, settings).await?;
-    Ok(amounts_by_line(&projects, &shared))
+    let lines = month_lines(conn, month, Grouping::Whole, end, settings).await?;
+    Ok(amounts_by_line(&lines.projects, &lines.shared))
 }
 
 /// The amounts of each line, by who owns it: a project line's total and breakdown, and the

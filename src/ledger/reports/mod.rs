@@ -90,8 +90,11 @@ async fn live_report(
     let tz = settings.timezone;
     let (_, end) = month_bounds(month.first_day(), tz);
     let as_of = settings.clock.now().min(end);
-    let (projects, shared) = lines::month_lines(conn, month, grouping, as_of, settings).await?;
-    let commitments = lines::commitment_lines(conn, month, as_of, settings).await?;
+    let lines::MonthLines {
+        projects,
+        shared,
+        commitments,
+    } = lines::month_lines(conn, month, grouping, as_of, settings).await?;
     let adjustments = adjustments::adjustments(conn, month, closes, settings).await?;
     let totals = totals(&projects, &shared, &adjustments);
     Ok(MonthlyReport {

@@ -1,0 +1,113 @@
+//! Unused commitment of reserved contracts over a window (COST_MODEL.md §3): the contracts
+//! and their usage are read once, and each contract's hours are netted once, however many
+//! figures need them. The monthly report puts one window's commitments on the project lines,
+//! the shared lines and the commitment lines alike.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use rust_decimal::Decimal;
+
+use crate::domain::commitment::{UnusedCommitment, ledger_hours, unused_commitment_in};
+use crate::domain::rating::Contract;
+use crate::ledger::LedgerResult;
+use crate::store;
+use crate::store::contracts::ContractRow;
+
+/// One contract's commitment over the window.
+pub struct Accrued {
+    pub row: ContractRow,
+    pub contract: Contract,
+    /// The hours with some commitment left unused, in time order.
+    pub unused_hours: Vec<UnusedCommitment>,
+    /// Sums over every hour of the window the contract was valid in.
+    pub committed_gpu_hours: Decimal,
+    pub unused_gpu_hours: Decimal,
+    /// In the contract's currency.
+    pub cost: Decimal,
+}
+
+/// The reserved contracts committing GPUs over `[from, to)`, each with its unused
+/// commitment. `to` is where commitment stops accruing (`as_of` in a month in progress).
+pub struct Commitments {
+    pub window: (DateTime<Utc>, DateTime<Utc>),
+    pub accrued: Vec<Accrued>,
+}
+
+impl Commitments {
+    /// Those scoped to `project`.
+    pub async fn of_project(
+        conn: &mut sqlx::PgConnection,
+        project: &str,
+        window: (DateTime<Utc>, DateTime<Utc>),
+        tz: Tz,
+    ) -> LedgerResult<Self> {
+        Self::load(conn, Some(project), window, tz).await
+    }
+
+    /// Every one, scoped to a project or not, ordered by project (unscoped first), name and id.
+    pub async fn all(
+        conn: &mut sqlx::PgConnection,
+        window: (DateTime<Utc>, DateTime<Utc>),
+        tz: Tz,
+    ) -> LedgerResult<Self> {
+        Self::load(conn, None, window, tz).await
+    }
+
+    async fn load(
+        conn: &mut sqlx::PgConnection,
+        project: Option<&str>,
+        (from, to): (DateTime<Utc>, DateTime<Utc>),
+        tz: Tz,
+    ) -> LedgerResult<Self> {
+        let mut commitments = Self {
+            window: (from, to),
+            accrued: Vec::new(),
+        };
+        if to <= from {
+            return Ok(commitments);
+        }
+        let rows = match project {
+            Some(project) => {
+                store::contracts::project_commitments(conn, Some(project), from, to).await?
+            }
+            None => store::contracts::commitments(conn, from, to).await?,
+        };
+        if rows.is_empty() {
+            return Ok(commitments);
+        }
+        let ids: Vec<_> = rows.iter().map(|c| c.id).collect();
+        // An hour cut by the window's end has its usage read whole: usage has no finer grain.
+        let mut usage = store::cost::contract_usage(conn, project, (from, to), &ids).await?;
+        let empty = BTreeMap::new();
+        let hours = ledger_hours(from, to, tz);
+        commitments.accrued = rows
+            .into_iter()
+            .map(|row| {
+                let contract = row.to_domain();
+                let used = usage.remove(&row.id);
+                let used = used.as_ref().unwrap_or(&empty);
+                let charges = unused_commitment_in(&contract, used, &hours, from, to);
+                let mut accrued = Accrued {
+                    row,
+                    contract,
+                    unused_hours: Vec::new(),
+                    committed_gpu_hours: Decimal::ZERO,
+                    unused_gpu_hours: Decimal::ZERO,
+                    cost: Decimal::ZERO,
+                };
+                for charge in charges {
+                    accrued.committed_gpu_hours += charge.committed_gpu_hours;
+                    accrued.unused_gpu_hours += charge.unused_gpu_hours;
+                    accrued.cost += charge.cost;
+                    if !charge.unused_gpu_hours.is_zero() {
+                        accrued.unused_hours.push(charge);
+                    }
+                }
+                accrued
+            })
+            .collect();
+        Ok(commitments)
+    }
+}
