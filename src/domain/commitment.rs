@@ -217,6 +217,57 @@ mod tests {
     }
 
     #[test]
+    fn hours_found_once_for_a_window_net_a_contract_valid_in_part_of_it() {
+        // Berlin's clocks go back at 01:00Z on 25 October 2026; the contract starts mid-hour
+        // before that and ends two hours later. Usage before it must not count.
+        let tz = chrono_tz::Europe::Berlin;
+        let window = (utc("2026-10-24T22:00:00Z"), utc("2026-10-25T23:00:00Z"));
+        let contract = Contract {
+            valid_from: utc("2026-10-25T00:30:00Z"),
+            valid_until: Some(utc("2026-10-25T03:00:00Z")),
+            ..reserved(Some(Decimal::ONE))
+        };
+        let used = BTreeMap::from([
+            (utc("2026-10-24T23:00:00Z"), Decimal::from(3600)),
+            (utc("2026-10-25T00:00:00Z"), Decimal::from(1800)),
+            (utc("2026-10-25T02:00:00Z"), Decimal::from(900)),
+        ]);
+        let hours = ledger_hours(window.0, window.1, tz);
+        assert_eq!(hours.len(), 25, "the day the clocks go back has 25 hours");
+        let charges = unused_commitment_in(&contract, &used, &hours, window.0, window.1);
+        let netted: Vec<_> = charges
+            .iter()
+            .map(|c| (c.hour, c.committed_gpu_hours, c.unused_gpu_hours))
+            .collect();
+        assert_eq!(
+            netted,
+            [
+                (
+                    utc("2026-10-25T00:00:00Z"),
+                    Decimal::new(5, 1),
+                    Decimal::ZERO
+                ),
+                (utc("2026-10-25T01:00:00Z"), Decimal::ONE, Decimal::ONE),
+                (
+                    utc("2026-10-25T02:00:00Z"),
+                    Decimal::ONE,
+                    Decimal::new(75, 2)
+                ),
+            ]
+        );
+        assert!(
+            charges
+                .iter()
+                .all(|c| c.month == NaiveDate::from_ymd_opt(2026, 10, 1).unwrap())
+        );
+        assert_eq!(
+            charges,
+            unused_commitment(&contract, &used, window.0, window.1, tz),
+            "the same as netting the contract alone"
+        );
+    }
+
+    #[test]
     fn without_a_commitment_nothing_is_unused() {
         let whole_month = (utc("2026-11-01T00:00:00Z"), utc("2026-12-01T00:00:00Z"));
         let uncommitted = reserved(None);
