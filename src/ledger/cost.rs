@@ -279,12 +279,8 @@ pub async fn month_commitments(
     as_of: DateTime<Utc>,
     tz: Tz,
 ) -> LedgerResult<Commitments> {
-    let query = CostQuery {
-        period: month_bounds(month, tz),
-        grouping: Grouping::Whole,
-        as_of,
-    };
-    Commitments::all(conn, accrual_window(&query), tz).await
+    let (start, end) = month_bounds(month, tz);
+    Commitments::all(conn, (start, end.min(as_of)), tz).await
 }
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
@@ -414,55 +410,21 @@ async fn add_unused_commitment(
             continue;
         };
         let contract = &accrued.contract;
-        // Consecutive hours mostly fall in one group: their amounts are added to it together,
-        // each as it is, so the group is looked up once per run of hours.
-        let mut run: Option<Option<String>> = None;
-        let mut amounts: Vec<Charged> = Vec::new();
         for charge in &accrued.unused_hours {
-            let key = group_of(project, charge.hour, &contract.gpu_model);
-            if run.as_ref().is_some_and(|held| *held != key) {
-                add_charged(groups, run.take(), &mut amounts, &contract.gpu_model);
+            let group = groups
+                .entry(group_of(project, charge.hour, &contract.gpu_model))
+                .or_default();
+            match fx.conversion(charge.month, &contract.currency, currency) {
+                Some(rate) => {
+                    group.add_unused_commitment((charge.cost * rate).round_dp(SUM_SCALE));
+                }
+                None => group.add_unrated(
+                    "no_fx_rate",
+                    &contract.gpu_model,
+                    (charge.unused_gpu_hours * SECONDS_PER_HOUR).round_dp(SUM_SCALE),
+                ),
             }
-            run = Some(key);
-            amounts.push(
-                match fx.conversion(charge.month, &contract.currency, currency) {
-                    Some(rate) => Charged::Unused((charge.cost * rate).round_dp(SUM_SCALE)),
-                    None => Charged::NoFxRate(
-                        (charge.unused_gpu_hours * SECONDS_PER_HOUR).round_dp(SUM_SCALE),
-                    ),
-                },
-            );
         }
-        add_charged(groups, run, &mut amounts, &contract.gpu_model);
     }
     Ok(())
-}
-
-/// What one hour of unused commitment adds to its group.
-enum Charged {
-    /// Its cost in the project's currency.
-    Unused(Decimal),
-    /// Its GPU-seconds, unrated for want of an FX rate.
-    NoFxRate(Decimal),
-}
-
-/// Adds `amounts`, in order, to the group `key` (if any), leaving `amounts` empty.
-fn add_charged(
-    groups: &mut BTreeMap<Option<String>, FigureSums>,
-    key: Option<Option<String>>,
-    amounts: &mut Vec<Charged>,
-    gpu_model: &str,
-) {
-    let Some(key) = key else {
-        return;
-    };
-    let group = groups.entry(key).or_default();
-    for amount in amounts.drain(..) {
-        match amount {
-            Charged::Unused(cost) => group.add_unused_commitment(cost),
-            Charged::NoFxRate(gpu_seconds) => {
-                group.add_unrated("no_fx_rate", gpu_model, gpu_seconds)
-            }
-        }
-    }
 }
