@@ -12,7 +12,6 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::rating::Outcome;
 use super::summary::{cost_per_completed_task, unit_costs};
 use super::utilisation::{UtilSums, Utilisation};
 
@@ -64,13 +63,17 @@ impl Grouping {
 /// GPU-second.
 pub const SUM_SCALE: u32 = 20;
 
-/// Sums of the rated segments of one group, outcome, model, unrated reason and output unit.
+/// Sums of the rated segments of one group that a figure tells apart: those of completed
+/// attempts from the others, completed ones by output unit, and unrated ones by reason and
+/// model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentSums {
-    pub outcome: Outcome,
-    pub gpu_model: String,
-    /// `no_contract` or `no_fx_rate` when these segments carry no cost.
-    pub unrated_reason: Option<String>,
+    /// Whether these are segments of completed attempts.
+    pub completed: bool,
+    /// Why these segments carry no cost (`no_contract` or `no_fx_rate`) and their GPU model,
+    /// when they carry none.
+    pub unrated: Option<(String, String)>,
+    /// The output unit of completed segments that produced output.
     pub output_unit: Option<String>,
     pub gpu_seconds_held: Decimal,
     pub gpu_seconds_busy: Decimal,
@@ -220,10 +223,10 @@ impl FigureSums {
         self.failed += sums.failed;
         self.gpu_seconds_held += sums.gpu_seconds_held;
         self.gpu_seconds_busy += sums.gpu_seconds_busy;
-        if let Some(reason) = &sums.unrated_reason {
-            self.add_unrated(reason, &sums.gpu_model, sums.gpu_seconds_held);
+        if let Some((reason, gpu_model)) = &sums.unrated {
+            self.add_unrated(reason, gpu_model, sums.gpu_seconds_held);
         }
-        if sums.outcome == Outcome::Completed {
+        if sums.completed {
             self.completed_cost += sums.cost;
             if let Some(unit) = &sums.output_unit {
                 let (quantity, direct) = self.output.entry(unit.clone()).or_default();
@@ -341,6 +344,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    use crate::domain::rating::Outcome;
+
     fn money() -> impl Strategy<Value = Decimal> {
         (0i64..10_000_000_000).prop_map(|cents| Decimal::new(cents, 8))
     }
@@ -364,11 +369,11 @@ mod tests {
             quantity in money(),
         ) -> SegmentSums {
             let [productive, idle, unmeasured, failed] = parts;
+            let completed = outcome == Outcome::Completed;
             SegmentSums {
-                outcome,
-                gpu_model: gpu_model.to_owned(),
-                unrated_reason: unrated.map(str::to_owned),
-                output_unit: unit.map(str::to_owned),
+                completed,
+                unrated: unrated.map(|reason| (reason.to_owned(), gpu_model.to_owned())),
+                output_unit: unit.filter(|_| completed).map(str::to_owned),
                 gpu_seconds_held: held,
                 gpu_seconds_busy: busy,
                 cost: productive + idle + unmeasured + failed,

@@ -270,7 +270,6 @@ mod tests {
 
     use super::*;
     use crate::domain::figures::{FigureSums, RecordCounts, SegmentSums};
-    use crate::domain::rating::Outcome;
 
     fn d(raw: &str) -> Decimal {
         raw.parse().unwrap()
@@ -281,9 +280,8 @@ mod tests {
     fn figures() -> Figures {
         let mut sums = FigureSums::default();
         sums.add_segments(&SegmentSums {
-            outcome: Outcome::Completed,
-            gpu_model: "H100".to_owned(),
-            unrated_reason: None,
+            completed: true,
+            unrated: None,
             output_unit: Some("tokens".to_owned()),
             gpu_seconds_held: d("7200"),
             gpu_seconds_busy: d("5400.5"),
@@ -295,9 +293,8 @@ mod tests {
             output_quantity: d("1000000"),
         });
         sums.add_segments(&SegmentSums {
-            outcome: Outcome::Failed,
-            gpu_model: "A100".to_owned(),
-            unrated_reason: Some("no_contract".to_owned()),
+            completed: false,
+            unrated: Some(("no_contract".to_owned(), "A100".to_owned())),
             output_unit: None,
             gpu_seconds_held: d("3600"),
             gpu_seconds_busy: Decimal::ZERO,
