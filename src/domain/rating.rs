@@ -1553,10 +1553,12 @@ mod tests {
                     ]
                 };
                 let [first, second] = halves.each_ref().map(|segments| figures(segments));
+                let dearest = contracts.iter().map(|c| c.price_per_gpu_hour).max().unwrap_or_default();
+                let whole_record = record.gpu_seconds_held * (Decimal::ONE + dearest * Decimal::TWO / SECONDS_PER_HOUR);
                 for ((whole, first), second) in figures(&whole).into_iter().zip(first).zip(second) {
                     let halves = first + second;
                     prop_assert!(
-                        (whole - halves).abs() <= split_tolerance(whole),
+                        (whole - halves).abs() <= split_tolerance(whole, whole_record),
                         "whole {} vs halves {}", whole, halves
                     );
                 }
@@ -1589,18 +1591,22 @@ mod tests {
             }
         }
 
-        /// How far splitting a record may move a summed figure: 10^-24 of it.
+        /// How far splitting a record may move a summed figure: 10^-24 of the figure plus
+        /// `whole_record`, the record's GPU-seconds and their cost at its dearest price (at
+        /// any FX rate below 2).
         ///
         /// Exact equality is impossible with 28 significant digits: a cost is
         /// `GPU-seconds × price / 3600`, and `a / 3600 + b / 3600` need not equal
         /// `(a + b) / 3600` once each is rounded (1 / 3600 does not terminate). Each segment
         /// figure is off by at most one unit in its 28th digit, and the halves hand out
         /// GPU-seconds on their own grids, so the sums drift by a few units in the 27th
-        /// digit (10^-26 of the figure is the worst seen over 5,000 cases). 10^-24 leaves
-        /// a hundredfold margin and is still ten billion times finer than a cent on a
-        /// trillion.
-        fn split_tolerance(figure: Decimal) -> Decimal {
-            (figure.abs() + Decimal::ONE) * Decimal::new(1, 24)
+        /// digit (10^-26 of the figure is the worst seen over 5,000 cases). The grids are
+        /// those of the whole record's GPU-seconds, so where a contract prices only a sliver
+        /// of a very large record, the drift is a unit in the 28th digit of the whole
+        /// record's GPU-seconds, not of the sliver's cost. 10^-24 leaves a hundredfold margin
+        /// and is still ten billion times finer than a cent on a trillion.
+        fn split_tolerance(figure: Decimal, whole_record: Decimal) -> Decimal {
+            (figure.abs() + whole_record + Decimal::ONE) * Decimal::new(1, 24)
         }
     }
 }
