@@ -606,7 +606,7 @@ pub async fn rerate_kind(
     gpu_model: &str,
     billing_mode: BillingMode,
     project: Option<&str>,
-    (from, until): (DateTime<Utc>, Option<DateTime<Utc>>),
+    span: (DateTime<Utc>, Option<DateTime<Utc>>),
     tz: Tz,
 ) -> anyhow::Result<usize> {
     let projects: Vec<String> = match project {
@@ -617,28 +617,13 @@ pub async fn rerate_kind(
                 .await?
         }
     };
-    // A record's segments lie in the ledger hours from the one holding its start to the one
-    // holding its end, each at most an hour long: one with a segment in the span started
-    // less than an hour before its end and ended less than an hour before its start. The
-    // records' own model and mode are those of their segments.
-    let keys = sqlx::query_as::<_, (String, String, i32, i64)>(&format!(
-        "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM job_records r \
-         WHERE r.project_id = ANY($1) AND r.gpu_model = $2 AND r.billing_mode = $3 \
-           AND r.ended_at > $4 - interval '1 hour' \
-           AND ($5::timestamptz IS NULL OR r.started_at < $5 + interval '1 hour') \
-         ORDER BY r.project_id, r.task_id, r.attempt",
-    ))
-    .bind(&projects)
-    .bind(gpu_model)
-    .bind(billing_mode.as_str())
-    .bind(from)
-    .bind(until)
-    .fetch_all(&mut *conn)
-    .await
-    .context("finding the records a contract touches")?;
-    let keys = record_keys(keys);
-    rate_in_bounded_calls(conn, &keys, tz).await?;
-    Ok(keys.len())
+    let touched = Touched::Kind {
+        projects: &projects,
+        gpu_model,
+        billing_mode,
+        span,
+    };
+    touched.rerate(conn, tz).await
 }
 
 /// Re-rates every record with segments in the ledger month `[month_start, month_end)` that
@@ -646,7 +631,7 @@ pub async fn rerate_kind(
 /// month from `from` into `to` may change.
 pub async fn rerate_fx(
     conn: &mut PgConnection,
-    (month_start, month_end): (DateTime<Utc>, DateTime<Utc>),
+    month: (DateTime<Utc>, DateTime<Utc>),
     from: &str,
     to: &str,
     tz: Tz,
@@ -659,24 +644,124 @@ pub async fn rerate_fx(
         .bind(to)
         .fetch_all(&mut *conn)
         .await?;
-    let keys = sqlx::query_as::<_, (String, String, i32, i64)>(&format!(
-        "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM job_records r \
-         WHERE (r.project_id, r.task_id, r.attempt) IN ( \
-             SELECT project_id, task_id, attempt FROM rated_segments \
-             WHERE project_id = ANY($1) AND hour >= $2 AND hour < $3 \
-               AND contract_id = ANY($4)) \
-         ORDER BY r.project_id, r.task_id, r.attempt",
-    ))
+    // The records are found once, by the month's segments, and kept in the database for the
+    // pages to read in key order.
+    let (start, end) = month;
+    sqlx::query("DROP TABLE IF EXISTS fx_touched")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "CREATE TEMPORARY TABLE fx_touched ON COMMIT DROP AS \
+         SELECT DISTINCT project_id, task_id, attempt FROM rated_segments \
+         WHERE project_id = ANY($1) AND hour >= $2 AND hour < $3 AND contract_id = ANY($4)",
+    )
     .bind(&projects)
-    .bind(month_start)
-    .bind(month_end)
+    .bind(start)
+    .bind(end)
     .bind(&contracts)
-    .fetch_all(&mut *conn)
+    .execute(&mut *conn)
     .await
     .context("finding the records an FX rate touches")?;
-    let keys = record_keys(keys);
-    rate_in_bounded_calls(conn, &keys, tz).await?;
-    Ok(keys.len())
+    sqlx::query("ALTER TABLE fx_touched ADD PRIMARY KEY (project_id, task_id, attempt)")
+        .execute(&mut *conn)
+        .await?;
+    Touched::Fx.rerate(conn, tz).await
+}
+
+/// The most records a re-rating reads the keys of at once: a price change may touch millions,
+/// and their keys alone would take hundreds of megabytes.
+const KEYS_PER_PAGE: i64 = 10_000;
+
+/// The records a price change touches.
+enum Touched<'a> {
+    /// Of a model and billing mode, with segments in a span (open-ended without its end).
+    Kind {
+        projects: &'a [String],
+        gpu_model: &'a str,
+        billing_mode: BillingMode,
+        span: (DateTime<Utc>, Option<DateTime<Utc>>),
+    },
+    /// Those in the temporary table `fx_touched`.
+    Fx,
+}
+
+impl Touched<'_> {
+    /// Re-rates them a page of at most [`KEYS_PER_PAGE`] keys at a time, each page after the
+    /// last key of the one before it; returns how many were re-rated.
+    async fn rerate(&self, conn: &mut PgConnection, tz: Tz) -> anyhow::Result<usize> {
+        let sql = self.page_sql();
+        let mut rerated = 0;
+        let mut after: Option<RecordKey> = None;
+        loop {
+            let keys = record_keys(self.page(conn, &sql, after.as_ref()).await?);
+            let Some((last, _)) = keys.last() else {
+                return Ok(rerated);
+            };
+            let last = last.clone();
+            rate_in_bounded_calls(conn, &keys, tz).await?;
+            rerated += keys.len();
+            after = Some(last);
+        }
+    }
+
+    /// The keys of a page, with an upper bound of the segments of each, after the key bound
+    /// to the last three parameters (all null for the first page), in key order.
+    fn page_sql(&self) -> String {
+        let (records, after) = match self {
+            // A record's segments lie in the ledger hours from the one holding its start to
+            // the one holding its end, each at most an hour long: one with a segment in the
+            // span started less than an hour before its end and ended less than an hour
+            // before its start. The records' own model and mode are those of their segments.
+            Touched::Kind { .. } => (
+                "job_records r \
+                 WHERE r.project_id = ANY($1) AND r.gpu_model = $2 AND r.billing_mode = $3 \
+                   AND r.ended_at > $4 - interval '1 hour' \
+                   AND ($5::timestamptz IS NULL OR r.started_at < $5 + interval '1 hour') AND",
+                6,
+            ),
+            Touched::Fx => (
+                "fx_touched JOIN job_records r USING (project_id, task_id, attempt) WHERE",
+                1,
+            ),
+        };
+        let (project, task, attempt) = (after, after + 1, after + 2);
+        format!(
+            "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM {records} \
+             (${project}::text IS NULL \
+              OR (r.project_id, r.task_id, r.attempt) > (${project}, ${task}, ${attempt})) \
+             ORDER BY r.project_id, r.task_id, r.attempt LIMIT {KEYS_PER_PAGE}"
+        )
+    }
+
+    async fn page(
+        &self,
+        conn: &mut PgConnection,
+        sql: &str,
+        after: Option<&RecordKey>,
+    ) -> anyhow::Result<Vec<(String, String, i32, i64)>> {
+        let query = sqlx::query_as(sql);
+        let query = match *self {
+            Touched::Kind {
+                projects,
+                gpu_model,
+                billing_mode,
+                span: (from, until),
+            } => query
+                .bind(projects)
+                .bind(gpu_model)
+                .bind(billing_mode.as_str())
+                .bind(from)
+                .bind(until),
+            Touched::Fx => query,
+        };
+        query
+            .bind(after.map(|key| key.project.as_str()))
+            .bind(after.map(|key| key.task_id.as_str()))
+            .bind(after.map(|key| key.attempt))
+            .fetch_all(conn)
+            .await
+            .context("finding the records a price change touches")
+    }
 }
 
 /// An upper bound of the segments rating a `job_records` row `r` makes: one per hour it

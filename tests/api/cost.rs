@@ -212,6 +212,66 @@ async fn foreign_prices_convert_at_the_months_rate() {
     assert_eq!(bad.pointers(), ["path:month", "path:to", "/rate"]);
 }
 
+/// A price change reads the keys of what it re-rates a page at a time (10,000 keys): every
+/// record is re-rated, the last page's too, whether a contract or an FX rate changed.
+#[tokio::test]
+async fn a_price_change_re_rates_every_record_past_a_page_of_keys() {
+    const RECORDS: usize = 10_001;
+    let app = TestApp::spawn().await;
+    app.create_project("speech", "USD").await;
+    let eu = contract("L40S", "on_demand", "2.00")
+        .named("EU")
+        .currency("EUR")
+        .create(&app)
+        .await;
+    let set_rate = |rate: &'static str| {
+        let app = &app;
+        async move {
+            let response = app
+                .put(
+                    "/v1/fx-rates/2026-11/EUR/USD",
+                    &app.admin,
+                    json!({ "rate": rate }),
+                )
+                .await;
+            assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+        }
+    };
+    set_rate("1.10").await;
+    let records: Vec<_> = (0..RECORDS)
+        .map(|i| {
+            record(
+                &format!("t{i:05}"),
+                "2026-11-02T00:00:00Z",
+                "2026-11-02T01:00:00Z",
+            )
+            .project("speech")
+            .gpu_model("L40S")
+        })
+        .collect();
+    for batch in records.chunks(10_000) {
+        app.ingest(batch).await;
+    }
+    let path = "/v1/projects/speech/cost?month=2026-11&as_of=2027-01-01T00:00:00Z";
+    // One GPU-hour each at 2.00 EUR, 1.10 USD to the euro.
+    assert_money(&cost(&app, path).await["total"], "22002.20");
+
+    let changed = app
+        .patch(
+            &format!("/v1/contracts/{eu}"),
+            &app.admin,
+            json!({"price_per_gpu_hour": "3.00"}),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.text());
+    assert_money(&cost(&app, path).await["total"], "33003.30");
+
+    set_rate("1.20").await;
+    let repriced = cost(&app, path).await;
+    assert_money(&repriced["total"], "36003.60");
+    assert_money(&repriced["unrated_gpu_seconds"], "0");
+}
+
 /// Every figure of a group list, summed, equals the top-level figure.
 fn assert_groups_add_up(report: &Value) {
     let groups = report["groups"].as_array().unwrap();
