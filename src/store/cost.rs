@@ -414,7 +414,10 @@ pub async fn queue_waits(
 
 /// GPU-seconds each of `contracts` rated for `project` (for any project without one), per
 /// ledger hour of `[from, to)`. Each contract's hours come back as one row of arrays: a
-/// month of a thousand reservations is hundreds of thousands of hours.
+/// month of a thousand reservations is hundreds of thousands of hours. The two arrays are
+/// built by one aggregation, from the same rows in the same order, so their elements pair up;
+/// that order is left to the plan (sorting each contract's hours in the database took a
+/// quarter of the statement's time), as the map they go into orders the hours.
 pub async fn contract_usage(
     conn: &mut PgConnection,
     project: Option<&str>,
@@ -422,7 +425,7 @@ pub async fn contract_usage(
     contracts: &[Uuid],
 ) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
     let rows: Vec<(Uuid, Vec<DateTime<Utc>>, Vec<Decimal>)> = sqlx::query_as(&format!(
-        "SELECT contract_id, array_agg(hour ORDER BY hour), array_agg(used ORDER BY hour) \
+        "SELECT contract_id, array_agg(hour), array_agg(used) \
          FROM ( \
            SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) AS used \
            FROM contract_usage_hourly \
