@@ -177,7 +177,13 @@ async fn group_sums(
     let mut groups = rollup_sums(conn, scope, query.period, tz).await?;
     let currencies = BTreeMap::from([(of.project.to_owned(), of.currency.to_owned())]);
     let group_of = |_: &str, hour, gpu_model: &str| hour_key(&query.grouping, hour, gpu_model, tz);
-    let commitments = Commitments::of_project(conn, of.project, accrual_window(query), tz).await?;
+    let commitments = Commitments::of_project(
+        conn,
+        of.project,
+        accrual_window(query.period, query.as_of),
+        tz,
+    )
+    .await?;
     add_unused_commitment(conn, &commitments, &currencies, tz, group_of, &mut groups).await?;
     Ok(groups)
 }
@@ -279,8 +285,7 @@ pub async fn month_commitments(
     as_of: DateTime<Utc>,
     tz: Tz,
 ) -> LedgerResult<Commitments> {
-    let (start, end) = month_bounds(month, tz);
-    Commitments::all(conn, (start, end.min(as_of)), tz).await
+    Commitments::all(conn, accrual_window(month_bounds(month, tz), as_of), tz).await
 }
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
@@ -369,10 +374,12 @@ fn hour_key(grouping: &Grouping, hour: DateTime<Utc>, gpu_model: &str, tz: Tz) -
     }
 }
 
-/// The commitments of `query`'s period up to its `as_of`: where unused commitment accrues.
-fn accrual_window(query: &CostQuery) -> (DateTime<Utc>, DateTime<Utc>) {
-    let (from, to) = query.period;
-    (from, to.min(query.as_of))
+/// The part of `period` up to `as_of`: where unused commitment accrues.
+fn accrual_window(
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    as_of: DateTime<Utc>,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    (from, to.min(as_of))
 }
 
 /// Unused commitment of the project-scoped contracts among `commitments` whose project

@@ -705,30 +705,26 @@ impl Touched<'_> {
     }
 
     /// The keys of a page, with an upper bound of the segments of each, after the key bound
-    /// to the last three parameters (all null for the first page), in key order.
+    /// to `$1` to `$3` (all null for the first page), in key order.
     fn page_sql(&self) -> String {
-        let (records, after) = match self {
+        let records = match self {
             // A record's segments lie in the ledger hours from the one holding its start to
             // the one holding its end, each at most an hour long: one with a segment in the
             // span started less than an hour before its end and ended less than an hour
             // before its start. The records' own model and mode are those of their segments.
-            Touched::Kind { .. } => (
+            Touched::Kind { .. } => {
                 "job_records r \
-                 WHERE r.project_id = ANY($1) AND r.gpu_model = $2 AND r.billing_mode = $3 \
-                   AND r.ended_at > $4 - interval '1 hour' \
-                   AND ($5::timestamptz IS NULL OR r.started_at < $5 + interval '1 hour') AND",
-                6,
-            ),
-            Touched::Fx => (
-                "fx_touched JOIN job_records r USING (project_id, task_id, attempt) WHERE",
-                1,
-            ),
+                 WHERE r.project_id = ANY($4) AND r.gpu_model = $5 AND r.billing_mode = $6 \
+                   AND r.ended_at > $7 - interval '1 hour' \
+                   AND ($8::timestamptz IS NULL OR r.started_at < $8 + interval '1 hour') AND"
+            }
+            Touched::Fx => {
+                "fx_touched JOIN job_records r USING (project_id, task_id, attempt) WHERE"
+            }
         };
-        let (project, task, attempt) = (after, after + 1, after + 2);
         format!(
             "SELECT r.project_id, r.task_id, r.attempt, {SEGMENT_BOUND} FROM {records} \
-             (${project}::text IS NULL \
-              OR (r.project_id, r.task_id, r.attempt) > (${project}, ${task}, ${attempt})) \
+             ($1::text IS NULL OR (r.project_id, r.task_id, r.attempt) > ($1, $2, $3)) \
              ORDER BY r.project_id, r.task_id, r.attempt LIMIT {KEYS_PER_PAGE}"
         )
     }
@@ -739,7 +735,10 @@ impl Touched<'_> {
         sql: &str,
         after: Option<&RecordKey>,
     ) -> anyhow::Result<Vec<(String, String, i32, i64)>> {
-        let query = sqlx::query_as(sql);
+        let query = sqlx::query_as(sql)
+            .bind(after.map(|key| key.project.as_str()))
+            .bind(after.map(|key| key.task_id.as_str()))
+            .bind(after.map(|key| key.attempt));
         let query = match *self {
             Touched::Kind {
                 projects,
@@ -755,9 +754,6 @@ impl Touched<'_> {
             Touched::Fx => query,
         };
         query
-            .bind(after.map(|key| key.project.as_str()))
-            .bind(after.map(|key| key.task_id.as_str()))
-            .bind(after.map(|key| key.attempt))
             .fetch_all(conn)
             .await
             .context("finding the records a price change touches")
