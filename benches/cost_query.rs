@@ -146,10 +146,14 @@ SELECT project_id, date_trunc('month', day)::date, gpu_model, billing_mode, outc
        sum(records), sum(retries), sum(failures), sum(tasks_completed), sum(tasks_failed)
 FROM records_daily GROUP BY 1, 2, 3, 4, 5;
 
-INSERT INTO contract_usage_hourly
-SELECT contract_id, hour, project_id, sum(segments), sum(gpu_seconds_held)
-FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
-GROUP BY contract_id, hour, project_id;
+INSERT INTO contract_usage_daily
+SELECT contract_id, (hour AT TIME ZONE 'UTC')::date, array_agg(hour ORDER BY hour),
+       array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour)
+FROM (
+  SELECT contract_id, hour, sum(segments) AS segments, sum(gpu_seconds_held) AS used
+  FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
+  GROUP BY contract_id, hour) AS hours
+GROUP BY 1, 2;
 
 INSERT INTO tasks (project_id, task_id, status, completed_at, first_started_at, last_ended_at,
                    gpu_models)

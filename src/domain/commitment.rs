@@ -4,8 +4,6 @@
 //! waste in their own right. They are counted per ledger hour, the grain of the rollups,
 //! because usage in one hour cannot make up for idleness in another.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
@@ -27,6 +25,9 @@ pub struct UnusedCommitment {
     pub cost: Decimal,
 }
 
+/// GPU-seconds a contract rated per ledger hour, keyed by the hour's start, in hour order.
+pub type HourlyUsage = [(DateTime<Utc>, Decimal)];
+
 /// Unused commitment of `contract` for every ledger hour of
 /// `[valid_from, valid_until) ∩ [from, to)`, zero-unused hours included.
 ///
@@ -38,13 +39,15 @@ pub struct UnusedCommitment {
 /// unused commitment.
 pub fn unused_commitment(
     contract: &Contract,
-    used_gpu_seconds_by_hour: &BTreeMap<DateTime<Utc>, Decimal>,
+    used_gpu_seconds_by_hour: &HourlyUsage,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     tz: Tz,
 ) -> Vec<UnusedCommitment> {
-    let hours = ledger_hours(from, to, tz);
-    unused_commitment_in(contract, used_gpu_seconds_by_hour, &hours, from, to)
+    let window = LedgerWindow::new(from, to, tz);
+    netted_hours(contract, used_gpu_seconds_by_hour, &window)
+        .map(|(_, hour, seconds)| seconds.charge(hour.start, hour.month, contract))
+        .collect()
 }
 
 /// The ledger hours that hold some of `[from, to)`, in order.
@@ -62,64 +65,154 @@ pub fn ledger_hours(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Vec<Ledge
     hours
 }
 
-/// [`unused_commitment`] over `hours`, the ledger hours of `[from, to)` as [`ledger_hours`]
-/// gives them: a caller netting many contracts over one window finds its hours once.
-pub fn unused_commitment_in(
+/// A window `[from, to)` with its ledger hours, and where each ledger day begins among them:
+/// a caller netting many contracts over one window finds them once.
+pub struct LedgerWindow {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub hours: Vec<LedgerHour>,
+    /// The index of each ledger day's first hour in `hours`, in order.
+    day_starts: Vec<usize>,
+}
+
+impl LedgerWindow {
+    pub fn new(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Self {
+        let hours = ledger_hours(from, to, tz);
+        let mut day_starts = Vec::new();
+        let mut last_day = None;
+        for (index, hour) in hours.iter().enumerate() {
+            let day = hour.start.with_timezone(&tz).date_naive();
+            if last_day != Some(day) {
+                day_starts.push(index);
+                last_day = Some(day);
+            }
+        }
+        Self {
+            from,
+            to,
+            hours,
+            day_starts,
+        }
+    }
+
+    /// The index in `hours` of the first hour of the ledger day after the one holding hour
+    /// `index`, or the number of hours after the last day.
+    fn next_day_start(&self, index: usize) -> usize {
+        let day = self.day_starts.partition_point(|&start| start <= index);
+        self.day_starts
+            .get(day)
+            .copied()
+            .unwrap_or(self.hours.len())
+    }
+}
+
+/// Committed and unused GPU-seconds of a stretch of hours.
+#[derive(Debug, Clone, Copy, Default)]
+struct NettedSeconds {
+    committed: Decimal,
+    unused: Decimal,
+}
+
+impl NettedSeconds {
+    fn charge(
+        self,
+        hour: DateTime<Utc>,
+        month: NaiveDate,
+        contract: &Contract,
+    ) -> UnusedCommitment {
+        UnusedCommitment {
+            hour,
+            month,
+            committed_gpu_hours: self.committed / SECONDS_PER_HOUR,
+            unused_gpu_hours: self.unused / SECONDS_PER_HOUR,
+            cost: self.unused * contract.price_per_gpu_hour / SECONDS_PER_HOUR,
+        }
+    }
+}
+
+/// Each ledger hour of `window` inside the contract's validity, with its index in the
+/// window's hours and the GPU-seconds it commits and leaves unused; nothing for a contract
+/// that commits no reserved GPUs.
+fn netted_hours<'a>(
     contract: &Contract,
-    used_gpu_seconds_by_hour: &BTreeMap<DateTime<Utc>, Decimal>,
-    hours: &[LedgerHour],
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-) -> Vec<UnusedCommitment> {
-    let Some(committed_gpus) = contract
+    used_gpu_seconds_by_hour: &'a HourlyUsage,
+    window: &'a LedgerWindow,
+) -> impl Iterator<Item = (usize, &'a LedgerHour, NettedSeconds)> + 'a {
+    let committed_gpus = contract
         .committed_gpus
         .filter(|_| contract.billing_mode == BillingMode::Reserved)
-    else {
-        return Vec::new();
+        .unwrap_or_default();
+    let start = window.from.max(contract.valid_from);
+    let end = contract
+        .valid_until
+        .map_or(window.to, |until| until.min(window.to));
+    let (first, last) = if committed_gpus.is_zero() || start >= end {
+        (0, 0)
+    } else {
+        // The hours from the one holding `start` to the one holding the last instant before
+        // `end`.
+        (
+            window.hours.partition_point(|hour| hour.end <= start),
+            window.hours.partition_point(|hour| hour.start < end),
+        )
     };
-    let start = from.max(contract.valid_from);
-    let end = contract.valid_until.map_or(to, |until| until.min(to));
-    if start >= end {
-        return Vec::new();
-    }
-    // The hours from the one holding `start` to the one holding the last instant before `end`.
-    let first = hours.partition_point(|hour| hour.end <= start);
-    let last = hours.partition_point(|hour| hour.start < end);
-    let mut charges = Vec::with_capacity(last.saturating_sub(first));
-    let mut used = used_gpu_seconds_by_hour.range(hours.get(first).map_or(start, |h| h.start)..);
-    let mut next_used = used.next();
-    // Whole hours commit the same GPU-hours, so they are worked out once.
-    let mut committed_of: Option<(Decimal, Decimal, Decimal)> = None;
-    for hour in &hours[first..last] {
+    let hours = &window.hours[first..last];
+    let first_used = hours.first().map_or(0, |hour| {
+        used_gpu_seconds_by_hour.partition_point(|(at, _)| *at < hour.start)
+    });
+    let mut used = used_gpu_seconds_by_hour[first_used..].iter().peekable();
+    // Whole hours commit the same GPU-seconds, so they are worked out once.
+    let mut committed_of: Option<(Decimal, Decimal)> = None;
+    hours.iter().enumerate().map(move |(offset, hour)| {
         let seconds = seconds_between(hour.start.max(start), hour.end.min(end));
-        let (committed_seconds, committed_gpu_hours) = match committed_of {
-            Some((cached, committed_seconds, committed_gpu_hours)) if cached == seconds => {
-                (committed_seconds, committed_gpu_hours)
+        let committed = match committed_of {
+            Some((cached, committed)) if cached == seconds => committed,
+            _ => {
+                let committed = committed_gpus * seconds;
+                committed_of = Some((seconds, committed));
+                committed
+            }
+        };
+        while used.next_if(|(at, _)| *at < hour.start).is_some() {}
+        let used_seconds = used
+            .next_if(|(at, _)| *at == hour.start)
+            .map_or(Decimal::ZERO, |(_, seconds)| *seconds);
+        let unused = (committed - used_seconds).max(Decimal::ZERO);
+        (first + offset, hour, NettedSeconds { committed, unused })
+    })
+}
+
+/// [`unused_commitment`] over the ledger hours of `window`, summed per ledger day: one entry
+/// per day with some commitment, whose `hour` is the first of the day's hours netted. The
+/// GPU-seconds of a day are summed before they become GPU-hours and money, so a month of a
+/// reservation's hours costs a few dozen divisions rather than one per hour; a day lies in one
+/// ledger month, so every figure grouped by day or coarser sums these exactly as it would the
+/// hours.
+pub fn unused_commitment_by_day(
+    contract: &Contract,
+    used_gpu_seconds_by_hour: &HourlyUsage,
+    window: &LedgerWindow,
+) -> Vec<UnusedCommitment> {
+    let mut days = Vec::new();
+    let mut day: Option<(&LedgerHour, usize, NettedSeconds)> = None;
+    for (index, hour, seconds) in netted_hours(contract, used_gpu_seconds_by_hour, window) {
+        match &mut day {
+            Some((_, next_day, sums)) if index < *next_day => {
+                sums.committed += seconds.committed;
+                sums.unused += seconds.unused;
             }
             _ => {
-                let committed_seconds = committed_gpus * seconds;
-                let committed_gpu_hours = committed_seconds / SECONDS_PER_HOUR;
-                committed_of = Some((seconds, committed_seconds, committed_gpu_hours));
-                (committed_seconds, committed_gpu_hours)
+                if let Some((first, _, sums)) = day.take() {
+                    days.push(sums.charge(first.start, first.month, contract));
+                }
+                day = Some((hour, window.next_day_start(index), seconds));
             }
-        };
-        while next_used.is_some_and(|(at, _)| *at < hour.start) {
-            next_used = used.next();
         }
-        let used_seconds = match next_used {
-            Some((at, seconds)) if *at == hour.start => *seconds,
-            _ => Decimal::ZERO,
-        };
-        let unused_seconds = (committed_seconds - used_seconds).max(Decimal::ZERO);
-        charges.push(UnusedCommitment {
-            hour: hour.start,
-            month: hour.month,
-            committed_gpu_hours,
-            unused_gpu_hours: unused_seconds / SECONDS_PER_HOUR,
-            cost: unused_seconds * contract.price_per_gpu_hour / SECONDS_PER_HOUR,
-        });
     }
-    charges
+    if let Some((first, _, sums)) = day {
+        days.push(sums.charge(first.start, first.month, contract));
+    }
+    days
 }
 
 #[cfg(test)]
@@ -151,10 +244,10 @@ mod tests {
     #[test]
     fn usage_is_netted_per_hour_and_never_below_zero() {
         let contract = reserved(Some(Decimal::TWO));
-        let used = BTreeMap::from([
+        let used = [
             (utc("2026-11-01T00:00:00Z"), Decimal::from(3600)),
             (utc("2026-11-01T01:00:00Z"), Decimal::from(3 * 3600)),
-        ]);
+        ];
         let charges = unused_commitment(
             &contract,
             &used,
@@ -174,7 +267,7 @@ mod tests {
         let contract = reserved(Some(Decimal::TWO));
         let charges = unused_commitment(
             &contract,
-            &BTreeMap::new(),
+            &[],
             utc("2026-10-31T22:00:00Z"),
             utc("2026-11-01T01:15:00Z"),
             UTC,
@@ -197,7 +290,7 @@ mod tests {
         let contract = reserved(Some(Decimal::ONE));
         let charges = unused_commitment(
             &contract,
-            &BTreeMap::new(),
+            &[],
             utc("2026-11-01T00:00:00Z"),
             utc("2026-11-01T02:00:00Z"),
             Asia::Kolkata,
@@ -217,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn hours_found_once_for_a_window_net_a_contract_valid_in_part_of_it() {
+    fn a_contract_valid_in_part_of_a_window_is_netted_over_its_hours_only() {
         // Berlin's clocks go back at 01:00Z on 25 October 2026; the contract starts mid-hour
         // before that and ends two hours later. Usage before it must not count.
         let tz = chrono_tz::Europe::Berlin;
@@ -227,14 +320,18 @@ mod tests {
             valid_until: Some(utc("2026-10-25T03:00:00Z")),
             ..reserved(Some(Decimal::ONE))
         };
-        let used = BTreeMap::from([
+        let used = [
             (utc("2026-10-24T23:00:00Z"), Decimal::from(3600)),
             (utc("2026-10-25T00:00:00Z"), Decimal::from(1800)),
             (utc("2026-10-25T02:00:00Z"), Decimal::from(900)),
-        ]);
-        let hours = ledger_hours(window.0, window.1, tz);
-        assert_eq!(hours.len(), 25, "the day the clocks go back has 25 hours");
-        let charges = unused_commitment_in(&contract, &used, &hours, window.0, window.1);
+        ];
+        let ledger = LedgerWindow::new(window.0, window.1, tz);
+        assert_eq!(
+            ledger.hours.len(),
+            25,
+            "the day the clocks go back has 25 hours"
+        );
+        let charges = unused_commitment(&contract, &used, window.0, window.1, tz);
         let netted: Vec<_> = charges
             .iter()
             .map(|c| (c.hour, c.committed_gpu_hours, c.unused_gpu_hours))
@@ -255,16 +352,54 @@ mod tests {
                 ),
             ]
         );
-        assert!(
-            charges
-                .iter()
-                .all(|c| c.month == NaiveDate::from_ymd_opt(2026, 10, 1).unwrap())
-        );
+        let october = NaiveDate::from_ymd_opt(2026, 10, 1).unwrap();
+        assert!(charges.iter().all(|c| c.month == october));
         assert_eq!(
-            charges,
-            unused_commitment(&contract, &used, window.0, window.1, tz),
-            "the same as netting the contract alone"
+            unused_commitment_by_day(&contract, &used, &ledger),
+            [UnusedCommitment {
+                hour: utc("2026-10-25T00:00:00Z"),
+                month: october,
+                committed_gpu_hours: Decimal::new(25, 1),
+                unused_gpu_hours: Decimal::new(175, 2),
+                cost: Decimal::new(2625, 3),
+            }],
+            "the same hours summed over their one ledger day"
         );
+    }
+
+    #[test]
+    fn a_day_sums_its_hours_and_days_follow_the_ledger_time_zone() {
+        // Kolkata's days begin at 18:30Z; the window holds the end of one and a whole other.
+        let tz = Asia::Kolkata;
+        let window = (utc("2026-11-01T12:30:00Z"), utc("2026-11-02T18:30:00Z"));
+        let contract = reserved(Some(Decimal::new(3, 0)));
+        let used: Vec<_> = (0..30)
+            .map(|h| {
+                let hour = window.0 + chrono::Duration::hours(h);
+                (hour, Decimal::new(1000 * h + 7, 1))
+            })
+            .collect();
+        let hours = unused_commitment(&contract, &used, window.0, window.1, tz);
+        let days =
+            unused_commitment_by_day(&contract, &used, &LedgerWindow::new(window.0, window.1, tz));
+        assert_eq!(
+            days.iter().map(|d| d.hour).collect::<Vec<_>>(),
+            [utc("2026-11-01T12:30:00Z"), utc("2026-11-01T18:30:00Z")]
+        );
+        for (day, hours) in days.iter().zip([&hours[..6], &hours[6..]]) {
+            let sum = |figure: fn(&UnusedCommitment) -> Decimal| -> Decimal {
+                hours.iter().map(figure).sum()
+            };
+            assert_eq!(day.committed_gpu_hours, sum(|h| h.committed_gpu_hours));
+            let close = |a: Decimal, b: Decimal| (a - b).abs() < Decimal::new(1, 24);
+            assert!(
+                close(day.unused_gpu_hours, sum(|h| h.unused_gpu_hours)),
+                "{day:?}"
+            );
+            assert!(close(day.cost, sum(|h| h.cost)), "{day:?}");
+        }
+        assert_eq!(hours.len(), 30);
+        assert!(hours.iter().all(|h| h.month == days[0].month));
     }
 
     #[test]
@@ -276,13 +411,7 @@ mod tests {
             ..reserved(Some(Decimal::TWO))
         };
         for contract in [uncommitted, on_demand] {
-            let charges = unused_commitment(
-                &contract,
-                &BTreeMap::new(),
-                whole_month.0,
-                whole_month.1,
-                UTC,
-            );
+            let charges = unused_commitment(&contract, &[], whole_month.0, whole_month.1, UTC);
             assert!(charges.is_empty());
         }
     }

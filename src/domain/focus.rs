@@ -14,7 +14,7 @@ use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use super::commitment::unused_commitment;
+use super::commitment::{HourlyUsage, unused_commitment};
 use super::csv_cell::text_cell;
 use super::figures::SUM_SCALE;
 use super::ledger_time::{SECONDS_PER_HOUR, month_bounds};
@@ -201,7 +201,7 @@ pub struct MonthData {
     /// The reserved contracts whose commitment accrues in the month.
     pub commitments: Vec<CommittedContract>,
     /// GPU-seconds rated by each committed contract, by the start of their ledger hour.
-    pub commitment_usage: BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>,
+    pub commitment_usage: BTreeMap<Uuid, Vec<(DateTime<Utc>, Decimal)>>,
 }
 
 /// Why a month's data cannot be exported: it contradicts itself, or the CSV failed.
@@ -559,7 +559,7 @@ fn usage_charge<'a>(
 /// used.
 fn unused_charge<'a>(
     commitment: &'a CommittedContract,
-    used: &BTreeMap<DateTime<Utc>, Decimal>,
+    used: &HourlyUsage,
     period: &BillingPeriod,
     fx: &impl FxRates,
 ) -> Option<Charge<'a>> {
@@ -639,12 +639,11 @@ fn charges<'a>(
         .iter()
         .map(|usage| usage_charge(usage, &data.contracts, period, fx))
         .collect::<Result<Vec<_>, _>>()?;
-    let nothing_used = BTreeMap::new();
     charges.extend(data.commitments.iter().filter_map(|commitment| {
         let used = data
             .commitment_usage
             .get(&commitment.contract.id)
-            .unwrap_or(&nothing_used);
+            .map_or(&[][..], Vec::as_slice);
         unused_charge(commitment, used, period, fx)
     }));
     charges.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
@@ -777,7 +776,7 @@ mod tests {
     }
 
     /// One GPU busy for each of `hours` ledger hours from `from`.
-    fn one_gpu_for(from: &str, hours: i64) -> BTreeMap<DateTime<Utc>, Decimal> {
+    fn one_gpu_for(from: &str, hours: i64) -> Vec<(DateTime<Utc>, Decimal)> {
         (0..hours)
             .map(|hour| (utc(from) + Duration::hours(hour), SECONDS_PER_HOUR))
             .collect()
@@ -786,7 +785,7 @@ mod tests {
     fn month_of_commitment(
         contract: ContractTerms,
         project: Option<ProjectAccount>,
-        used: BTreeMap<DateTime<Utc>, Decimal>,
+        used: Vec<(DateTime<Utc>, Decimal)>,
     ) -> MonthData {
         MonthData {
             commitment_usage: BTreeMap::from([(contract.id, used)]),
@@ -1185,7 +1184,7 @@ mod tests {
                 "2026-11-02T00:00:00Z",
             )
         };
-        let data = month_of_commitment(owned, Some(project("search", "EUR")), BTreeMap::new());
+        let data = month_of_commitment(owned, Some(project("search", "EUR")), Vec::new());
         let row = only_row(&november(), &data, &no_rates);
         assert_cells(
             &row,
@@ -1238,7 +1237,7 @@ mod tests {
             "2026-11-01T00:00:00Z",
             "2026-12-01T00:00:00Z",
         );
-        let data = month_of_commitment(c4, None, BTreeMap::new());
+        let data = month_of_commitment(c4, None, Vec::new());
         let row = only_row(&in_progress, &data, &no_rates);
         assert_cells(
             &row,

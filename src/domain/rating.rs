@@ -1190,6 +1190,7 @@ mod tests {
         {
             *used_by_hour.entry(segment.hour).or_default() += segment.gpu_seconds_held;
         }
+        let used_by_hour: Vec<_> = used_by_hour.into_iter().collect();
         let unused = unused_commitment(
             &c4,
             &used_by_hour,

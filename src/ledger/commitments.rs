@@ -3,13 +3,11 @@
 //! figures need them. The monthly report puts one window's commitments on the project lines,
 //! the shared lines and the commitment lines alike.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 
-use crate::domain::commitment::{UnusedCommitment, ledger_hours, unused_commitment_in};
+use crate::domain::commitment::{LedgerWindow, UnusedCommitment, unused_commitment_by_day};
 use crate::domain::rating::Contract;
 use crate::ledger::LedgerResult;
 use crate::store;
@@ -19,8 +17,9 @@ use crate::store::contracts::ContractRow;
 pub struct Accrued {
     pub row: ContractRow,
     pub contract: Contract,
-    /// The hours with some commitment left unused, in time order.
-    pub unused_hours: Vec<UnusedCommitment>,
+    /// The ledger days with some commitment left unused, in time order, each summed over its
+    /// hours in the window.
+    pub unused_days: Vec<UnusedCommitment>,
     /// Sums over every hour of the window the contract was valid in.
     pub committed_gpu_hours: Decimal,
     pub unused_gpu_hours: Decimal,
@@ -79,20 +78,18 @@ impl Commitments {
         }
         let ids: Vec<_> = rows.iter().map(|c| c.id).collect();
         // An hour cut by the window's end has its usage read whole: usage has no finer grain.
-        let mut usage = store::cost::contract_usage(conn, project, (from, to), &ids).await?;
-        let empty = BTreeMap::new();
-        let hours = ledger_hours(from, to, tz);
+        let mut usage = store::cost::contract_usage(conn, (from, to), &ids).await?;
+        let window = LedgerWindow::new(from, to, tz);
         commitments.accrued = rows
             .into_iter()
             .map(|row| {
                 let contract = row.to_domain();
-                let used = usage.remove(&row.id);
-                let used = used.as_ref().unwrap_or(&empty);
-                let charges = unused_commitment_in(&contract, used, &hours, from, to);
+                let used = usage.remove(&row.id).unwrap_or_default();
+                let charges = unused_commitment_by_day(&contract, &used, &window);
                 let mut accrued = Accrued {
                     row,
                     contract,
-                    unused_hours: Vec::new(),
+                    unused_days: Vec::new(),
                     committed_gpu_hours: Decimal::ZERO,
                     unused_gpu_hours: Decimal::ZERO,
                     cost: Decimal::ZERO,
@@ -102,7 +99,7 @@ impl Commitments {
                     accrued.unused_gpu_hours += charge.unused_gpu_hours;
                     accrued.cost += charge.cost;
                     if !charge.unused_gpu_hours.is_zero() {
-                        accrued.unused_hours.push(charge);
+                        accrued.unused_days.push(charge);
                     }
                 }
                 accrued

@@ -417,7 +417,7 @@ async fn add_unused_commitment(
             continue;
         };
         let contract = &accrued.contract;
-        for charge in &accrued.unused_hours {
+        for charge in &accrued.unused_days {
             let group = groups
                 .entry(group_of(project, charge.hour, &contract.gpu_model))
                 .or_default();

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
@@ -412,38 +412,104 @@ pub async fn queue_waits(
     query.fetch_all(conn).await
 }
 
-/// GPU-seconds each of `contracts` rated for `project` (for any project without one), per
-/// ledger hour of `[from, to)`. Each contract's hours come back as one row of arrays: a
-/// month of a thousand reservations is hundreds of thousands of hours. The two arrays are
-/// built by one aggregation, from the same rows in the same order, so their elements pair up;
-/// that order is left to the plan (sorting each contract's hours in the database took a
-/// quarter of the statement's time), as the map they go into orders the hours.
+/// GPU-seconds each of `contracts` rated, per ledger hour of `[from, to)`, in hour order and
+/// without hours whose segments are all gone. A month of a thousand reservations is hundreds
+/// of thousands of hours, so they are read from the compacted rows of whole UTC days, whose
+/// hours come as arrays (migration 0012), and the delta rows compaction has not folded in yet
+/// are added hour by hour. Usage is summed over projects: a project-scoped contract only
+/// rates its own project's records.
 pub async fn contract_usage(
     conn: &mut PgConnection,
-    project: Option<&str>,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     contracts: &[Uuid],
-) -> sqlx::Result<BTreeMap<Uuid, BTreeMap<DateTime<Utc>, Decimal>>> {
-    let rows: Vec<(Uuid, Vec<DateTime<Utc>>, Vec<Decimal>)> = sqlx::query_as(&format!(
-        "SELECT contract_id, array_agg(hour), array_agg(used) \
+) -> sqlx::Result<BTreeMap<Uuid, Vec<(DateTime<Utc>, Decimal)>>> {
+    // One statement, so that both come from one snapshot whatever compaction commits.
+    type Row = (
+        bool,
+        Uuid,
+        Option<NaiveDate>,
+        Vec<DateTime<Utc>>,
+        Vec<i64>,
+        Vec<Decimal>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT false AS pending, contract_id, day, hours, segments, used \
+         FROM contract_usage_daily \
+         WHERE contract_id = ANY($3) \
+           AND day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date \
+         UNION ALL \
+         SELECT true, contract_id, NULL, array_agg(hour ORDER BY hour), \
+                array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour) \
          FROM ( \
-           SELECT contract_id, hour, round(sum(gpu_seconds_held), {SUM_SCALE}) AS used \
+           SELECT contract_id, hour, sum(segments)::bigint AS segments, \
+                  sum(gpu_seconds_held) AS used \
            FROM contract_usage_hourly \
-           WHERE contract_id = ANY($4) AND hour >= $2 AND hour < $3 \
-             AND ($1::text IS NULL OR project_id = $1) \
-           GROUP BY 1, 2 HAVING sum(segments) > 0) u \
-         GROUP BY contract_id"
-    ))
-    .bind(project)
+           WHERE contract_id = ANY($3) AND hour >= $1 AND hour < $2 \
+           GROUP BY contract_id, hour) AS deltas \
+         GROUP BY contract_id \
+         ORDER BY pending, contract_id, day",
+    )
     .bind(from)
     .bind(to)
     .bind(contracts)
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(contract, hours, used)| (contract, hours.into_iter().zip(used).collect()))
-        .collect())
+    let mut compacted: BTreeMap<Uuid, Vec<(DateTime<Utc>, i64, Decimal)>> = BTreeMap::new();
+    let mut pending: BTreeMap<Uuid, Vec<(DateTime<Utc>, i64, Decimal)>> = BTreeMap::new();
+    for (is_pending, contract, _day, hours, segments, used) in rows {
+        let into = if is_pending {
+            &mut pending
+        } else {
+            &mut compacted
+        };
+        into.entry(contract).or_default().extend(
+            hours
+                .into_iter()
+                .zip(segments)
+                .zip(used)
+                .map(|((hour, segments), used)| (hour, segments, used))
+                .filter(|(hour, _, _)| (from..to).contains(hour)),
+        );
+    }
+    let mut usage = BTreeMap::new();
+    for (contract, hours) in compacted {
+        let hours = merge_hours(hours, pending.remove(&contract).unwrap_or_default());
+        usage.insert(contract, hours);
+    }
+    for (contract, hours) in pending {
+        usage.insert(contract, merge_hours(Vec::new(), hours));
+    }
+    usage.retain(|_, hours: &mut Vec<_>| !hours.is_empty());
+    Ok(usage)
+}
+
+/// Two lists of `(hour, segments, GPU-seconds)` in hour order added hour by hour, without
+/// the hours left with no segment, the GPU-seconds rounded as every sum read.
+fn merge_hours(
+    compacted: Vec<(DateTime<Utc>, i64, Decimal)>,
+    pending: Vec<(DateTime<Utc>, i64, Decimal)>,
+) -> Vec<(DateTime<Utc>, Decimal)> {
+    let mut merged = Vec::with_capacity(compacted.len() + pending.len());
+    let mut compacted = compacted.into_iter().peekable();
+    let mut pending = pending.into_iter().peekable();
+    loop {
+        let next = match (compacted.peek(), pending.peek()) {
+            (Some(a), Some(b)) if a.0 == b.0 => {
+                let (hour, segments, used) = compacted.next().expect("peeked");
+                let (_, more_segments, more_used) = pending.next().expect("peeked");
+                (hour, segments + more_segments, used + more_used)
+            }
+            (Some(a), Some(b)) if a.0 < b.0 => compacted.next().expect("peeked"),
+            (Some(_), None) => compacted.next().expect("peeked"),
+            (_, Some(_)) => pending.next().expect("peeked"),
+            (None, None) => break,
+        };
+        let (hour, segments, used) = next;
+        if segments != 0 {
+            merged.push((hour, used.round_dp(SUM_SCALE)));
+        }
+    }
+    merged
 }
 
 /// Utilisation sums of one group.

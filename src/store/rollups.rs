@@ -221,7 +221,7 @@ struct Rollup {
 }
 
 fn rollups() -> Vec<Rollup> {
-    let mut rollups: Vec<Rollup> = Family::ALL
+    Family::ALL
         .iter()
         .flat_map(|&family| {
             Level::STORED.iter().map(move |&level| Rollup {
@@ -231,15 +231,46 @@ fn rollups() -> Vec<Rollup> {
                 sums: family.sums(),
             })
         })
-        .collect();
-    rollups.push(Rollup {
-        table: "contract_usage_hourly".to_owned(),
-        constraint: "contract_usage_hourly_pkey".to_owned(),
-        key: "contract_id, hour, project_id".to_owned(),
-        sums: &["segments", "gpu_seconds_held"],
-    });
-    rollups
+        .collect()
 }
+
+/// Every table rating appends delta rows to: the rollups, and each reservation's usage.
+fn delta_tables() -> Vec<String> {
+    let mut tables: Vec<String> = rollups().into_iter().map(|rollup| rollup.table).collect();
+    tables.push("contract_usage_hourly".to_owned());
+    tables
+}
+
+/// Folds every committed delta row of the reservations' usage into its UTC day's row
+/// (migration 0012): the day's hours and the delta rows' hours are summed per hour, summed
+/// over projects, and written back as the day's arrays, in hour order, without hours whose
+/// segments are all gone. Returns how many delta rows it folded and how many day rows were
+/// left with no hour, which are removed.
+const FOLD_CONTRACT_USAGE: &str = "\
+    WITH moved AS ( \
+      DELETE FROM contract_usage_hourly WHERE delta <> 0 \
+      RETURNING contract_id, hour, segments, gpu_seconds_held AS used), \
+    days AS (SELECT DISTINCT contract_id, (hour AT TIME ZONE 'UTC')::date AS day FROM moved), \
+    old AS ( \
+      DELETE FROM contract_usage_daily d USING days \
+      WHERE d.contract_id = days.contract_id AND d.day = days.day \
+      RETURNING d.*), \
+    entries AS ( \
+      SELECT contract_id, hour, segments, used FROM moved \
+      UNION ALL \
+      SELECT old.contract_id, e.hour, e.segments, e.used \
+      FROM old, unnest(old.hours, old.segments, old.used) AS e(hour, segments, used)), \
+    per_hour AS ( \
+      SELECT contract_id, hour, sum(segments) AS segments, sum(used) AS used \
+      FROM entries GROUP BY contract_id, hour HAVING sum(segments) <> 0), \
+    folded AS ( \
+      INSERT INTO contract_usage_daily (contract_id, day, hours, segments, used) \
+      SELECT contract_id, (hour AT TIME ZONE 'UTC')::date, array_agg(hour ORDER BY hour), \
+             array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour) \
+      FROM per_hour GROUP BY 1, 2 ORDER BY 1, 2 \
+      RETURNING contract_id, day) \
+    SELECT (SELECT count(*) FROM moved), \
+           (SELECT count(*) FROM old WHERE (contract_id, day) NOT IN (SELECT * FROM folded))";
 
 const SETTING_TIMEZONE: &str = "rollup_timezone";
 
@@ -318,6 +349,12 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
         done.delta_rows += moved;
         done.emptied_rows += emptied.len();
     }
+    let (moved, emptied): (i64, i64) = sqlx::query_as(FOLD_CONTRACT_USAGE)
+        .fetch_one(&mut *tx)
+        .await
+        .context("compacting contract_usage_hourly")?;
+    done.delta_rows += moved;
+    done.emptied_rows += usize::try_from(emptied)?;
     tx.commit().await?;
     Ok(Some(done))
 }
@@ -325,9 +362,9 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
 /// How many delta rows wait to be compacted, over every rollup (each counted through its
 /// partial index of delta rows).
 pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
-    let counts = rollups()
+    let counts = delta_tables()
         .iter()
-        .map(|rollup| format!("(SELECT count(*) FROM {} WHERE delta <> 0)", rollup.table))
+        .map(|table| format!("(SELECT count(*) FROM {table} WHERE delta <> 0)"))
         .collect::<Vec<_>>()
         .join(" + ");
     sqlx::query_scalar(&format!("SELECT {counts}"))
@@ -648,9 +685,9 @@ impl PeriodSplit {
 
 /// How many delta rows wait for compaction, over every rollup.
 pub async fn pending_deltas(conn: &mut PgConnection) -> sqlx::Result<i64> {
-    let sql = rollups()
+    let sql = delta_tables()
         .iter()
-        .map(|r| format!("(SELECT count(*) FROM {} WHERE delta <> 0)", r.table))
+        .map(|table| format!("(SELECT count(*) FROM {table} WHERE delta <> 0)"))
         .collect::<Vec<_>>()
         .join(" + ");
     sqlx::query_scalar(&format!("SELECT {sql}"))

@@ -13,7 +13,7 @@ use taskledger::config::Settings;
 use taskledger::store::rollups;
 
 use crate::common::{TestApp, cost, dec};
-use crate::fixtures::{NOVEMBER, record, worked_example, worked_example_contracts};
+use crate::fixtures::{NOVEMBER, contract, record, worked_example, worked_example_contracts};
 
 const NEW_YORK: chrono_tz::Tz = chrono_tz::America::New_York;
 
@@ -251,6 +251,152 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
     .unwrap();
     assert_eq!(empty, 0);
     assert_periods_match_segments(&app).await;
+}
+
+/// The unused commitment of `vision`'s November, and the month's report line of its
+/// reservation `id` (committed and unused GPU-hours, unused commitment).
+async fn reservation_figures(app: &TestApp, id: &str) -> (Decimal, [Decimal; 3]) {
+    let view = cost(app, NOVEMBER).await;
+    let report = app.get("/v1/reports/monthly/2026-11", &app.admin).await;
+    assert_eq!(report.status, StatusCode::OK, "{}", report.text());
+    let report = report.json();
+    let line = report["commitments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|line| line["id"] == id)
+        .unwrap_or_else(|| panic!("no line of {id} in {report}"))
+        .clone();
+    (
+        dec(&view["breakdown"]["unused_commitment"]),
+        [
+            "committed_gpu_hours",
+            "unused_gpu_hours",
+            "unused_commitment",
+        ]
+        .map(|figure| dec(&line[figure])),
+    )
+}
+
+/// The hours, segments and GPU-seconds of each compacted day of contract `id`'s usage.
+async fn usage_days(app: &TestApp, id: &str) -> Vec<(String, Vec<String>, Vec<i64>, Vec<Decimal>)> {
+    sqlx::query_as(
+        "SELECT day::text, ARRAY(SELECT to_char(h AT TIME ZONE 'UTC', 'DD HH24:MI') \
+                                 FROM unnest(hours) h), segments, used \
+         FROM contract_usage_daily WHERE contract_id = $1::uuid ORDER BY day",
+    )
+    .bind(id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_reservations_usage_nets_the_same_compacted_or_not() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let id = contract("A100", "reserved", "1.50")
+        .project("vision")
+        .valid_from("2026-11-01T00:00:00Z")
+        .valid_until("2026-12-01T00:00:00Z")
+        .committed_gpus(2)
+        .create(&app)
+        .await;
+    let on_the_reservation = |task: &str, from: &str, to: &str, gpus: i64| {
+        record(task, from, to)
+            .gpu_model("A100")
+            .billing_mode("reserved")
+            .gpu_count(gpus)
+    };
+    // Two records share 11:00 on the 3rd, and one runs across midnight into the 4th: 1 of 2
+    // GPU-hours used at 10:00, 2 at 11:00, 1 at 23:00 and at 00:00.
+    app.ingest([
+        on_the_reservation("a", "2026-11-03T10:00:00Z", "2026-11-03T12:00:00Z", 1),
+        on_the_reservation("b", "2026-11-03T11:00:00Z", "2026-11-03T11:30:00Z", 2),
+        on_the_reservation("c", "2026-11-03T23:00:00Z", "2026-11-04T01:00:00Z", 1),
+    ])
+    .await;
+    let unused = |gpu_hours: i64| Decimal::from(gpu_hours);
+    let price = Decimal::from_str("1.50").unwrap();
+    let expected = |used: i64| {
+        (
+            unused(1440 - used) * price,
+            [
+                unused(1440),
+                unused(1440 - used),
+                unused(1440 - used) * price,
+            ],
+        )
+    };
+    assert_eq!(reservation_figures(&app, &id).await, expected(5));
+    assert!(
+        usage_days(&app, &id).await.is_empty(),
+        "nothing compacted yet"
+    );
+
+    compact(&app).await;
+    assert_eq!(reservation_figures(&app, &id).await, expected(5));
+    let at = |hours: &[&str]| hours.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>();
+    let seconds = |values: &[i64]| values.iter().map(|&v| Decimal::from(v)).collect::<Vec<_>>();
+    assert_eq!(
+        usage_days(&app, &id).await,
+        [
+            (
+                "2026-11-03".to_owned(),
+                at(&["03 10:00", "03 11:00", "03 23:00"]),
+                vec![1, 2, 1],
+                seconds(&[3600, 7200, 3600]),
+            ),
+            (
+                "2026-11-04".to_owned(),
+                at(&["04 00:00"]),
+                vec![1],
+                seconds(&[3600])
+            ),
+        ]
+    );
+
+    // More usage in a compacted hour and in a new one is read from the delta rows until it
+    // is folded into the days' rows, where it lands in hour order.
+    app.ingest([
+        on_the_reservation("d", "2026-11-03T10:00:00Z", "2026-11-03T11:00:00Z", 1),
+        on_the_reservation("e", "2026-11-03T05:00:00Z", "2026-11-03T06:00:00Z", 1),
+    ])
+    .await;
+    assert!(pending(&app).await > 0);
+    assert_eq!(reservation_figures(&app, &id).await, expected(7));
+    compact(&app).await;
+    assert_eq!(pending(&app).await, 0);
+    assert_eq!(reservation_figures(&app, &id).await, expected(7));
+    assert_eq!(
+        usage_days(&app, &id).await[0],
+        (
+            "2026-11-03".to_owned(),
+            at(&["03 05:00", "03 10:00", "03 11:00", "03 23:00"]),
+            vec![1, 2, 2, 1],
+            seconds(&[3600, 7200, 7200, 3600]),
+        )
+    );
+
+    // Ending the reservation with the 3rd takes the 4th's hour off it, and with it the 4th's
+    // row: 3 days of 2 GPUs, 6 GPU-hours of them used.
+    let ended = app
+        .patch(
+            &format!("/v1/contracts/{id}"),
+            &app.admin,
+            json!({"valid_until": "2026-11-04T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(ended.status, StatusCode::OK, "{}", ended.text());
+    compact(&app).await;
+    assert_eq!(usage_days(&app, &id).await.len(), 1);
+    assert_eq!(
+        reservation_figures(&app, &id).await,
+        (
+            unused(138) * price,
+            [unused(144), unused(138), unused(138) * price]
+        )
+    );
 }
 
 /// The distinct days of `cost_daily`, and the segments `cost_monthly` holds for October.
