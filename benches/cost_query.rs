@@ -141,6 +141,14 @@ SELECT project_id, date_trunc('month', day)::date, gpu_model, billing_mode, outc
        sum(cost), sum(productive), sum(idle), sum(unmeasured), sum(failed), sum(output_quantity)
 FROM cost_daily GROUP BY 1, 2, 3, 4, 5, 6, 7, 8;
 
+INSERT INTO cost_monthly_kinds
+SELECT project_id, month, outcome = 'completed', unrated_reason,
+       CASE WHEN unrated_reason IS NOT NULL THEN gpu_model END,
+       CASE WHEN outcome = 'completed' THEN output_unit END,
+       sum(segments), sum(gpu_seconds_held), sum(gpu_seconds_busy), sum(cost), sum(productive),
+       sum(idle), sum(unmeasured), sum(failed), sum(output_quantity)
+FROM cost_monthly GROUP BY 1, 2, 3, 4, 5, 6;
+
 INSERT INTO records_monthly
 SELECT project_id, date_trunc('month', day)::date, gpu_model, billing_mode, outcome,
        sum(records), sum(retries), sum(failures), sum(tasks_completed), sum(tasks_failed)

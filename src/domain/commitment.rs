@@ -4,7 +4,7 @@
 //! waste in their own right. They are counted per ledger hour, the grain of the rollups,
 //! because usage in one hour cannot make up for idleness in another.
 
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 
@@ -161,15 +161,15 @@ fn netted_hours<'a>(
         used_gpu_seconds_by_hour.partition_point(|(at, _)| *at < hour.start)
     });
     let mut used = used_gpu_seconds_by_hour[first_used..].iter().peekable();
-    // Whole hours commit the same GPU-seconds, so they are worked out once.
-    let mut committed_of: Option<(Decimal, Decimal)> = None;
+    // Whole hours commit the same GPU-seconds, so they are worked out once per length.
+    let mut committed_of: Option<(TimeDelta, Decimal)> = None;
     hours.iter().enumerate().map(move |(offset, hour)| {
-        let seconds = seconds_between(hour.start.max(start), hour.end.min(end));
+        let (from, to) = (hour.start.max(start), hour.end.min(end));
         let committed = match committed_of {
-            Some((cached, committed)) if cached == seconds => committed,
+            Some((length, committed)) if length == to - from => committed,
             _ => {
-                let committed = committed_gpus * seconds;
-                committed_of = Some((seconds, committed));
+                let committed = committed_gpus * seconds_between(from, to);
+                committed_of = Some((to - from, committed));
                 committed
             }
         };

@@ -162,18 +162,6 @@ impl QueueWaitSums {
     }
 }
 
-/// The columns [`SegmentSums`] tells segments apart by: whether they completed, the reason
-/// and model of unrated ones, and the output unit of completed ones. Grouping by these and
-/// nothing finer keeps the rows read few: a month of a thousand projects has about four per
-/// project, against some fifty by outcome, model, reason and unit.
-fn segment_kinds(prefix: &str) -> String {
-    format!(
-        "{prefix}outcome = 'completed' AS completed, {prefix}unrated_reason, \
-         CASE WHEN {prefix}unrated_reason IS NOT NULL THEN {prefix}gpu_model END AS gpu_model, \
-         CASE WHEN {prefix}outcome = 'completed' THEN {prefix}output_unit END AS output_unit"
-    )
-}
-
 fn cost_columns(prefix: &str) -> String {
     [
         "gpu_seconds_held",
@@ -290,25 +278,43 @@ pub async fn cost_sums(
              WHERE s.project_id = $1 AND s.hour >= $2 AND s.hour < $3 \
              GROUP BY 1, 2, 3, 4, 5",
             key = key_expression(grouping, "hour", "s."),
-            kinds = segment_kinds("s."),
+            kinds = rollups::segment_kinds_sql("s."),
             sums = cost_columns("s."),
         ),
-        _ => format!(
-            "SELECT key, {kinds}, {sums} \
-             FROM ({rows}) AS rows \
-             GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
-            kinds = segment_kinds(""),
-            sums = cost_columns(""),
-            rows = scope.split(period, tz).rows_sql(
-                "cost",
-                "{key} AS key, outcome, gpu_model, unrated_reason, output_unit, segments, \
-                 gpu_seconds_held, gpu_seconds_busy, cost, productive, idle, unmeasured, failed, \
-                 output_quantity",
-                (&month_keys, &day_keys, &hour_keys),
-                scope.projects(),
-                2,
-            ),
-        ),
+        _ => {
+            let sums = rollups::COST_KIND_SUMS.join(", ");
+            // Every project's whole months come from their sums by kind, which compaction
+            // keeps, and the monthly delta rows it has not folded in yet.
+            let months = |first: &str, end: &str| {
+                format!(
+                    "SELECT project_id AS key, {kinds}, {sums} FROM cost_monthly_kinds \
+                     WHERE month >= {first} AND month < {end} \
+                     UNION ALL \
+                     SELECT project_id, {row_kinds}, {sums} FROM cost_monthly \
+                     WHERE delta <> 0 AND month >= {first} AND month < {end}",
+                    kinds = rollups::SEGMENT_KINDS.join(", "),
+                    row_kinds = rollups::segment_kinds_sql(""),
+                )
+            };
+            format!(
+                "SELECT key, {kinds}, {rounded} \
+                 FROM ({rows}) AS rows \
+                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
+                kinds = rollups::SEGMENT_KINDS.join(", "),
+                rounded = cost_columns(""),
+                rows = scope.split(period, tz).rows_sql_with_months(
+                    "cost",
+                    &format!("{{key}} AS key, {}, {sums}", rollups::segment_kinds_sql("")),
+                    (&month_keys, &day_keys, &hour_keys),
+                    scope.projects(),
+                    2,
+                    match scope {
+                        Scope::EveryProject => Some(&months),
+                        Scope::Project(..) => None,
+                    },
+                ),
+            )
+        }
     };
     fetch_grouped(conn, &sql, scope, period, tz).await
 }

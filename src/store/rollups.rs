@@ -62,17 +62,7 @@ impl Family {
     /// left under a key.
     fn sums(self) -> &'static [&'static str] {
         match self {
-            Family::Cost => &[
-                "segments",
-                "gpu_seconds_held",
-                "gpu_seconds_busy",
-                "cost",
-                "productive",
-                "idle",
-                "unmeasured",
-                "failed",
-                "output_quantity",
-            ],
+            Family::Cost => &COST_KIND_SUMS,
             Family::Records => &[
                 "records",
                 "retries",
@@ -112,6 +102,63 @@ pub const UTIL_SUMS: [&str; 13] = [
     "looks_busy_cost",
     "unused_memory_cost",
 ];
+
+/// What [`SegmentSums`](crate::domain::figures::SegmentSums) tells segments apart by, as
+/// columns: whether they completed, the reason and model of unrated ones, and the output unit
+/// of completed ones. Grouping by these and nothing finer keeps the rows read few: a month of
+/// a thousand projects has about four per project, against some fifty by outcome, model,
+/// reason and unit.
+pub const SEGMENT_KINDS: [&str; 4] = ["completed", "unrated_reason", "gpu_model", "output_unit"];
+
+/// [`SEGMENT_KINDS`] over rows of `rated_segments` or a cost rollup; `prefix` qualifies the
+/// columns (`s.`).
+pub fn segment_kinds_sql(prefix: &str) -> String {
+    format!(
+        "{prefix}outcome = 'completed' AS completed, {prefix}unrated_reason, \
+         CASE WHEN {prefix}unrated_reason IS NOT NULL THEN {prefix}gpu_model END AS gpu_model, \
+         CASE WHEN {prefix}outcome = 'completed' THEN {prefix}output_unit END AS output_unit"
+    )
+}
+
+/// The summed columns of the cost rollups and of `cost_monthly_kinds`, `segments` first.
+pub const COST_KIND_SUMS: [&str; 9] = [
+    "segments",
+    "gpu_seconds_held",
+    "gpu_seconds_busy",
+    "cost",
+    "productive",
+    "idle",
+    "unmeasured",
+    "failed",
+    "output_quantity",
+];
+
+/// Every project's monthly cost summed by [`SEGMENT_KINDS`] (migration 0013): the rows of
+/// `moved`, which compaction takes out of `cost_monthly`, added to theirs, with the row ids of
+/// rows left empty. The monthly report reads these instead of grouping every project's
+/// monthly rows by kind.
+fn fold_into_cost_kinds(moved: &str) -> String {
+    let sums = COST_KIND_SUMS.join(", ");
+    let totals = COST_KIND_SUMS
+        .iter()
+        .map(|column| format!("sum({column})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let updates = COST_KIND_SUMS
+        .iter()
+        .map(|column| format!("{column} = k.{column} + EXCLUDED.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "INSERT INTO cost_monthly_kinds AS k (project_id, month, {kinds}, {sums}) \
+         SELECT project_id, month, {row_kinds}, {totals} FROM {moved} \
+         GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6 \
+         ON CONFLICT ON CONSTRAINT cost_monthly_kinds_key DO UPDATE SET {updates} \
+         RETURNING k.ctid::text AS row_id, k.segments AS remaining",
+        kinds = SEGMENT_KINDS.join(", "),
+        row_kinds = segment_kinds_sql(""),
+    )
+}
 
 /// The utilisation sums (every column of [`UTIL_SUMS`] but `segments`) over segment rows
 /// with the `rated_segments` columns, named as in [`UTIL_SUMS`]; `prefix` qualifies the
@@ -218,6 +265,9 @@ struct Rollup {
     constraint: String,
     key: String,
     sums: &'static [&'static str],
+    /// Another table the folded delta rows are summed into, as SQL over the rows `moved`
+    /// returning the ids of its rows left empty, and that table's name.
+    also: Option<(String, &'static str)>,
 }
 
 fn rollups() -> Vec<Rollup> {
@@ -229,6 +279,8 @@ fn rollups() -> Vec<Rollup> {
                 constraint: family.constraint(level),
                 key: family.key(level),
                 sums: family.sums(),
+                also: (family == Family::Cost && level == Level::Month)
+                    .then(|| (fold_into_cost_kinds("moved"), "cost_monthly_kinds")),
             })
         })
         .collect()
@@ -275,8 +327,9 @@ const FOLD_CONTRACT_USAGE: &str = "\
 const SETTING_TIMEZONE: &str = "rollup_timezone";
 
 impl Rollup {
-    /// Folds every committed delta row into the compacted rows, in key order, and returns
-    /// the row ids of compacted rows left empty.
+    /// Folds every committed delta row into the compacted rows, in key order (and into the
+    /// rows of `also`), and returns the row ids of compacted rows left empty (and of rows of
+    /// `also`).
     fn compaction_sql(&self) -> String {
         let sums = self.sums.join(", ");
         let merged = self
@@ -298,9 +351,15 @@ impl Rollup {
                INSERT INTO {table} AS t ({key}, {sums}, delta) \
                SELECT {key}, {sums}, 0 FROM merged ORDER BY {key} \
                ON CONFLICT ON CONSTRAINT {constraint} DO UPDATE SET {updates} \
-               RETURNING t.ctid::text AS row_id, t.{count} AS remaining) \
+               RETURNING t.ctid::text AS row_id, t.{count} AS remaining), \
+             also AS ({also}) \
              SELECT (SELECT count(*) FROM moved), \
-                    ARRAY(SELECT row_id FROM upserted WHERE remaining = 0)",
+                    ARRAY(SELECT row_id FROM upserted WHERE remaining = 0), \
+                    ARRAY(SELECT row_id FROM also WHERE remaining = 0)",
+            also = self.also.as_ref().map_or(
+                "SELECT NULL::text AS row_id, NULL::bigint AS remaining WHERE false",
+                |(sql, _)| sql.as_str()
+            ),
             table = self.table,
             key = self.key,
             constraint = self.constraint,
@@ -330,10 +389,11 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     }
     let mut done = Compaction::default();
     for rollup in rollups() {
-        let (moved, emptied): (i64, Vec<String>) = sqlx::query_as(&rollup.compaction_sql())
-            .fetch_one(&mut *tx)
-            .await
-            .with_context(|| format!("compacting {}", rollup.table))?;
+        let (moved, emptied, emptied_also): (i64, Vec<String>, Vec<String>) =
+            sqlx::query_as(&rollup.compaction_sql())
+                .fetch_one(&mut *tx)
+                .await
+                .with_context(|| format!("compacting {}", rollup.table))?;
         if !emptied.is_empty() {
             sqlx::query(&format!(
                 "DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[]) \
@@ -346,8 +406,19 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
             .await
             .with_context(|| format!("removing emptied {} rows", rollup.table))?;
         }
+        if let Some((_, also)) = &rollup.also
+            && !emptied_also.is_empty()
+        {
+            sqlx::query(&format!(
+                "DELETE FROM {also} WHERE ctid = ANY($1::text[]::tid[]) AND segments = 0"
+            ))
+            .bind(&emptied_also)
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("removing emptied {also} rows"))?;
+        }
         done.delta_rows += moved;
-        done.emptied_rows += emptied.len();
+        done.emptied_rows += emptied.len() + emptied_also.len();
     }
     let (moved, emptied): (i64, i64) = sqlx::query_as(FOLD_CONTRACT_USAGE)
         .fetch_one(&mut *tx)
@@ -393,7 +464,7 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     // Writers append to these tables; this waits for them and keeps them out meanwhile.
     sqlx::query(
         "LOCK TABLE cost_daily, records_daily, util_daily, cost_monthly, records_monthly, \
-         util_monthly, task_monthly IN EXCLUSIVE MODE",
+         util_monthly, task_monthly, cost_monthly_kinds IN EXCLUSIVE MODE",
     )
     .execute(&mut *tx)
     .await?;
@@ -411,6 +482,16 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
                 .with_context(|| format!("rebuilding {table}"))?;
         }
     }
+    sqlx::query("DELETE FROM cost_monthly_kinds")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(&format!(
+        "WITH moved AS (SELECT * FROM cost_monthly) {}",
+        fold_into_cost_kinds("moved")
+    ))
+    .execute(&mut *tx)
+    .await
+    .context("rebuilding cost_monthly_kinds")?;
     rebuild_tasks(&mut tx, tz).await?;
     sqlx::query(
         "INSERT INTO settings (key, value) VALUES ($1, $2) \
@@ -486,6 +567,9 @@ fn level_rows(
          WHERE project_id {projects} AND {time} >= {start} AND {time} < {end}"
     )
 }
+
+/// SQL reading a period's whole months, given the parameters of its first and end month.
+pub type MonthsSql<'a> = dyn Fn(&str, &str) -> String + 'a;
 
 /// A period `[from, to)` of ledger hours, split into the whole ledger months it covers,
 /// the other whole ledger days, and the hours left over before and after them.
@@ -578,9 +662,23 @@ impl PeriodSplit {
         &self,
         family: &str,
         columns: &str,
+        keys: (&str, &str, &str),
+        projects: &str,
+        first: usize,
+    ) -> String {
+        self.rows_sql_with_months(family, columns, keys, projects, first, None)
+    }
+
+    /// [`PeriodSplit::rows_sql`], with the whole months read by `months` when given: SQL of
+    /// the same columns given the parameters of the first and the end month.
+    pub fn rows_sql_with_months(
+        &self,
+        family: &str,
+        columns: &str,
         (month_key, day_key, hour_key): (&str, &str, &str),
         projects: &str,
         first: usize,
+        months: Option<&MonthsSql<'_>>,
     ) -> String {
         let p = |offset: usize| format!("${}", first + offset);
         let (from, to, first_day, end_day) = (p(0), p(1), p(2), p(3));
@@ -594,7 +692,10 @@ impl PeriodSplit {
         let parts = [
             (
                 self.first_month < self.end_month,
-                select(&monthly, "monthly", "month", &first_month, &end_month),
+                match months {
+                    Some(months) => months(&first_month, &end_month),
+                    None => select(&monthly, "monthly", "month", &first_month, &end_month),
+                },
             ),
             (
                 self.first_day < self.first_month,

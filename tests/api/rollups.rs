@@ -118,6 +118,13 @@ async fn assert_periods_match_segments(app: &TestApp) {
     }
 }
 
+/// The project lines of November's monthly report.
+async fn report_projects(app: &TestApp) -> Value {
+    let report = app.get("/v1/reports/monthly/2026-11", &app.admin).await;
+    assert_eq!(report.status, StatusCode::OK, "{}", report.text());
+    report.json()["projects"].clone()
+}
+
 async fn pending(app: &TestApp) -> i64 {
     rollups::pending_deltas(&mut app.pool.acquire().await.unwrap())
         .await
@@ -189,6 +196,9 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
     for group_by in groupings {
         before.push(cost(&app, &format!("{NOVEMBER}{group_by}")).await);
     }
+    let report_before = report_projects(&app).await;
+    assert!(!before[0]["total"].is_null(), "{}", before[0]);
+    assert_eq!(report_before[0]["total"], before[0]["total"]);
     assert!(pending(&app).await > 0);
 
     let done = compact(&app).await;
@@ -200,6 +210,7 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
             expected
         );
     }
+    assert_eq!(report_projects(&app).await, report_before);
     // Compacted rows are one per key.
     let compacted: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM cost_daily WHERE delta = 0 \
@@ -223,6 +234,10 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
         cost(&app, &format!("{NOVEMBER}&group_by=gpu_model")).await,
         after_delete
     );
+    assert_eq!(
+        report_projects(&app).await[0]["total"],
+        cost(&app, NOVEMBER).await["total"]
+    );
     for table in [
         "cost_hourly",
         "cost_daily",
@@ -242,6 +257,7 @@ async fn compaction_folds_deltas_in_and_changes_no_figure() {
         "SELECT (SELECT count(*) FROM cost_hourly WHERE segments = 0) \
               + (SELECT count(*) FROM cost_daily WHERE segments = 0) \
               + (SELECT count(*) FROM cost_monthly WHERE segments = 0) \
+              + (SELECT count(*) FROM cost_monthly_kinds WHERE segments = 0) \
               + (SELECT count(*) FROM records_monthly WHERE records = 0) \
               + (SELECT count(*) FROM records_hourly WHERE records = 0) \
               + (SELECT count(*) FROM records_daily WHERE records = 0)",
@@ -454,6 +470,24 @@ async fn daily_and_monthly_rollups_are_rebuilt_for_another_ledger_time_zone() {
         database_url: app.database_url.clone(),
     };
     assert_periods_match_segments(&new_york).await;
+    // The report sums every project's months by kind, rebuilt for New York's months too.
+    for month in ["2026-10", "2026-11"] {
+        let report = new_york
+            .get(&format!("/v1/reports/monthly/{month}"), &new_york.admin)
+            .await;
+        assert_eq!(report.status, StatusCode::OK, "{}", report.text());
+        let view = cost(
+            &new_york,
+            &format!("/v1/projects/vision/cost?month={month}&as_of=2027-01-01T00:00:00Z"),
+        )
+        .await;
+        assert!(!view["total"].is_null(), "{view}");
+        assert_eq!(
+            report.json()["projects"][0]["total"],
+            view["total"],
+            "{month}"
+        );
+    }
 }
 
 #[tokio::test]
