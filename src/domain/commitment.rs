@@ -51,7 +51,7 @@ pub fn unused_commitment(
 }
 
 /// The ledger hours that hold some of `[from, to)`, in order.
-pub fn ledger_hours(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Vec<LedgerHour> {
+fn ledger_hours(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Vec<LedgerHour> {
     let mut hours = Vec::new();
     if from >= to {
         return hours;

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::domain::figures::{Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums};
 use crate::domain::utilisation::{MetricSums, UtilSums};
+use crate::store::numeric::Numeric;
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Whose figures a query reads, and how they are grouped.
@@ -436,7 +437,7 @@ pub async fn contract_usage(
         Option<NaiveDate>,
         Vec<DateTime<Utc>>,
         Vec<i64>,
-        Vec<Decimal>,
+        Vec<Numeric>,
     );
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT false AS pending, contract_id, day, hours, segments, used \
@@ -473,7 +474,7 @@ pub async fn contract_usage(
                 .into_iter()
                 .zip(segments)
                 .zip(used)
-                .map(|((hour, segments), used)| (hour, segments, used))
+                .map(|((hour, segments), Numeric(used))| (hour, segments, used))
                 .filter(|(hour, _, _)| (from..to).contains(hour)),
         );
     }

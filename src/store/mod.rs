@@ -8,6 +8,7 @@ pub mod cost;
 pub mod exports;
 pub mod fx_rates;
 pub mod jobs;
+pub mod numeric;
 pub mod projects;
 pub mod rating;
 pub mod records;

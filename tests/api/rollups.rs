@@ -308,6 +308,32 @@ async fn usage_days(app: &TestApp, id: &str) -> Vec<(String, Vec<String>, Vec<i6
 }
 
 #[tokio::test]
+async fn numeric_arrays_read_as_sqlx_reads_them() {
+    // Usage arrays are read with a decoder of their own: it must give the very decimals, at
+    // the very scales, that sqlx's gives, including sums of divided GPU-seconds.
+    let app = TestApp::spawn().await;
+    let values = "ARRAY[0, 0.000, 3600, 14400.00, -12.5, 1e-20, 10800 * 3 / 7.0, \
+                  10800 * 3 / 7.0 + 3600 * 5 / 7.0, 123456789012.1234567890123456, \
+                  79228162514264337593543950335, -1e-28, 1234.5e10]::numeric[]";
+    let ours: Vec<taskledger::store::numeric::Numeric> =
+        sqlx::query_scalar(&format!("SELECT {values}"))
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    let sqlx_reads: Vec<Decimal> = sqlx::query_scalar(&format!("SELECT {values}"))
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let text = |values: &mut dyn Iterator<Item = Decimal>| {
+        values.map(|value| value.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        text(&mut ours.into_iter().map(|numeric| numeric.0)),
+        text(&mut sqlx_reads.into_iter())
+    );
+}
+
+#[tokio::test]
 async fn a_reservations_usage_nets_the_same_compacted_or_not() {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
