@@ -430,22 +430,23 @@ pub async fn contract_usage(
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     contracts: &[Uuid],
 ) -> sqlx::Result<BTreeMap<Uuid, Vec<(DateTime<Utc>, Decimal)>>> {
-    // One statement, so that both come from one snapshot whatever compaction commits.
+    // One statement, so that both come from one snapshot whatever compaction commits. The
+    // delta rows come as one row per contract, without a day.
     type Row = (
-        bool,
         Uuid,
         Option<NaiveDate>,
         Vec<DateTime<Utc>>,
         Vec<i64>,
         Vec<Numeric>,
     );
+    type Hours = Vec<(DateTime<Utc>, i64, Decimal)>;
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT false AS pending, contract_id, day, hours, segments, used \
+        "SELECT contract_id, day, hours, segments, used \
          FROM contract_usage_daily \
          WHERE contract_id = ANY($3) \
            AND day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date \
          UNION ALL \
-         SELECT true, contract_id, NULL, array_agg(hour ORDER BY hour), \
+         SELECT contract_id, NULL, array_agg(hour ORDER BY hour), \
                 array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour) \
          FROM ( \
            SELECT contract_id, hour, sum(segments)::bigint AS segments, \
@@ -453,35 +454,46 @@ pub async fn contract_usage(
            FROM contract_usage_hourly \
            WHERE contract_id = ANY($3) AND hour >= $1 AND hour < $2 \
            GROUP BY contract_id, hour) AS deltas \
-         GROUP BY contract_id \
-         ORDER BY pending, contract_id, day",
+         GROUP BY contract_id",
     )
     .bind(from)
     .bind(to)
     .bind(contracts)
     .fetch_all(&mut *conn)
     .await?;
-    let mut compacted: BTreeMap<Uuid, Vec<(DateTime<Utc>, i64, Decimal)>> = BTreeMap::new();
-    let mut pending: BTreeMap<Uuid, Vec<(DateTime<Utc>, i64, Decimal)>> = BTreeMap::new();
-    for (is_pending, contract, _day, hours, segments, used) in rows {
-        let into = if is_pending {
-            &mut pending
-        } else {
-            &mut compacted
-        };
-        into.entry(contract).or_default().extend(
-            hours
-                .into_iter()
-                .zip(segments)
-                .zip(used)
-                .map(|((hour, segments), Numeric(used))| (hour, segments, used))
-                .filter(|(hour, _, _)| (from..to).contains(hour)),
-        );
+    let in_window = |hours: Vec<DateTime<Utc>>, segments: Vec<i64>, used: Vec<Numeric>| {
+        hours
+            .into_iter()
+            .zip(segments)
+            .zip(used)
+            .map(|((hour, segments), Numeric(used))| (hour, segments, used))
+            .filter(move |(hour, _, _)| (from..to).contains(hour))
+    };
+    // The days come in no order (sorting the rows in the database spilled them to disk): each
+    // contract's few dozen are put in order here.
+    type Day = (NaiveDate, Vec<DateTime<Utc>>, Vec<i64>, Vec<Numeric>);
+    let mut days: BTreeMap<Uuid, Vec<Day>> = BTreeMap::new();
+    let mut pending: BTreeMap<Uuid, Hours> = BTreeMap::new();
+    for (contract, day, hours, segments, used) in rows {
+        match day {
+            Some(day) => days
+                .entry(contract)
+                .or_default()
+                .push((day, hours, segments, used)),
+            None => {
+                pending.insert(contract, in_window(hours, segments, used).collect());
+            }
+        }
     }
     let mut usage = BTreeMap::new();
-    for (contract, hours) in compacted {
-        let hours = merge_hours(hours, pending.remove(&contract).unwrap_or_default());
-        usage.insert(contract, hours);
+    for (contract, mut rows) in days {
+        rows.sort_unstable_by_key(|row| row.0);
+        let compacted: Hours = rows
+            .into_iter()
+            .flat_map(|(_, hours, segments, used)| in_window(hours, segments, used))
+            .collect();
+        let pending = pending.remove(&contract).unwrap_or_default();
+        usage.insert(contract, merge_hours(compacted, pending));
     }
     for (contract, hours) in pending {
         usage.insert(contract, merge_hours(Vec::new(), hours));
