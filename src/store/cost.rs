@@ -164,20 +164,11 @@ impl QueueWaitSums {
 }
 
 fn cost_columns(prefix: &str) -> String {
-    [
-        "gpu_seconds_held",
-        "gpu_seconds_busy",
-        "cost",
-        "productive",
-        "idle",
-        "unmeasured",
-        "failed",
-        "output_quantity",
-    ]
-    .iter()
-    .map(|column| format!("round(coalesce(sum({prefix}{column}), 0), {SUM_SCALE}) AS {column}"))
-    .collect::<Vec<_>>()
-    .join(", ")
+    rollups::COST_KIND_SUMS[1..]
+        .iter()
+        .map(|column| format!("round(coalesce(sum({prefix}{column}), 0), {SUM_SCALE}) AS {column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The SQL expression of a group's key over a table with `hour`, `gpu_model`,

@@ -133,22 +133,32 @@ pub const COST_KIND_SUMS: [&str; 9] = [
     "output_quantity",
 ];
 
+/// `sum(column) AS column` for each of `columns`.
+fn summed(columns: &[&str]) -> String {
+    columns
+        .iter()
+        .map(|column| format!("sum({column}) AS {column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `ON CONFLICT` updates adding each of `columns` of the proposed row to the row `alias`.
+fn added_to(alias: &str, columns: &[&str]) -> String {
+    columns
+        .iter()
+        .map(|column| format!("{column} = {alias}.{column} + EXCLUDED.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Every project's monthly cost summed by [`SEGMENT_KINDS`] (migration 0013): the rows of
 /// `moved`, which compaction takes out of `cost_monthly`, added to theirs, with the row ids of
 /// rows left empty. The monthly report reads these instead of grouping every project's
 /// monthly rows by kind.
 fn fold_into_cost_kinds(moved: &str) -> String {
     let sums = COST_KIND_SUMS.join(", ");
-    let totals = COST_KIND_SUMS
-        .iter()
-        .map(|column| format!("sum({column})"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let updates = COST_KIND_SUMS
-        .iter()
-        .map(|column| format!("{column} = k.{column} + EXCLUDED.{column}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let totals = summed(&COST_KIND_SUMS);
+    let updates = added_to("k", &COST_KIND_SUMS);
     format!(
         "INSERT INTO cost_monthly_kinds AS k (project_id, month, {kinds}, {sums}) \
          SELECT project_id, month, {row_kinds}, {totals} FROM {moved} \
@@ -332,18 +342,8 @@ impl Rollup {
     /// `also`).
     fn compaction_sql(&self) -> String {
         let sums = self.sums.join(", ");
-        let merged = self
-            .sums
-            .iter()
-            .map(|column| format!("sum({column}) AS {column}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let updates = self
-            .sums
-            .iter()
-            .map(|column| format!("{column} = t.{column} + EXCLUDED.{column}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let merged = summed(self.sums);
+        let updates = added_to("t", self.sums);
         format!(
             "WITH moved AS (DELETE FROM {table} WHERE delta <> 0 RETURNING *), \
              merged AS (SELECT {key}, {merged} FROM moved GROUP BY {key}), \
