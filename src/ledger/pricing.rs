@@ -17,6 +17,7 @@ use crate::ledger::{LedgerError, LedgerResult, alerting};
 use crate::store;
 use crate::store::contracts::{ContractFields, ContractRow, OVERLAP_CONSTRAINT};
 use crate::store::fx_rates::FxRateRow;
+use crate::store::rating::Rerating;
 
 /// What a price change must re-rate.
 enum Rerate<'a> {
@@ -24,13 +25,18 @@ enum Rerate<'a> {
     Contract {
         fields: &'a ContractFields,
         span: (DateTime<Utc>, Option<DateTime<Utc>>),
+        how: Rerating,
     },
     /// What the month's rate from one currency into another converts.
     Fx {
         month: Month,
         from: Currency,
         to: Currency,
+        how: Rerating,
     },
+    /// Nothing: no term rating reads changed (a contract's name or commitment, which
+    /// figures read as they are).
+    Nothing,
 }
 
 /// Re-rates in the change's transaction, commits, and re-evaluates every project's current
@@ -43,7 +49,7 @@ async fn rerate_and_commit(
 ) -> LedgerResult<()> {
     let tz = settings.timezone;
     let (rating, rerated) = match rerate {
-        Rerate::Contract { fields, span } => {
+        Rerate::Contract { fields, span, how } => {
             let rating = Rating::start(RatingCause::Contract);
             let rerated = store::rating::rerate_kind(
                 &mut tx,
@@ -52,27 +58,66 @@ async fn rerate_and_commit(
                 fields.project_id.as_deref(),
                 span,
                 tz,
+                how,
             )
             .await?;
             (rating, rerated)
         }
-        Rerate::Fx { month, from, to } => {
+        Rerate::Fx {
+            month,
+            from,
+            to,
+            how,
+        } => {
             let rating = Rating::start(RatingCause::Fx);
             let rerated = store::rating::rerate_fx(
                 &mut tx,
                 month_bounds(month.first_day(), tz),
-                from.code(),
-                to.code(),
+                (from.code(), to.code()),
                 tz,
+                how,
             )
             .await?;
             (rating, rerated)
         }
+        Rerate::Nothing => (Rating::start(RatingCause::Contract), 0),
     };
     rating.finished(rerated);
     tx.commit().await?;
     alerting::evaluate_current_month(pool, settings).await;
     Ok(())
+}
+
+/// What a change of a contract's terms from `old` to `new` moves in what is rated: its
+/// model, billing mode, currency, validity or scope decide which contract prices which
+/// hours; its price alone, only what those hours cost; its name and commitment, nothing.
+fn rerating_of(old: &ContractFields, new: &ContractFields) -> Option<Rerating> {
+    let assigns = |f: &ContractFields| {
+        (
+            f.gpu_model.clone(),
+            f.billing_mode,
+            f.currency.clone(),
+            f.valid_from,
+            f.valid_until,
+            f.project_id.clone(),
+            f.provider.clone(),
+            f.region.clone(),
+        )
+    };
+    // The same value at another scale prices at another scale: it counts as a change.
+    let price = |f: &ContractFields| {
+        (
+            f.price_per_gpu_hour.mantissa(),
+            f.price_per_gpu_hour.scale(),
+        )
+    };
+    if assigns(old) != assigns(new) {
+        Some(Rerating::Whole)
+    } else if price(old) != price(new) {
+        Some(Rerating::Prices)
+    } else {
+        None
+    }
 }
 
 /// The rules that bind a contract's fields to each other, checked on creation and after
@@ -173,6 +218,7 @@ pub async fn create_contract(
         Rerate::Contract {
             fields: &fields,
             span,
+            how: Rerating::Whole,
         },
         settings,
     )
@@ -199,7 +245,15 @@ pub async fn update_contract(
     let row = store_contract(&mut tx, pool, &new, Some(id)).await?;
     let until = old.valid_until.zip(new.valid_until).map(|(a, b)| a.max(b));
     let span = (old.valid_from.min(new.valid_from), until);
-    rerate_and_commit(tx, pool, Rerate::Contract { fields: &new, span }, settings).await?;
+    let rerate = match rerating_of(&old, &new) {
+        Some(how) => Rerate::Contract {
+            fields: &new,
+            span,
+            how,
+        },
+        None => Rerate::Nothing,
+    };
+    rerate_and_commit(tx, pool, rerate, settings).await?;
     Ok(row)
 }
 
@@ -212,10 +266,16 @@ pub async fn delete_contract(pool: &PgPool, id: Uuid, settings: &Settings) -> Le
         .fields();
     store::contracts::delete(&mut tx, id).await?;
     let span = (old.valid_from, old.valid_until);
-    rerate_and_commit(tx, pool, Rerate::Contract { fields: &old, span }, settings).await
+    let rerate = Rerate::Contract {
+        fields: &old,
+        span,
+        how: Rerating::Whole,
+    };
+    rerate_and_commit(tx, pool, rerate, settings).await
 }
 
-/// Sets the rate of one month and currency pair; re-rates what it converts.
+/// Sets the rate of one month and currency pair; re-rates what it converts. A rate that
+/// replaces another only moves the cost of what it already converted.
 pub async fn put_fx_rate(
     pool: &PgPool,
     (month, from, to): (Month, Currency, Currency),
@@ -223,9 +283,19 @@ pub async fn put_fx_rate(
     settings: &Settings,
 ) -> LedgerResult<FxRateRow> {
     let mut tx = pool.begin().await?;
-    let row =
-        store::fx_rates::put(&mut tx, month.first_day(), from.code(), to.code(), rate).await?;
-    rerate_and_commit(tx, pool, Rerate::Fx { month, from, to }, settings).await?;
+    let (first, from_code, to_code) = (month.first_day(), from.code(), to.code());
+    let how = match store::fx_rates::exists(&mut tx, first, from_code, to_code).await? {
+        true => Rerating::Prices,
+        false => Rerating::Whole,
+    };
+    let row = store::fx_rates::put(&mut tx, first, from_code, to_code, rate).await?;
+    let rerate = Rerate::Fx {
+        month,
+        from,
+        to,
+        how,
+    };
+    rerate_and_commit(tx, pool, rerate, settings).await?;
     Ok(row)
 }
 
@@ -241,5 +311,11 @@ pub async fn delete_fx_rate(
             "no FX rate {month}/{from}/{to}"
         )));
     }
-    rerate_and_commit(tx, pool, Rerate::Fx { month, from, to }, settings).await
+    let rerate = Rerate::Fx {
+        month,
+        from,
+        to,
+        how: Rerating::Whole,
+    };
+    rerate_and_commit(tx, pool, rerate, settings).await
 }

@@ -39,6 +39,24 @@ pub async fn put(
     .await
 }
 
+/// Whether a rate of this month and currency pair is stored.
+pub async fn exists(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    from: &str,
+    to: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM fx_rates \
+                        WHERE month = $1 AND from_currency = $2 AND to_currency = $3)",
+    )
+    .bind(month)
+    .bind(from)
+    .bind(to)
+    .fetch_one(conn)
+    .await
+}
+
 /// Deletes one rate; whether it existed.
 pub async fn delete(
     conn: &mut PgConnection,

@@ -215,6 +215,26 @@ const NEW_SEGMENTS: &str = "UNNEST($1::text[], $2::text[], $3::int[], $4::int[],
           unmeasured, failed, output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
           memory_used_share, mig_slices)";
 
+/// A stored segment (`rated_segments` columns) as a change taken out: `sign` -1 and its
+/// figures negated, so that every sum over a change is a plain sum.
+const OLD_SEGMENT: &str = "-1 AS sign, project_id, task_id, attempt, seq, hour, gpu_model, \
+     billing_mode, outcome, contract_id, unrated_reason, output_unit, \
+     -gpu_seconds_held AS gpu_seconds_held, -gpu_seconds_busy AS gpu_seconds_busy, -cost AS cost, \
+     -productive AS productive, -idle AS idle, -unmeasured AS unmeasured, -failed AS failed, \
+     -output_quantity AS output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
+     memory_used_share, mig_slices";
+
+/// The columns of [`RecordRow`] from `job_records r`, which the keys `k` are joined to. The
+/// project's currency is looked up per row: joined, the project could lead the plan and the
+/// records be found by project alone.
+const RECORDS: &str = "r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, \
+     r.provider, r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
+     r.gpu_seconds_busy, r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, \
+     r.gpu_util, r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
+     r.memory_total_gib, r.mig_profile, \
+     (SELECT p.currency FROM projects p WHERE p.id = r.project_id) AS currency \
+     FROM job_records r";
+
 /// CTEs appending the changes in the CTE `diff` (summed per hourly key) to `family`'s daily
 /// and monthly rollups, tagged with the delta number in the CTE `tag`; `tz` is the parameter
 /// holding the time zone. (Its hourly rollup is a view over what rating stores.)
@@ -229,6 +249,29 @@ fn append_diff(family: Family, diff: &str, tz: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A CTE `diff` of the cost sums (see `cost_hourly`) and the card-seconds of reserved
+/// capacity the segment changes in `changes` make, per hourly key.
+fn cost_diff(changes: &str) -> String {
+    format!(
+        "diff AS ( \
+           SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                  unrated_reason, output_unit, \
+                  sum(sign) AS segments, \
+                  sum(gpu_seconds_held) AS gpu_seconds_held, \
+                  sum(coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                  sum(coalesce(cost, 0)) AS cost, \
+                  sum(productive) AS productive, sum(idle) AS idle, \
+                  sum(unmeasured) AS unmeasured, sum(failed) AS failed, \
+                  sum(coalesce(output_quantity, 0)) AS output_quantity, \
+                  sum(CASE WHEN mig_slices IS NULL THEN gpu_seconds_held \
+                           ELSE gpu_seconds_held * mig_slices / {COMPUTE_SLICES} END) \
+                      AS card_seconds_held \
+           FROM {changes} \
+           GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
+                    unrated_reason, output_unit)"
+    )
 }
 
 /// A CTE `util_diff` of the utilisation sums (see `util_hourly`) the segment changes in
@@ -384,16 +427,13 @@ pub async fn rate_records(
     .await
     .context("locking the tasks to rate")?;
 
-    let attempts = sqlx::query_as::<_, RecordRow>(
-        "SELECT r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, r.provider, \
-                r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, r.gpu_seconds_busy, \
-                r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, r.gpu_util, \
-                r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
-                r.memory_total_gib, r.mig_profile, p.currency \
-         FROM job_records r JOIN projects p ON p.id = r.project_id \
-         WHERE (r.project_id, r.task_id) IN (SELECT * FROM UNNEST($1::text[], $2::text[])) \
+    // Joined to the tasks (distinct), not filtered by them as a semi-join.
+    let attempts = sqlx::query_as::<_, RecordRow>(&format!(
+        "SELECT {RECORDS} \
+         JOIN UNNEST($1::text[], $2::text[]) AS k(project_id, task_id) \
+           ON (k.project_id, k.task_id) = (r.project_id, r.task_id) \
          ORDER BY r.project_id, r.task_id, r.attempt",
-    )
+    ))
     .bind(&task_projects)
     .bind(&task_ids)
     .fetch_all(&mut *conn)
@@ -446,31 +486,8 @@ pub async fn rate_records(
                  (SELECT * FROM UNNEST($26::text[], $27::text[], $28::int[])) \
            RETURNING *), \
          changes AS ( \
-           SELECT -1 AS sign, project_id, task_id, attempt, seq, hour, gpu_model, \
-                  billing_mode, outcome, contract_id, unrated_reason, output_unit, \
-                  -gpu_seconds_held AS gpu_seconds_held, \
-                  -gpu_seconds_busy AS gpu_seconds_busy, -cost AS cost, \
-                  -productive AS productive, -idle AS idle, -unmeasured AS unmeasured, \
-                  -failed AS failed, -output_quantity AS output_quantity, gpu_util, \
-                  sm_active, tensor_active, dram_active, memory_used_share, mig_slices \
-           FROM old \
-           UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
-         diff AS ( \
-           SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                  unrated_reason, output_unit, \
-                  sum(sign) AS segments, \
-                  sum(gpu_seconds_held) AS gpu_seconds_held, \
-                  sum(coalesce(gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
-                  sum(coalesce(cost, 0)) AS cost, \
-                  sum(productive) AS productive, sum(idle) AS idle, \
-                  sum(unmeasured) AS unmeasured, sum(failed) AS failed, \
-                  sum(coalesce(output_quantity, 0)) AS output_quantity, \
-                  sum(CASE WHEN mig_slices IS NULL THEN gpu_seconds_held \
-                           ELSE gpu_seconds_held * mig_slices / {COMPUTE_SLICES} END) \
-                      AS card_seconds_held \
-           FROM changes \
-           GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                    unrated_reason, output_unit), \
+           SELECT {OLD_SEGMENT} FROM old UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
+         {cost_diff}, \
          {util_diff}, \
          tag AS (SELECT nextval('rollup_deltas') AS delta), \
          {cost_levels}, \
@@ -500,6 +517,7 @@ pub async fn rate_records(
          {record_levels}, \
          {tasks} \
          SELECT {emptied}",
+        cost_diff = cost_diff("changes"),
         cost_levels = append_diff(Family::Cost, "diff", "$29"),
         util_diff = util_diff("changes"),
         util_levels = append_diff(Family::Util, "util_diff", "$29"),
@@ -547,6 +565,137 @@ pub async fn rate_records(
         .await
         .context("storing per-record figures and settling the tasks")?;
     Ok(())
+}
+
+/// Re-prices the records with these keys where a contract's price alone changed: rated again
+/// with the contracts and FX rates in the database, their segments keep their hours,
+/// contracts and GPU-seconds, and only the cost and its parts of those whose cost moved are
+/// updated in place, their difference appended to the cost and utilisation rollups and added
+/// to the tasks' rows. Nothing else a record adds depends on a price: its per-record figures,
+/// its task's status and the reservations' usage stay as they are.
+///
+/// Returns `false`, having changed nothing, when a record's new segments do not line up with
+/// its stored ones (another change moved which contract prices what): those keys need
+/// [`rate_records`].
+pub async fn reprice_records(
+    conn: &mut PgConnection,
+    keys: &[RecordKey],
+    tz: Tz,
+) -> anyhow::Result<bool> {
+    if keys.is_empty() {
+        return Ok(true);
+    }
+    let key_projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
+    let key_tasks: Vec<&str> = keys.iter().map(|k| k.task_id.as_str()).collect();
+    let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
+
+    // The writers of a task hold its row: in key order, as rating takes them.
+    sqlx::query(
+        "SELECT 1 FROM UNNEST($1::text[], $2::text[]) AS k(project_id, task_id) \
+         JOIN tasks t USING (project_id, task_id) \
+         ORDER BY t.project_id, t.task_id FOR UPDATE OF t",
+    )
+    .bind(&key_projects)
+    .bind(&key_tasks)
+    .fetch_all(&mut *conn)
+    .await
+    .context("locking the tasks to re-price")?;
+
+    let records = sqlx::query_as::<_, RecordRow>(&format!(
+        "SELECT {RECORDS} \
+         JOIN UNNEST($1::text[], $2::text[], $3::int[]) AS k(project_id, task_id, attempt) \
+           ON (k.project_id, k.task_id, k.attempt) = (r.project_id, r.task_id, r.attempt) \
+         ORDER BY r.project_id, r.task_id, r.attempt",
+    ))
+    .bind(&key_projects)
+    .bind(&key_tasks)
+    .bind(&key_attempts)
+    .fetch_all(&mut *conn)
+    .await
+    .context("loading the records to re-price")?;
+    let records: Vec<&RecordRow> = records.iter().collect();
+    let segments = rate_all(conn, &records, tz).await?;
+
+    // `stored` and `new` must pair up one to one with the same hour, contract, unrated
+    // reason and GPU-seconds; if any does not, `mismatched` counts it and nothing is written.
+    let sql = format!(
+        "WITH new AS ( \
+           SELECT * FROM UNNEST($1::text[], $2::text[], $3::int[], $4::int[], \
+                                $5::timestamptz[], $6::uuid[], $7::text[], $8::numeric[], \
+                                $9::numeric[], $10::numeric[], $11::numeric[], $12::numeric[], \
+                                $13::numeric[]) \
+             AS n(project_id, task_id, attempt, seq, hour, contract_id, unrated_reason, \
+                  gpu_seconds_held, cost, productive, idle, unmeasured, failed)), \
+         stored AS ( \
+           SELECT s.* FROM UNNEST($14::text[], $15::text[], $16::int[]) \
+             AS k(project_id, task_id, attempt) \
+           JOIN rated_segments s USING (project_id, task_id, attempt)), \
+         mismatched AS ( \
+           SELECT count(*) AS count \
+           FROM stored s FULL JOIN new n USING (project_id, task_id, attempt, seq) \
+           WHERE (s.hour, s.contract_id, s.unrated_reason, s.gpu_seconds_held) \
+                 IS DISTINCT FROM (n.hour, n.contract_id, n.unrated_reason, n.gpu_seconds_held)), \
+         repriced AS ( \
+           SELECT s.*, n.cost AS new_cost, n.productive AS new_productive, n.idle AS new_idle, \
+                  n.unmeasured AS new_unmeasured, n.failed AS new_failed \
+           FROM stored s JOIN new n USING (project_id, task_id, attempt, seq) \
+           WHERE (SELECT count FROM mismatched) = 0 \
+             AND (s.cost, s.productive, s.idle, s.unmeasured, s.failed) \
+                 IS DISTINCT FROM (n.cost, n.productive, n.idle, n.unmeasured, n.failed)), \
+         updated AS ( \
+           UPDATE rated_segments s \
+           SET cost = r.new_cost, productive = r.new_productive, idle = r.new_idle, \
+               unmeasured = r.new_unmeasured, failed = r.new_failed \
+           FROM repriced r \
+           WHERE (s.project_id, s.task_id, s.attempt, s.seq) \
+                 = (r.project_id, r.task_id, r.attempt, r.seq) \
+           RETURNING 1), \
+         changes AS ( \
+           SELECT {OLD_SEGMENT} FROM repriced \
+           UNION ALL \
+           SELECT 1, project_id, task_id, attempt, seq, hour, gpu_model, billing_mode, outcome, \
+                  contract_id, unrated_reason, output_unit, gpu_seconds_held, gpu_seconds_busy, \
+                  new_cost, new_productive, new_idle, new_unmeasured, new_failed, \
+                  output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
+                  memory_used_share, mig_slices \
+           FROM repriced), \
+         {cost_diff}, \
+         {util_diff}, \
+         tag AS (SELECT nextval('rollup_deltas') AS delta), \
+         {cost_levels}, \
+         {util_levels}, \
+         record_changes AS (SELECT 1 AS sign, * FROM rated_records WHERE false), \
+         {tasks} \
+         SELECT (SELECT count FROM mismatched), (SELECT count(*) FROM updated), \
+                (SELECT count(*) FROM task_changes)",
+        cost_diff = cost_diff("changes"),
+        cost_levels = append_diff(Family::Cost, "diff", "$17"),
+        util_diff = util_diff("changes"),
+        util_levels = append_diff(Family::Util, "util_diff", "$17"),
+        tasks = task_ledger::add_changes("$17", "changes", "record_changes"),
+    );
+    let (mismatched, _updated, _tasks) = sqlx::query_as::<_, (i64, i64, i64)>(&sql)
+        .bind(&segments.project_id)
+        .bind(&segments.task_id)
+        .bind(&segments.attempt)
+        .bind(&segments.seq)
+        .bind(&segments.hour)
+        .bind(&segments.contract_id)
+        .bind(&segments.unrated_reason)
+        .bind(&segments.gpu_seconds_held)
+        .bind(&segments.cost)
+        .bind(&segments.productive)
+        .bind(&segments.idle)
+        .bind(&segments.unmeasured)
+        .bind(&segments.failed)
+        .bind(&key_projects)
+        .bind(&key_tasks)
+        .bind(&key_attempts)
+        .bind(tz.name())
+        .fetch_one(&mut *conn)
+        .await
+        .context("re-pricing segments and updating the rollups and the tasks")?;
+    Ok(mismatched == 0)
 }
 
 /// Rates `records` against the contracts and FX rates they may need.
@@ -597,6 +746,16 @@ async fn rate_all(
     Ok(segments)
 }
 
+/// How much of a record a price change can move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rerating {
+    /// Anything: which contract prices which hours, whether they are rated at all.
+    Whole,
+    /// Only the cost of what a contract already prices, and its parts: its price changed
+    /// and nothing else that rating reads (see [`reprice_records`]).
+    Prices,
+}
+
 /// Re-rates every record of `gpu_model` and `billing_mode` with segments in `[from, until)`
 /// (open-ended without `until`), and the few within an hour of it, of `project` or of every
 /// project: what a contract valid over that span may change. Returns how many records were
@@ -608,6 +767,7 @@ pub async fn rerate_kind(
     project: Option<&str>,
     span: (DateTime<Utc>, Option<DateTime<Utc>>),
     tz: Tz,
+    how: Rerating,
 ) -> anyhow::Result<usize> {
     let projects: Vec<String> = match project {
         Some(project) => vec![project.to_owned()],
@@ -623,18 +783,19 @@ pub async fn rerate_kind(
         billing_mode,
         span,
     };
-    touched.rerate(conn, tz).await
+    touched.rerate(conn, tz, how).await
 }
 
 /// Re-rates every record with segments in the ledger month `[month_start, month_end)` that
 /// use a contract priced in `from` for a project kept in `to`: what the FX rate of that
-/// month from `from` into `to` may change.
+/// month from `from` into `to` may change. A rate that replaces another changes only
+/// [`Rerating::Prices`]; one added or removed rates or unrates what it converts.
 pub async fn rerate_fx(
     conn: &mut PgConnection,
     month: (DateTime<Utc>, DateTime<Utc>),
-    from: &str,
-    to: &str,
+    (from, to): (&str, &str),
     tz: Tz,
+    how: Rerating,
 ) -> anyhow::Result<usize> {
     let contracts = contracts::ids_in_currency(conn, from).await?;
     if contracts.is_empty() {
@@ -665,7 +826,7 @@ pub async fn rerate_fx(
     sqlx::query("ALTER TABLE fx_touched ADD PRIMARY KEY (project_id, task_id, attempt)")
         .execute(&mut *conn)
         .await?;
-    Touched::Fx.rerate(conn, tz).await
+    Touched::Fx.rerate(conn, tz, how).await
 }
 
 /// The most records a re-rating reads the keys of at once: a price change may touch millions,
@@ -688,7 +849,12 @@ enum Touched<'a> {
 impl Touched<'_> {
     /// Re-rates them a page of at most [`KEYS_PER_PAGE`] keys at a time, each page after the
     /// last key of the one before it; returns how many were re-rated.
-    async fn rerate(&self, conn: &mut PgConnection, tz: Tz) -> anyhow::Result<usize> {
+    async fn rerate(
+        &self,
+        conn: &mut PgConnection,
+        tz: Tz,
+        how: Rerating,
+    ) -> anyhow::Result<usize> {
         let sql = self.page_sql();
         let mut rerated = 0;
         let mut after: Option<RecordKey> = None;
@@ -698,7 +864,10 @@ impl Touched<'_> {
                 return Ok(rerated);
             };
             let last = last.clone();
-            rate_in_bounded_calls(conn, &keys, tz).await?;
+            match how {
+                Rerating::Whole => rate_in_bounded_calls(conn, &keys, tz).await?,
+                Rerating::Prices => reprice_in_bounded_calls(conn, &keys, tz).await?,
+            }
             rerated += keys.len();
             after = Some(last);
         }
@@ -780,23 +949,49 @@ fn record_keys(rows: Vec<(String, String, i32, i64)>) -> Vec<(RecordKey, i64)> {
 }
 
 /// Rates `keys` (in key order, each with an upper bound of the segments it makes) in calls
-/// of at most [`SEGMENTS_PER_CALL`] segments; a record larger than that is rated alone.
+/// of at most [`SEGMENTS_PER_CALL`] segments (see [`bounded_calls`]).
 pub async fn rate_in_bounded_calls(
     conn: &mut PgConnection,
     keys: &[(RecordKey, i64)],
     tz: Tz,
 ) -> anyhow::Result<()> {
+    for chunk in bounded_calls(keys) {
+        rate_records(conn, &chunk, tz).await?;
+    }
+    Ok(())
+}
+
+/// Re-prices `keys` like [`rate_in_bounded_calls`] rates them, with [`reprice_records`]; the
+/// keys of a call whose segments no longer line up are rated whole instead.
+async fn reprice_in_bounded_calls(
+    conn: &mut PgConnection,
+    keys: &[(RecordKey, i64)],
+    tz: Tz,
+) -> anyhow::Result<()> {
+    for chunk in bounded_calls(keys) {
+        if !reprice_records(conn, &chunk, tz).await? {
+            rate_records(conn, &chunk, tz).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `keys` (each with an upper bound of the segments it makes) in calls of at most
+/// [`SEGMENTS_PER_CALL`] segments; a record larger than that makes a call alone.
+fn bounded_calls(keys: &[(RecordKey, i64)]) -> impl Iterator<Item = Vec<RecordKey>> + '_ {
     let mut start = 0;
-    while start < keys.len() {
+    std::iter::from_fn(move || {
+        if start >= keys.len() {
+            return None;
+        }
         let mut end = start + 1;
         let mut segments = keys[start].1;
         while end < keys.len() && segments + keys[end].1 <= SEGMENTS_PER_CALL {
             segments += keys[end].1;
             end += 1;
         }
-        let chunk: Vec<RecordKey> = keys[start..end].iter().map(|(k, _)| k.clone()).collect();
-        rate_records(conn, &chunk, tz).await?;
+        let chunk = keys[start..end].iter().map(|(k, _)| k.clone()).collect();
         start = end;
-    }
-    Ok(())
+        Some(chunk)
+    })
 }

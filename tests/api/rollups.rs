@@ -10,10 +10,13 @@ use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
 use taskledger::config::Settings;
-use taskledger::store::rollups;
+use taskledger::domain::record::RecordKey;
+use taskledger::store::{rating, rollups};
 
 use crate::common::{TestApp, cost, dec};
-use crate::fixtures::{NOVEMBER, contract, record, worked_example, worked_example_contracts};
+use crate::fixtures::{
+    NOVEMBER, contract, record, worked_example, worked_example_contracts, worked_example_records,
+};
 
 const NEW_YORK: chrono_tz::Tz = chrono_tz::America::New_York;
 
@@ -764,4 +767,239 @@ async fn compaction_racing_writers_loses_nothing() {
         &from_segments(&app, "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z").await,
         "November",
     );
+}
+
+/// What rating stores, every table's rows in key order as text: delta rows summed per key
+/// (numbers without trailing zeros), contracts by name.
+async fn rated_state(app: &TestApp) -> Vec<(&'static str, Vec<String>)> {
+    let tables = [
+        ("rated_segments", "project_id, task_id, attempt, seq"),
+        ("rated_records", "project_id, task_id, attempt"),
+        (
+            "cost_daily",
+            "project_id, day, gpu_model, billing_mode, outcome, contract_id, unrated_reason, \
+             output_unit",
+        ),
+        (
+            "cost_monthly",
+            "project_id, month, gpu_model, billing_mode, outcome, contract_id, unrated_reason, \
+             output_unit",
+        ),
+        (
+            "util_daily",
+            "project_id, day, gpu_model, billing_mode, outcome",
+        ),
+        (
+            "util_monthly",
+            "project_id, month, gpu_model, billing_mode, outcome",
+        ),
+        (
+            "records_monthly",
+            "project_id, month, gpu_model, billing_mode, outcome",
+        ),
+        ("contract_usage_hourly", "contract_id, hour, project_id"),
+        ("task_monthly", "project_id, month, task_id"),
+        ("tasks", "project_id, task_id"),
+    ];
+    let mut state = Vec::new();
+    for (table, key) in tables {
+        let columns: Vec<(String, String)> = sqlx::query_as(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns \
+             WHERE table_name = $1 ORDER BY ordinal_position",
+        )
+        .bind(table)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        let summed = columns.iter().any(|(name, _)| name == "delta");
+        let named = |column: &str| match column {
+            "contract_id" => {
+                "(SELECT c.name FROM contracts c WHERE c.id = t.contract_id)".to_owned()
+            }
+            _ => format!("t.{column}::text"),
+        };
+        let keys: Vec<String> = key.split(", ").map(named).collect();
+        let values: Vec<String> = columns
+            .iter()
+            .filter(|(name, _)| name != "delta" && !key.split(", ").any(|k| k == name))
+            .map(|(name, kind)| match kind.as_str() {
+                "numeric" | "bigint" | "integer" if summed => {
+                    format!("trim_scale(sum(t.{name})::numeric)::text")
+                }
+                _ => format!("min({})", named(name)),
+            })
+            .collect();
+        let rows: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT concat_ws('|', {keys}) || ' = ' || concat_ws('|', {values}) \
+             FROM {table} t GROUP BY {keys} ORDER BY {keys}",
+            keys = keys.join(", "),
+            values = values.join(", "),
+        ))
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        state.push((table, rows));
+    }
+    state
+}
+
+/// The worked example, with records that carry telemetry and MIG slices, one across
+/// October's end and one priced in euros, C1 and the reservation C4 at these prices and
+/// November's euro at this rate.
+async fn priced_example(app: &TestApp, (c1, c4, euro): (&str, &str, &str)) -> [String; 4] {
+    app.create_project("vision", "USD").await;
+    contract("L40S", "on_demand", "2.00")
+        .named("EU")
+        .currency("EUR")
+        .create(app)
+        .await;
+    put_euro(app, euro).await;
+    let [first, second, third, fourth] = worked_example_contracts();
+    let ids = [
+        first.with("price_per_gpu_hour", c1).create(app).await,
+        second.create(app).await,
+        third.create(app).await,
+        fourth.with("price_per_gpu_hour", c4).create(app).await,
+    ];
+    app.ingest(worked_example_records()).await;
+    app.ingest([
+        record("u1", "2026-11-03T00:00:00Z", "2026-11-03T05:30:00Z")
+            .gpu_seconds_busy(9000)
+            .with("gpu_util", "0.95")
+            .with("sm_active", "0.2")
+            .with("memory_peak_gib", 30)
+            .output(70, "samples"),
+        record("u2", "2026-11-06T00:00:00Z", "2026-11-06T01:00:00Z")
+            .gpu_count(2)
+            .with("mig_profile", "3g.40gb")
+            .with("sm_active", "0.7"),
+        record("u3", "2026-11-12T03:00:00Z", "2026-11-12T09:00:00Z")
+            .gpu_model("A100")
+            .billing_mode("reserved")
+            .gpu_count(3)
+            .outcome("failed"),
+        record("u4", "2026-10-30T20:00:00Z", "2026-11-02T04:00:00Z").gpu_seconds_busy(100000),
+        record("u5", "2026-11-07T10:00:00Z", "2026-11-07T13:20:00Z")
+            .gpu_model("L40S")
+            .gpu_seconds_busy(7000),
+    ])
+    .await;
+    ids
+}
+
+async fn put_euro(app: &TestApp, rate: &str) {
+    let put = app
+        .put(
+            "/v1/fx-rates/2026-11/EUR/USD",
+            &app.admin,
+            json!({ "rate": rate }),
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.text());
+}
+
+/// Row versions of what a price change should leave alone, in key order.
+async fn row_versions(app: &TestApp, table: &str) -> String {
+    let order = match table {
+        "rated_segments" => "project_id, task_id, attempt, seq",
+        _ => "project_id, task_id, attempt",
+    };
+    sqlx::query_scalar(&format!(
+        "SELECT string_agg(xmin::text, ',' ORDER BY {order}) FROM {table}"
+    ))
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_price_or_rate_change_alone_re_prices_in_place_what_rating_at_it_stores() {
+    let settings = || Settings {
+        timezone: NEW_YORK,
+        ..Settings::default()
+    };
+    let (app, at_new_prices) = futures::join!(
+        TestApp::spawn_with(settings()),
+        TestApp::spawn_with(settings())
+    );
+    let [c1, _, _, c4] = priced_example(&app, ("2.50", "1.00", "1.10")).await;
+    priced_example(&at_new_prices, ("3.10", "0.85", "1.25")).await;
+    let before = rated_state(&app).await;
+    let records = row_versions(&app, "rated_records").await;
+
+    for (id, price) in [(&c1, "3.10"), (&c4, "0.85")] {
+        let changed = app
+            .patch(
+                &format!("/v1/contracts/{id}"),
+                &app.admin,
+                json!({"price_per_gpu_hour": price}),
+            )
+            .await;
+        assert_eq!(changed.status, StatusCode::OK, "{}", changed.text());
+    }
+    put_euro(&app, "1.25").await;
+    let repriced = rated_state(&app).await;
+    assert_ne!(repriced, before);
+    assert_eq!(repriced, rated_state(&at_new_prices).await);
+    assert_eq!(
+        row_versions(&app, "rated_records").await,
+        records,
+        "a price change rewrote per-record figures"
+    );
+    assert_eq!(
+        cost(&app, NOVEMBER).await,
+        cost(&at_new_prices, NOVEMBER).await
+    );
+
+    // A new name or commitment re-rates nothing; the commitment is read as it is.
+    let segments = row_versions(&app, "rated_segments").await;
+    let (_, [committed, unused, _]) = reservation_figures(&app, &c4).await;
+    let renamed = app
+        .patch(
+            &format!("/v1/contracts/{c4}"),
+            &app.admin,
+            json!({"name": "C4 renewed", "committed_gpus": 3}),
+        )
+        .await;
+    assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.text());
+    assert_eq!(row_versions(&app, "rated_segments").await, segments);
+    let (_, [committed_now, unused_now, _]) = reservation_figures(&app, &c4).await;
+    // C4 runs through UTC's November, 716 hours of New York's: a third GPU commits 716 more
+    // GPU-hours, all unused but the 6 hours u3 ran on three.
+    assert_eq!(committed_now - committed, Decimal::from(716));
+    assert_eq!(unused_now - unused, Decimal::from(710));
+}
+
+#[tokio::test]
+async fn re_pricing_segments_that_no_longer_line_up_writes_nothing() {
+    let app = TestApp::spawn().await;
+    let [_, c2, ..] = worked_example(&app).await;
+    // C2 made to start a day earlier behind rating's back: t1's hours on the 14th are C2's
+    // now, and re-pricing them in place would book them under C1.
+    sqlx::query("UPDATE contracts SET valid_from = '2026-11-14T00:00:00Z' WHERE id = $1::uuid")
+        .bind(&c2)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let before = rated_state(&app).await;
+    let key = |task_id: &str| RecordKey {
+        project: "vision".to_owned(),
+        task_id: task_id.to_owned(),
+        attempt: 1,
+    };
+    let mut tx = app.pool.begin().await.unwrap();
+    let lined_up = rating::reprice_records(&mut tx, &[key("t1"), key("t5")], chrono_tz::UTC)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(!lined_up);
+    assert_eq!(rated_state(&app).await, before);
+
+    let mut tx = app.pool.begin().await.unwrap();
+    let lined_up = rating::reprice_records(&mut tx, &[key("t5")], chrono_tz::UTC)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(lined_up);
+    assert_eq!(rated_state(&app).await, before, "t5's price did not change");
 }
