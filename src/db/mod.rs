@@ -125,6 +125,15 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(ACQUIRE_TIMEOUT)
+        // A connection keeps the buffers its largest message grew to: a rating call's
+        // arrays of segments make messages of several MiB, which every connection of the
+        // pool would otherwise hold for its whole life.
+        .after_release(|connection, _| {
+            Box::pin(async move {
+                connection.shrink_buffers();
+                Ok(true)
+            })
+        })
         .connect_with(options)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))
