@@ -113,7 +113,8 @@ pub async fn store_batch(
         .map(|key| (key.clone(), by_key[key].segment_bound()))
         .collect();
     let rating = Rating::start(RatingCause::Ingest);
-    store::rating::rate_in_bounded_calls(&mut tx, &bounded, tz)
+    // Only the records this batch inserted are rated: none has segments yet.
+    store::rating::rate_in_bounded_calls(&mut tx, &bounded, tz, true)
         .await
         .map_err(IngestError::Rating)?;
     rating.finished(bounded.len());

@@ -54,7 +54,7 @@ pub async fn correct(
     if changed {
         store::records::replace(&mut tx, &previous, &record, changed_by).await?;
         let rating = Rating::start(RatingCause::Correction);
-        store::rating::rate_records(&mut tx, std::slice::from_ref(&key), tz).await?;
+        store::rating::rate_records(&mut tx, std::slice::from_ref(&key), tz, false).await?;
         rating.finished(1);
         alerting::fire_idle_gpu(&mut tx, &[&record], settings.clock.now(), tz).await?;
     }

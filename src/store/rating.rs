@@ -394,6 +394,11 @@ fn new_records(first: usize) -> String {
 /// recomputed too, since one attempt decides whether its siblings complete or fail the
 /// task. A key without a `job_records` row only loses its contributions.
 ///
+/// With `fresh`, the keys are of records stored in this transaction, never rated: they have
+/// no old segments to take out, and their new ones are stored by the statement that adds them
+/// to the rollups. (Were one rated after all, storing its segments again would break
+/// `rated_segments`' key and fail the call.)
+///
 /// Set-based: a fixed number of statements per call, whatever the number of keys. The
 /// difference between old and new is appended to the rollups as new delta rows (see
 /// [`crate::store::rollups`]), so concurrent calls never wait on each other's rollup rows;
@@ -402,6 +407,7 @@ pub async fn rate_records(
     conn: &mut PgConnection,
     keys: &[RecordKey],
     tz: Tz,
+    fresh: bool,
 ) -> anyhow::Result<()> {
     if keys.is_empty() {
         return Ok(());
@@ -476,17 +482,27 @@ pub async fn rate_records(
     let key_attempts: Vec<i32> = keys.iter().map(|k| k.attempt).collect();
 
     // Old segments and per-record figures out, new ones in: their difference is appended
-    // to the rollups and added to the tasks' rows. The new rows are stored after it. The
-    // figures of old segments are negated once in `changes`, so that every sum over it is a
-    // plain sum.
+    // to the rollups and added to the tasks' rows. The new segments are stored after it, or
+    // in it when there are no old ones. The figures of old segments are negated once in
+    // `changes`, so that every sum over it is a plain sum.
+    let segment_changes = match fresh {
+        true => format!(
+            "new AS (SELECT * FROM {NEW_SEGMENTS}), \
+             stored AS (INSERT INTO rated_segments SELECT * FROM new), \
+             changes AS (SELECT 1 AS sign, * FROM new)"
+        ),
+        false => format!(
+            "old AS ( \
+               DELETE FROM rated_segments \
+               WHERE (project_id, task_id, attempt) IN \
+                     (SELECT * FROM UNNEST($26::text[], $27::text[], $28::int[])) \
+               RETURNING *), \
+             changes AS ( \
+               SELECT {OLD_SEGMENT} FROM old UNION ALL SELECT 1, * FROM {NEW_SEGMENTS})"
+        ),
+    };
     let sql = format!(
-        "WITH old AS ( \
-           DELETE FROM rated_segments \
-           WHERE (project_id, task_id, attempt) IN \
-                 (SELECT * FROM UNNEST($26::text[], $27::text[], $28::int[])) \
-           RETURNING *), \
-         changes AS ( \
-           SELECT {OLD_SEGMENT} FROM old UNION ALL SELECT 1, * FROM {NEW_SEGMENTS}), \
+        "WITH {segment_changes}, \
          {cost_diff}, \
          {util_diff}, \
          tag AS (SELECT nextval('rollup_deltas') AS delta), \
@@ -543,14 +559,17 @@ pub async fn rate_records(
         .context("updating the rollups and the tasks")?;
     settlement.emptied(emptied);
 
-    segments
-        .bind(sqlx::query_as::<_, (i64,)>(&format!(
-            "WITH stored AS (INSERT INTO rated_segments SELECT * FROM {NEW_SEGMENTS} RETURNING 1) \
-             SELECT count(*) FROM stored"
-        )))
-        .fetch_one(&mut *conn)
-        .await
-        .context("storing segments")?;
+    if !fresh {
+        segments
+            .bind(sqlx::query_as::<_, (i64,)>(&format!(
+                "WITH stored AS (INSERT INTO rated_segments SELECT * FROM {NEW_SEGMENTS} \
+                                 RETURNING 1) \
+                 SELECT count(*) FROM stored"
+            )))
+            .fetch_one(&mut *conn)
+            .await
+            .context("storing segments")?;
+    }
 
     // With the tasks' status, and their rows left empty by the changes above deleted.
     settlement
@@ -865,7 +884,7 @@ impl Touched<'_> {
             };
             let last = last.clone();
             match how {
-                Rerating::Whole => rate_in_bounded_calls(conn, &keys, tz).await?,
+                Rerating::Whole => rate_in_bounded_calls(conn, &keys, tz, false).await?,
                 Rerating::Prices => reprice_in_bounded_calls(conn, &keys, tz).await?,
             }
             rerated += keys.len();
@@ -949,14 +968,16 @@ fn record_keys(rows: Vec<(String, String, i32, i64)>) -> Vec<(RecordKey, i64)> {
 }
 
 /// Rates `keys` (in key order, each with an upper bound of the segments it makes) in calls
-/// of at most [`SEGMENTS_PER_CALL`] segments (see [`bounded_calls`]).
+/// of at most [`SEGMENTS_PER_CALL`] segments (see [`bounded_calls`]); `fresh` as for
+/// [`rate_records`].
 pub async fn rate_in_bounded_calls(
     conn: &mut PgConnection,
     keys: &[(RecordKey, i64)],
     tz: Tz,
+    fresh: bool,
 ) -> anyhow::Result<()> {
     for chunk in bounded_calls(keys) {
-        rate_records(conn, &chunk, tz).await?;
+        rate_records(conn, &chunk, tz, fresh).await?;
     }
     Ok(())
 }
@@ -970,7 +991,7 @@ async fn reprice_in_bounded_calls(
 ) -> anyhow::Result<()> {
     for chunk in bounded_calls(keys) {
         if !reprice_records(conn, &chunk, tz).await? {
-            rate_records(conn, &chunk, tz).await?;
+            rate_records(conn, &chunk, tz, false).await?;
         }
     }
     Ok(())
