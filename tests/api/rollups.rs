@@ -1003,3 +1003,24 @@ async fn re_pricing_segments_that_no_longer_line_up_writes_nothing() {
     assert!(lined_up);
     assert_eq!(rated_state(&app).await, before, "t5's price did not change");
 }
+
+#[tokio::test]
+async fn rating_a_rated_record_as_fresh_fails_and_double_counts_nothing() {
+    let app = TestApp::spawn().await;
+    worked_example(&app).await;
+    let before = rated_state(&app).await;
+    let key = RecordKey {
+        project: "vision".to_owned(),
+        task_id: "t1".to_owned(),
+        attempt: 1,
+    };
+    let mut tx = app.pool.begin().await.unwrap();
+    let rated = rating::rate_records(&mut tx, &[key], chrono_tz::UTC, true).await;
+    let error = rated.expect_err("t1's segments were stored a second time");
+    assert!(
+        format!("{error:#}").contains("rated_segments_pkey"),
+        "{error:#}"
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(rated_state(&app).await, before);
+}
