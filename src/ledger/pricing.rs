@@ -48,7 +48,7 @@ async fn rerate_and_commit(
     settings: &Settings,
 ) -> LedgerResult<()> {
     let tz = settings.timezone;
-    let (rating, rerated) = match rerate {
+    let run = match rerate {
         Rerate::Contract { fields, span, how } => {
             let rating = Rating::start(RatingCause::Contract);
             let rerated = store::rating::rerate_kind(
@@ -61,7 +61,7 @@ async fn rerate_and_commit(
                 how,
             )
             .await?;
-            (rating, rerated)
+            Some((rating, rerated))
         }
         Rerate::Fx {
             month,
@@ -78,11 +78,13 @@ async fn rerate_and_commit(
                 how,
             )
             .await?;
-            (rating, rerated)
+            Some((rating, rerated))
         }
-        Rerate::Nothing => (Rating::start(RatingCause::Contract), 0),
+        Rerate::Nothing => None,
     };
-    rating.finished(rerated);
+    if let Some((rating, rerated)) = run {
+        rating.finished(rerated);
+    }
     tx.commit().await?;
     alerting::evaluate_current_month(pool, settings).await;
     Ok(())
@@ -92,28 +94,21 @@ async fn rerate_and_commit(
 /// model, billing mode, currency, validity or scope decide which contract prices which
 /// hours; its price alone, only what those hours cost; its name and commitment, nothing.
 fn rerating_of(old: &ContractFields, new: &ContractFields) -> Option<Rerating> {
-    let assigns = |f: &ContractFields| {
+    fn assigns(f: &ContractFields) -> impl PartialEq + '_ {
         (
-            f.gpu_model.clone(),
+            f.gpu_model.as_str(),
             f.billing_mode,
-            f.currency.clone(),
+            f.currency.as_str(),
             f.valid_from,
             f.valid_until,
-            f.project_id.clone(),
-            f.provider.clone(),
-            f.region.clone(),
+            f.project_id.as_deref(),
+            f.provider.as_deref(),
+            f.region.as_deref(),
         )
-    };
-    // The same value at another scale prices at another scale: it counts as a change.
-    let price = |f: &ContractFields| {
-        (
-            f.price_per_gpu_hour.mantissa(),
-            f.price_per_gpu_hour.scale(),
-        )
-    };
+    }
     if assigns(old) != assigns(new) {
         Some(Rerating::Whole)
-    } else if price(old) != price(new) {
+    } else if old.price_per_gpu_hour != new.price_per_gpu_hour {
         Some(Rerating::Prices)
     } else {
         None

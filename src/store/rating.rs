@@ -1,6 +1,7 @@
 //! Rating stored: each record's segments, its per-record figures and the rollups they add
-//! up to. [`rate_records`] is the one way in; whatever changes a record, a
-//! contract or an FX rate calls it in the same transaction.
+//! up to. [`rate_records`] is the one way in, with [`reprice_records`] for a change of price
+//! alone; whatever changes a record, a contract or an FX rate calls one of them in the same
+//! transaction.
 
 use std::collections::{HashMap, HashSet};
 
@@ -667,8 +668,7 @@ pub async fn reprice_records(
                unmeasured = r.new_unmeasured, failed = r.new_failed \
            FROM repriced r \
            WHERE (s.project_id, s.task_id, s.attempt, s.seq) \
-                 = (r.project_id, r.task_id, r.attempt, r.seq) \
-           RETURNING 1), \
+                 = (r.project_id, r.task_id, r.attempt, r.seq)), \
          changes AS ( \
            SELECT {OLD_SEGMENT} FROM repriced \
            UNION ALL \
@@ -685,15 +685,14 @@ pub async fn reprice_records(
          {util_levels}, \
          record_changes AS (SELECT 1 AS sign, * FROM rated_records WHERE false), \
          {tasks} \
-         SELECT (SELECT count FROM mismatched), (SELECT count(*) FROM updated), \
-                (SELECT count(*) FROM task_changes)",
+         SELECT count FROM mismatched",
         cost_diff = cost_diff("changes"),
         cost_levels = append_diff(Family::Cost, "diff", "$17"),
         util_diff = util_diff("changes"),
         util_levels = append_diff(Family::Util, "util_diff", "$17"),
         tasks = task_ledger::add_changes("$17", "changes", "record_changes"),
     );
-    let (mismatched, _updated, _tasks) = sqlx::query_as::<_, (i64, i64, i64)>(&sql)
+    let mismatched: i64 = sqlx::query_scalar(&sql)
         .bind(&segments.project_id)
         .bind(&segments.task_id)
         .bind(&segments.attempt)
