@@ -7,7 +7,11 @@
 //! 2. COPY: the same rows (content hash and labels included) fed by `COPY … FROM STDIN` into
 //!    a second migrated database of the same cluster, in chunks of the same size over as many
 //!    connections, one transaction per chunk like one per request;
-//! 3. replay: every record posted again, each answer counting only duplicates.
+//! 3. replay: every record posted again, each answer counting only duplicates;
+//! 4. re-rating: every contract's price raised, one `PATCH` each;
+//! 5. storage floors: on the rated database, how long PostgreSQL alone takes to write the
+//!    rated segments once and to rewrite them (what a price change must at least do), as
+//!    rating lays them out and as one row per record.
 //!
 //! Records are generated on the fly from their index (record `i` depends only on `i`), so
 //! each phase pays for producing its own input and the process holds no copy of the data set.
@@ -175,6 +179,12 @@ fn main() {
         compare_tables(&setup, total),
     );
     let peak_rss = peak_rss_kib();
+    let floors = bounded(
+        &client_runtime,
+        PHASE_TIMEOUT,
+        "the storage floors",
+        measure_floors(&setup.http_url),
+    );
 
     bounded(
         &server_runtime,
@@ -197,6 +207,7 @@ fn main() {
         rerating,
         tables,
         peak_rss_kib: peak_rss,
+        floors,
     });
 }
 
@@ -917,6 +928,148 @@ async fn rerate_all(setup: &Setup, address: SocketAddr) -> PhaseResult {
     }
 }
 
+/// Connections the storage floors spread each statement over, one part each.
+const FLOOR_PARTS: usize = CLIENTS;
+
+/// A record's segments as one row: what the record itself decides once, and one array element
+/// per segment for what differs between its segments.
+const FLOOR_PER_RECORD: &str = "\
+CREATE TABLE floor_per_record AS
+SELECT project_id, task_id, attempt,
+       min(gpu_model) AS gpu_model, min(billing_mode) AS billing_mode, min(outcome) AS outcome,
+       min(output_unit) AS output_unit, max(output_quantity) AS output_quantity,
+       min(gpu_util) AS gpu_util, min(sm_active) AS sm_active,
+       min(tensor_active) AS tensor_active, min(dram_active) AS dram_active,
+       min(memory_used_share) AS memory_used_share, min(mig_slices) AS mig_slices,
+       min(hour) AS first_hour,
+       array_agg(hour ORDER BY seq) AS hours,
+       array_agg(contract_id ORDER BY seq) AS contract_ids,
+       array_agg(unrated_reason ORDER BY seq) AS unrated_reasons,
+       array_agg(gpu_seconds_held ORDER BY seq) AS gpu_seconds_held,
+       array_agg(gpu_seconds_busy ORDER BY seq) AS gpu_seconds_busy,
+       array_agg(cost ORDER BY seq) AS cost,
+       array_agg(productive ORDER BY seq) AS productive,
+       array_agg(idle ORDER BY seq) AS idle,
+       array_agg(unmeasured ORDER BY seq) AS unmeasured,
+       array_agg(failed ORDER BY seq) AS failed
+FROM rated_segments
+GROUP BY project_id, task_id, attempt";
+
+/// What any design that stores a rated cost per segment, or per record, must at least do:
+/// write those rows once at ingest and write each again when a price changes. Timed on the
+/// ingest database once the other phases are done, each statement split by task over
+/// [`FLOOR_PARTS`] connections in parallel, like the clients of the other phases.
+struct Floors {
+    records: i64,
+    segments: i64,
+    /// `rated_segments` as rating lays it out: one row per record, hour and contract.
+    write_segments: Duration,
+    rewrite_segments: Duration,
+    /// The same segments as one row per record ([`FLOOR_PER_RECORD`]).
+    write_per_record: Duration,
+    rewrite_per_record: Duration,
+}
+
+async fn measure_floors(url: &str) -> Floors {
+    let mut connection = PgConnection::connect(url)
+        .await
+        .expect("connecting for the storage floors");
+    let (records, segments): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM job_records), (SELECT count(*) FROM rated_segments)",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .expect("counting records and segments");
+    for statement in [
+        "CREATE TABLE floor_segments (LIKE rated_segments INCLUDING ALL)",
+        FLOOR_PER_RECORD,
+        "ALTER TABLE floor_per_record ADD PRIMARY KEY (project_id, task_id, attempt)",
+        "CREATE INDEX ON floor_per_record (project_id, first_hour)",
+        "CREATE TABLE floor_per_record_copy (LIKE floor_per_record INCLUDING ALL)",
+        "VACUUM ANALYZE floor_per_record",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut connection)
+            .await
+            .unwrap_or_else(|error| panic!("{statement}: {error}"));
+    }
+    connection.close().await.expect("closing a connection");
+    let part = "abs(hashtext(task_id)) % $2 = $1";
+    let write_segments = in_parts(
+        url,
+        &format!("INSERT INTO floor_segments SELECT * FROM rated_segments WHERE {part}"),
+    )
+    .await;
+    let rewrite_segments = in_parts(
+        url,
+        &format!(
+            "UPDATE rated_segments SET cost = cost, productive = productive, idle = idle, \
+             unmeasured = unmeasured, failed = failed WHERE {part}"
+        ),
+    )
+    .await;
+    let write_per_record = in_parts(
+        url,
+        &format!("INSERT INTO floor_per_record_copy SELECT * FROM floor_per_record WHERE {part}"),
+    )
+    .await;
+    let rewrite_per_record = in_parts(
+        url,
+        &format!(
+            "UPDATE floor_per_record SET cost = cost, productive = productive, idle = idle, \
+             unmeasured = unmeasured, failed = failed WHERE {part}"
+        ),
+    )
+    .await;
+    Floors {
+        records,
+        segments,
+        write_segments,
+        rewrite_segments,
+        write_per_record,
+        rewrite_per_record,
+    }
+}
+
+/// Runs `statement` for every part on a connection of its own, all at once, after a
+/// checkpoint; how long until the last part committed.
+async fn in_parts(url: &str, statement: &str) -> Duration {
+    let mut connections = Vec::with_capacity(FLOOR_PARTS);
+    for _ in 0..FLOOR_PARTS {
+        connections.push(
+            PgConnection::connect(url)
+                .await
+                .expect("connecting for a storage floor"),
+        );
+    }
+    sqlx::query("CHECKPOINT")
+        .execute(&mut connections[0])
+        .await
+        .expect("CHECKPOINT");
+    let started = Instant::now();
+    let parts = connections
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut connection)| {
+            let statement = statement.to_owned();
+            tokio::spawn(async move {
+                let part = i32::try_from(index).expect("a few parts");
+                let parts = i32::try_from(FLOOR_PARTS).expect("a few parts");
+                sqlx::query(&statement)
+                    .bind(part)
+                    .bind(parts)
+                    .execute(&mut connection)
+                    .await
+                    .unwrap_or_else(|error| panic!("{statement}: {error}"));
+                connection.close().await.expect("closing a connection");
+            })
+        });
+    for part in parts.collect::<Vec<_>>() {
+        part.await.expect("a storage floor's part panicked");
+    }
+    started.elapsed()
+}
+
 async fn copy_all(url: &str, generator: &Arc<Generator>, total: usize) -> PhaseResult {
     let mut connections = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
@@ -1031,6 +1184,7 @@ struct Summary {
     rerating: PhaseResult,
     tables: TableSizes,
     peak_rss_kib: u64,
+    floors: Floors,
 }
 
 fn print_summary(summary: &Summary) {
@@ -1099,5 +1253,61 @@ fn print_summary(summary: &Summary) {
             mib(tables.copy_indexes_bytes)
         ),
     );
+    let floors = &summary.floors;
+    let copy_seconds = summary.copy.elapsed.as_secs_f64();
+    row(
+        "rated segments per record",
+        format!(
+            "{:.2} ({} segments)",
+            floors.segments as f64 / floors.records as f64,
+            floors.segments
+        ),
+    );
+    for (layout, write, rewrite) in [
+        (
+            "a row per segment",
+            floors.write_segments,
+            floors.rewrite_segments,
+        ),
+        (
+            "a row per record",
+            floors.write_per_record,
+            floors.rewrite_per_record,
+        ),
+    ] {
+        row(
+            &format!("floor: write, {layout}"),
+            format!(
+                "{:.1}s ({:.2}× COPY; ratio ≤ {:.2})",
+                write.as_secs_f64(),
+                write.as_secs_f64() / copy_seconds,
+                copy_seconds / (copy_seconds + write.as_secs_f64())
+            ),
+        );
+        row(
+            &format!("floor: rewrite, {layout}"),
+            format!(
+                "{:.0} records/s ({:.1}s)",
+                floors.records as f64 / rewrite.as_secs_f64(),
+                rewrite.as_secs_f64()
+            ),
+        );
+    }
+    let (replay_rate, copy_rate) = (summary.replay.rate(), summary.copy.rate());
+    row(
+        "ratio, rating after the answer",
+        format!(
+            "≈ {:.2} (replay ÷ (replay + COPY))",
+            replay_rate / (replay_rate + copy_rate)
+        ),
+    );
     println!("\nsummary\n{table}");
+    println!(
+        "  floors: PostgreSQL alone writing the rated segments (INSERT … SELECT) and rewriting \
+         their cost columns (UPDATE), split by task over {FLOOR_PARTS} connections; \
+         ratio ≤ COPY / (COPY + write) bounds HTTP / COPY for any ingest that stores the \
+         records and their segments before it answers. An ingest that answered before rating \
+         would still read, check and look up every record (what a replay does) and write it \
+         (what COPY does): about replay ÷ (replay + COPY) of COPY's rate."
+    );
 }
