@@ -963,11 +963,15 @@ struct Floors {
     records: i64,
     segments: i64,
     /// `rated_segments` as rating lays it out: one row per record, hour and contract.
-    write_segments: Duration,
-    rewrite_segments: Duration,
+    per_segment: Floor,
     /// The same segments as one row per record ([`FLOOR_PER_RECORD`]).
-    write_per_record: Duration,
-    rewrite_per_record: Duration,
+    per_record: Floor,
+}
+
+/// How long one layout's rows take to write once and to have their cost written again.
+struct Floor {
+    write: Duration,
+    rewrite: Duration,
 }
 
 async fn measure_floors(url: &str) -> Floors {
@@ -994,41 +998,31 @@ async fn measure_floors(url: &str) -> Floors {
             .unwrap_or_else(|error| panic!("{statement}: {error}"));
     }
     connection.close().await.expect("closing a connection");
-    let part = "abs(hashtext(task_id)) % $2 = $1";
-    let write_segments = in_parts(
-        url,
-        &format!("INSERT INTO floor_segments SELECT * FROM rated_segments WHERE {part}"),
-    )
-    .await;
-    let rewrite_segments = in_parts(
-        url,
-        &format!(
-            "UPDATE rated_segments SET cost = cost, productive = productive, idle = idle, \
-             unmeasured = unmeasured, failed = failed WHERE {part}"
-        ),
-    )
-    .await;
-    let write_per_record = in_parts(
-        url,
-        &format!("INSERT INTO floor_per_record_copy SELECT * FROM floor_per_record WHERE {part}"),
-    )
-    .await;
-    let rewrite_per_record = in_parts(
-        url,
-        &format!(
-            "UPDATE floor_per_record SET cost = cost, productive = productive, idle = idle, \
-             unmeasured = unmeasured, failed = failed WHERE {part}"
-        ),
-    )
-    .await;
     Floors {
         records,
         segments,
-        write_segments,
-        rewrite_segments,
-        write_per_record,
-        rewrite_per_record,
+        per_segment: measure_floor(url, "rated_segments", "floor_segments").await,
+        per_record: measure_floor(url, "floor_per_record", "floor_per_record_copy").await,
     }
+}
+
+/// Copies `table` into the empty `copy` of it, then rewrites the cost columns of `table`.
+async fn measure_floor(url: &str, table: &str, copy: &str) -> Floor {
+    let part = "abs(hashtext(task_id)) % $2 = $1";
+    let write = in_parts(
+        url,
+        &format!("INSERT INTO {copy} SELECT * FROM {table} WHERE {part}"),
+    )
+    .await;
+    let rewrite = in_parts(
+        url,
+        &format!(
+            "UPDATE {table} SET cost = cost, productive = productive, idle = idle, \
+             unmeasured = unmeasured, failed = failed WHERE {part}"
+        ),
+    )
+    .await;
+    Floor { write, rewrite }
 }
 
 /// Runs `statement` for every part on a connection of its own, all at once, after a
@@ -1263,17 +1257,9 @@ fn print_summary(summary: &Summary) {
             floors.segments
         ),
     );
-    for (layout, write, rewrite) in [
-        (
-            "a row per segment",
-            floors.write_segments,
-            floors.rewrite_segments,
-        ),
-        (
-            "a row per record",
-            floors.write_per_record,
-            floors.rewrite_per_record,
-        ),
+    for (layout, Floor { write, rewrite }) in [
+        ("a row per segment", &floors.per_segment),
+        ("a row per record", &floors.per_record),
     ] {
         row(
             &format!("floor: write, {layout}"),
