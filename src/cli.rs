@@ -17,6 +17,7 @@ use crate::domain::slurm::{self, Format, Mapping};
 use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
 use crate::domain::values::{Month, ProjectId};
+use crate::domain::what_if::WhatIf;
 use crate::ledger::import::{self, Summary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::ledger::{LedgerError, reports, setup, sources};
@@ -411,14 +412,19 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::Report { month, format } => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
-            let report =
-                reports::report(&database.pool, month, Grouping::Whole, &config.settings())
-                    .await
-                    .and_then(|report| report.to_json())
-                    .and_then(|json| match format {
-                        ReportFormat::Json => Ok(json),
-                        ReportFormat::Csv => reports::to_csv(&json),
-                    });
+            let report = reports::report(
+                &database.pool,
+                month,
+                Grouping::Whole,
+                &WhatIf::default(),
+                &config.settings(),
+            )
+            .await
+            .and_then(|report| report.to_json())
+            .and_then(|json| match format {
+                ReportFormat::Json => Ok(json),
+                ReportFormat::Csv => reports::to_csv(&json),
+            });
             database.close().await?;
             let report = report.map_err(|error| anyhow::anyhow!("{error}"))?;
             print!("{report}");

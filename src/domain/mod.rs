@@ -21,3 +21,4 @@ pub mod task;
 pub mod utilisation;
 pub mod validation;
 pub mod values;
+pub mod what_if;

@@ -29,7 +29,7 @@ use super::gpu::ComputeShare;
 use super::ledger_time::{LedgerHour, SECONDS_PER_HOUR, seconds_between};
 
 /// How GPU time was bought; contracts price each mode separately.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BillingMode {
     OnDemand,
@@ -170,7 +170,13 @@ pub struct Segment {
     /// The contract that prices the segment; kept when only the FX rate is missing, since
     /// the GPUs still used that contract (and its commitment).
     pub contract_id: Option<Uuid>,
-    /// In the project's currency; `None` exactly when `unrated` is set.
+    /// The card-seconds the contract's price applies to: the GPU-seconds held, a MIG
+    /// slice's scaled by its share of the card; `None` exactly when no contract prices it.
+    pub card_seconds: Option<Decimal>,
+    /// Where the card-seconds went, split as a cost is (§2): priced, these are the parts.
+    pub seconds: Parts,
+    /// In the project's currency; `None` exactly when `unrated` is set. [`assign_record`]
+    /// leaves it `None`: its segments are priced when read.
     pub cost: Option<Decimal>,
     pub unrated: Option<UnratedReason>,
     pub parts: Parts,
@@ -206,6 +212,32 @@ pub fn rate_record(
     record: &RecordToRate,
     contracts: &[Contract],
     fx: &impl FxRates,
+    tz: Tz,
+) -> Vec<Segment> {
+    cut_record(record, contracts, Some(fx), tz)
+}
+
+/// Cuts `record` into segments as [`rate_record`] does and names the contract of each with
+/// its card-seconds, without pricing them: the stored form, to which prices and FX rates are
+/// applied when a figure is read (COST_MODEL §1.7). Only `no_contract` can leave a segment
+/// unrated here; whether an FX rate is missing is known when it is read.
+pub fn assign_record(record: &RecordToRate, contracts: &[Contract], tz: Tz) -> Vec<Segment> {
+    cut_record(record, contracts, None::<&NoRates>, tz)
+}
+
+/// Rates nothing: [`assign_record`] prices no segment.
+struct NoRates;
+
+impl FxRates for NoRates {
+    fn rate(&self, _: NaiveDate, _: &str, _: &str) -> Option<Decimal> {
+        None
+    }
+}
+
+fn cut_record<F: FxRates>(
+    record: &RecordToRate,
+    contracts: &[Contract],
+    fx: Option<&F>,
     tz: Tz,
 ) -> Vec<Segment> {
     debug_assert!(
@@ -385,16 +417,17 @@ impl Shares<'_> {
 }
 
 /// Prices segments of one record, remembering the last contract-and-month rate so the FX
-/// table is consulted once per month rather than once per hour.
+/// table is consulted once per month rather than once per hour. Without an FX table it
+/// prices nothing and only assigns contracts and card-seconds.
 struct Pricer<'a, F> {
     record: &'a RecordToRate,
-    fx: &'a F,
+    fx: Option<&'a F>,
     split: CostSplit,
     last_price: Option<(Uuid, NaiveDate, Result<Decimal, UnratedReason>)>,
 }
 
 impl<'a, F: FxRates> Pricer<'a, F> {
-    fn new(record: &'a RecordToRate, fx: &'a F) -> Self {
+    fn new(record: &'a RecordToRate, fx: Option<&'a F>) -> Self {
         Self {
             record,
             fx,
@@ -410,18 +443,33 @@ impl<'a, F: FxRates> Pricer<'a, F> {
         share: Share,
         contract: Option<&Contract>,
     ) -> Segment {
-        let price = match contract {
-            None => Err(UnratedReason::NoContract),
-            Some(contract) => self.price_per_gpu_hour(contract, hour.month),
+        let card = |amount: Decimal| match self.record.compute_share {
+            Some(slice) => slice.of(amount),
+            None => amount,
         };
-        let cost = price.map(|price| {
-            let card_cost = share.held * price;
-            let cost = match self.record.compute_share {
-                Some(slice) => slice.of(card_cost),
-                None => card_cost,
-            };
-            cost / SECONDS_PER_HOUR
-        });
+        let card_seconds = contract.map(|_| card(share.held));
+        let seconds = card_seconds.map_or_else(Parts::default, |seconds| self.split.parts(seconds));
+        let price = match (contract, self.fx) {
+            (None, _) => Err(UnratedReason::NoContract),
+            (Some(contract), Some(fx)) => self.price_per_gpu_hour(fx, contract, hour.month),
+            (Some(_), None) => {
+                return Segment {
+                    start,
+                    end,
+                    hour: hour.start,
+                    month: hour.month,
+                    gpu_seconds_held: share.held,
+                    gpu_seconds_busy: share.busy,
+                    contract_id: contract.map(|contract| contract.id),
+                    card_seconds,
+                    seconds,
+                    cost: None,
+                    unrated: None,
+                    parts: Parts::default(),
+                };
+            }
+        };
+        let cost = price.map(|price| card(share.held * price) / SECONDS_PER_HOUR);
         Segment {
             start,
             end,
@@ -430,6 +478,8 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             gpu_seconds_held: share.held,
             gpu_seconds_busy: share.busy,
             contract_id: contract.map(|contract| contract.id),
+            card_seconds,
+            seconds,
             cost: cost.ok(),
             unrated: cost.err(),
             parts: cost.map_or_else(|_| Parts::default(), |cost| self.split.parts(cost)),
@@ -439,6 +489,7 @@ impl<'a, F: FxRates> Pricer<'a, F> {
     /// The contract's price converted to the project's currency at the month's rate.
     fn price_per_gpu_hour(
         &mut self,
+        fx: &F,
         contract: &Contract,
         month: NaiveDate,
     ) -> Result<Decimal, UnratedReason> {
@@ -451,8 +502,7 @@ impl<'a, F: FxRates> Pricer<'a, F> {
         {
             return price;
         }
-        let price = self
-            .fx
+        let price = fx
             .rate(month, &contract.currency, &self.record.currency)
             .map(|rate| contract.price_per_gpu_hour * rate)
             .ok_or(UnratedReason::NoFxRate);
@@ -996,6 +1046,12 @@ mod tests {
                 gpu_seconds_held: dec("7200"),
                 gpu_seconds_busy: Some(dec("3600")),
                 contract_id: Some(spot.id),
+                card_seconds: Some(dec("7200")),
+                seconds: Parts {
+                    productive: dec("3600"),
+                    idle: dec("3600"),
+                    ..Parts::default()
+                },
                 cost: Some(dec("2.40")),
                 unrated: None,
                 parts: Parts {

@@ -13,8 +13,9 @@ use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::{LedgerHour, month_bounds};
 use crate::domain::validation::Violations;
 use crate::domain::values::{Month, parse_day_or_instant, parse_instant};
+use crate::domain::what_if::WhatIf;
 use crate::http::error::{ApiResult, Problem};
-use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::extract::{ApiPath, ApiQueryWhatIf};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
@@ -42,6 +43,12 @@ pub struct CostParams {
     pub group_by: Option<String>,
     /// The time up to which unused commitment accrues (RFC 3339); default now.
     pub as_of: Option<String>,
+    /// A what-if price, repeatable: `<contract id>:<price>` replaces a contract's price (in
+    /// its currency); `<gpu_model>/<billing_mode>:<price>` prices every GPU-hour of that
+    /// model and mode (in the project's currency), as if it were their only contract. The
+    /// answer is then hypothetical; nothing is stored.
+    #[serde(default, skip_deserializing)]
+    pub what_if: Vec<String>,
 }
 
 /// A period bound: a date, or a time on a ledger hour boundary.
@@ -97,7 +104,12 @@ pub fn parse_period(
     }
 }
 
-fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<CostQuery> {
+fn parse_params(
+    params: &CostParams,
+    what_if: WhatIf,
+    tz: Tz,
+    now: DateTime<Utc>,
+) -> ApiResult<CostQuery> {
     let mut violations = Violations::default();
     let period = parse_period(
         (
@@ -124,6 +136,7 @@ fn parse_params(params: &CostParams, tz: Tz, now: DateTime<Utc>) -> ApiResult<Co
         period,
         grouping,
         as_of,
+        what_if,
     })
 }
 
@@ -157,11 +170,11 @@ pub async fn get_cost(
     State(state): State<AppState>,
     principal: Principal,
     ApiPath(id): ApiPath<String>,
-    ApiQuery(params): ApiQuery<CostParams>,
+    ApiQueryWhatIf(params, what_if): ApiQueryWhatIf<CostParams>,
 ) -> ApiResult<axum::Json<CostView>> {
     let project = readable_project(&state, &principal, &id).await?;
     let tz = state.settings.timezone;
-    let query = parse_params(&params, tz, state.settings.clock.now())?;
+    let query = parse_params(&params, what_if, tz, state.settings.clock.now())?;
     let mut conn = state.pool.acquire().await?;
     let of = CostOf {
         project: &project.id,

@@ -8,6 +8,7 @@ use axum::http::{HeaderMap, header};
 use serde::de::DeserializeOwned;
 
 use crate::domain::validation::escape_pointer_token;
+use crate::domain::what_if::WhatIf;
 use crate::http::error::{ApiError, FieldError};
 
 /// The largest JSON body any endpoint accepts (the job-record limit).
@@ -239,6 +240,55 @@ where
                 ApiError::invalid(format!("query:{name}"), error.into_inner().to_string())
             })
     }
+}
+
+/// Query parameters with repeatable `what_if` prices (`what_if=<contract id>:<price>` or
+/// `what_if=<gpu_model>/<billing_mode>:<price>`): those are parsed into a [`WhatIf`], every
+/// other parameter into `T` as [`ApiQuery`] parses it. `T` lists `what_if` for the API
+/// reference only.
+pub struct ApiQueryWhatIf<T>(pub T, pub WhatIf);
+
+impl<S, T> FromRequestParts<S> for ApiQueryWhatIf<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let (what_if, rest) = split_what_if(parts.uri.query().unwrap_or(""))?;
+        let mut rest_parts = parts.clone();
+        rest_parts.uri = match rest.is_empty() {
+            true => parts.uri.path().parse(),
+            false => format!("{}?{rest}", parts.uri.path()).parse(),
+        }
+        .map_err(|_| ApiError::invalid("query", "is not a valid query string"))?;
+        let ApiQuery(params) = ApiQuery::<T>::from_request_parts(&mut rest_parts, state).await?;
+        Ok(ApiQueryWhatIf(params, what_if))
+    }
+}
+
+/// The `what_if` prices of a query string, and the rest of it.
+fn split_what_if(query: &str) -> Result<(WhatIf, String), ApiError> {
+    let mut what_if = WhatIf::default();
+    let mut errors = Vec::new();
+    let mut others = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+        if name == "what_if" {
+            if let Err(message) = what_if.add(&value) {
+                errors.push(FieldError::new("query:what_if", message));
+            }
+        } else {
+            others.append_pair(&name, &value);
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    Ok((what_if, others.finish()))
 }
 
 impl From<QueryRejection> for ApiError {

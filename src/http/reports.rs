@@ -14,7 +14,7 @@ use crate::domain::validation::Violations;
 use crate::domain::values::Month;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
-use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::extract::{ApiPath, ApiQuery, ApiQueryWhatIf};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::reports::{self, MonthlyReport};
@@ -34,6 +34,10 @@ pub struct ReportQuery {
     /// Adds per-group rows to each project (open months only): `day`, `month`, `gpu_model`,
     /// `billing_mode`, `gpu_model,billing_mode`, `outcome` or `label:<key>`.
     pub group_by: Option<String>,
+    /// A what-if price, repeatable, as for a project's cost: the report (a closed month's
+    /// too) is then computed at those prices, marked hypothetical, and nothing is stored.
+    #[serde(default, skip_deserializing)]
+    pub what_if: Vec<String>,
 }
 
 fn parse_month(raw: &str) -> ApiResult<Month> {
@@ -107,7 +111,7 @@ pub async fn get_monthly_report(
     State(state): State<AppState>,
     principal: Principal,
     ApiPath(month): ApiPath<String>,
-    ApiQuery(query): ApiQuery<ReportQuery>,
+    ApiQueryWhatIf(query, what_if): ApiQueryWhatIf<ReportQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     require_finance(&principal)?;
@@ -122,7 +126,7 @@ pub async fn get_monthly_report(
         unreachable!("both parsed or were reported")
     };
     let csv = wants_csv(&query, &headers)?;
-    let report = reports::report(&state.pool, month, grouping, &state.settings).await?;
+    let report = reports::report(&state.pool, month, grouping, &what_if, &state.settings).await?;
     respond(report.to_json()?, csv, month)
 }
 
@@ -162,6 +166,7 @@ pub async fn close_month(
         &ReportQuery {
             format: query.format,
             group_by: None,
+            what_if: Vec::new(),
         },
         &headers,
     )?;

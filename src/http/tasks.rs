@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -15,10 +15,11 @@ use crate::domain::access::Principal;
 use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFilter, TaskKeyset, TaskSort};
 use crate::domain::validation::Violations;
+use crate::domain::what_if::{PriceOverride, WhatIf};
 use crate::http::cost::parse_period;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
-use crate::http::pagination::{Page, PageParams, encode_cursor};
+use crate::http::pagination::{PageParams, encode_cursor};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
@@ -58,6 +59,24 @@ pub struct TaskListParams {
     pub cursor: Option<String>,
     /// `json` (default) or `csv`; `Accept: text/csv` also selects CSV.
     pub format: Option<String>,
+    /// A what-if price, repeatable, as for the project's cost: the list is then priced,
+    /// sorted and paged at those prices, and says it is hypothetical.
+    #[serde(default, skip_deserializing)]
+    pub what_if: Vec<String>,
+}
+
+/// A page of a task list; with `what_if`, a hypothetical one.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskListView {
+    pub items: Vec<TaskView>,
+    /// Pass as `cursor` to get the next page; null on the last page.
+    pub next_cursor: Option<String>,
+    /// Present and true when asked with `what_if` prices; nothing was stored.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hypothetical: bool,
+    /// The prices the list was read with in place of those in force.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<PriceOverride>,
 }
 
 /// What a task list's cursor carries: where the previous page ended, and the list it
@@ -71,14 +90,21 @@ struct TaskCursor {
     after: TaskKeyset,
 }
 
-/// Splits the `label.<key>` filters from the other parameters.
+/// Splits the `label.<key>` filters and the `what_if` prices from the other parameters.
 fn label_filters(
     pairs: Vec<(String, String)>,
     violations: &mut Violations,
-) -> (BTreeMap<String, String>, Vec<(String, String)>) {
+) -> (BTreeMap<String, String>, WhatIf, Vec<(String, String)>) {
     let mut labels = BTreeMap::new();
+    let mut what_if = WhatIf::default();
     let mut others = Vec::new();
     for (name, value) in pairs {
+        if name == "what_if" {
+            if let Err(message) = what_if.add(&value) {
+                violations.push("query:what_if", message);
+            }
+            continue;
+        }
         match name.strip_prefix("label.") {
             Some("") => violations.push("query:label.", "name a label: label.<key>=<value>"),
             Some(key) => {
@@ -94,7 +120,7 @@ fn label_filters(
             }
         }
     }
-    (labels, others)
+    (labels, what_if, others)
 }
 
 /// The parsed list query and whether CSV was asked for.
@@ -104,7 +130,7 @@ fn parse_list(
     tz: chrono_tz::Tz,
 ) -> ApiResult<(TaskListQuery, bool)> {
     let mut violations = Violations::default();
-    let (labels, others) = label_filters(pairs, &mut violations);
+    let (labels, what_if, others) = label_filters(pairs, &mut violations);
     violations.into_result()?;
     let mut violations = Violations::default();
     let encoded = serde_urlencoded::to_string(&others).map_err(anyhow::Error::from)?;
@@ -162,7 +188,7 @@ fn parse_list(
         gpu_model: params.gpu_model.clone(),
         labels,
     };
-    let list = list_digest(period, &filter);
+    let list = list_digest(period, &filter, &what_if);
     let page = PageParams {
         limit: params.limit,
         cursor: params.cursor.clone(),
@@ -198,6 +224,7 @@ fn parse_list(
             order,
             after,
             limit,
+            what_if,
         },
         csv,
     ))
@@ -207,6 +234,7 @@ fn parse_list(
 fn list_digest(
     (from, to): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
     filter: &TaskFilter,
+    what_if: &WhatIf,
 ) -> String {
     let named = serde_json::json!([
         from,
@@ -214,6 +242,7 @@ fn list_digest(
         filter.status.map(|s| s.as_str()),
         filter.gpu_model,
         filter.labels,
+        what_if.overrides(),
     ]);
     let digest = Sha256::digest(named.to_string().as_bytes());
     hex::encode(&digest[..8])
@@ -243,7 +272,7 @@ fn list_digest(
     responses(
         AuthProblems, PathProblems, QueryProblems,
         (status = 200, description = "A page of tasks", content(
-            (Page<TaskView> = "application/json"),
+            (TaskListView = "application/json"),
             (String = "text/csv"),
         ), headers(("X-Next-Cursor" = String, description = "CSV only: the cursor of the next page, absent on the last"))),
         (status = 404, description = "No such project (or not visible to this token)", body = Problem, content_type = "application/problem+json"),
@@ -268,7 +297,7 @@ pub async fn list_tasks(
         encode_cursor(&TaskCursor {
             sort: query.sort,
             order: query.order,
-            list: list_digest(query.period, &query.filter),
+            list: list_digest(query.period, &query.filter, &query.what_if),
             after,
         })
     });
@@ -298,9 +327,11 @@ pub async fn list_tasks(
         }
         return Ok(response);
     }
-    Ok(axum::Json(Page {
+    Ok(axum::Json(TaskListView {
         items: page.items,
         next_cursor,
+        hypothetical: !query.what_if.is_empty(),
+        overrides: query.what_if.overrides(),
     })
     .into_response())
 }

@@ -218,7 +218,7 @@ pub async fn fire_idle_gpu(
             min_gpu_hours: rule.min_gpu_hours,
         });
     }
-    let fired = store::alerts::fire_idle_gpu(conn, &candidates, now).await?;
+    let fired = store::alerts::fire_idle_gpu(conn, &candidates, now, tz.name()).await?;
     let mut deliveries = Vec::new();
     for row in &fired {
         if let Some(url) = settings[&row.project_id].webhook_url.as_deref() {

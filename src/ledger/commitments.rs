@@ -9,6 +9,7 @@ use rust_decimal::Decimal;
 
 use crate::domain::commitment::{LedgerWindow, UnusedCommitment, unused_commitment_by_day};
 use crate::domain::rating::Contract;
+use crate::domain::what_if::{Override, WhatIf};
 use crate::ledger::LedgerResult;
 use crate::store;
 use crate::store::contracts::ContractRow;
@@ -41,8 +42,9 @@ impl Commitments {
         project: &str,
         window: (DateTime<Utc>, DateTime<Utc>),
         tz: Tz,
+        what_if: &WhatIf,
     ) -> LedgerResult<Self> {
-        Self::load(conn, Some(project), window, tz).await
+        Self::load(conn, Some(project), window, tz, what_if).await
     }
 
     /// Every one, scoped to a project or not, ordered by project (unscoped first), name and id.
@@ -50,15 +52,19 @@ impl Commitments {
         conn: &mut sqlx::PgConnection,
         window: (DateTime<Utc>, DateTime<Utc>),
         tz: Tz,
+        what_if: &WhatIf,
     ) -> LedgerResult<Self> {
-        Self::load(conn, None, window, tz).await
+        Self::load(conn, None, window, tz, what_if).await
     }
 
+    /// With `what_if`, each contract is read at its overriding price: unused commitment
+    /// belongs to the contract, so a model-and-mode price is taken in the contract's currency.
     async fn load(
         conn: &mut sqlx::PgConnection,
         project: Option<&str>,
         (from, to): (DateTime<Utc>, DateTime<Utc>),
         tz: Tz,
+        what_if: &WhatIf,
     ) -> LedgerResult<Self> {
         let mut commitments = Self {
             window: (from, to),
@@ -83,7 +89,15 @@ impl Commitments {
         commitments.accrued = rows
             .into_iter()
             .map(|row| {
-                let contract = row.to_domain();
+                let mut contract = row.to_domain();
+                if let Some(price) =
+                    what_if.contract_price(contract.id, &contract.gpu_model, contract.billing_mode)
+                {
+                    contract.price_per_gpu_hour = match price {
+                        Override::InContractCurrency(price)
+                        | Override::InProjectCurrency(price) => price,
+                    };
+                }
                 let used = usage.remove(&row.id).unwrap_or_default();
                 let charges = unused_commitment_by_day(&contract, &used, &window);
                 let mut accrued = Accrued {

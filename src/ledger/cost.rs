@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 use crate::domain::figures::{FigureSums, Figures, Grouping, QueueWait, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
+use crate::domain::what_if::{PriceOverride, WhatIf};
 use crate::ledger::LedgerResult;
 use crate::ledger::commitments::Commitments;
 use crate::store;
@@ -60,6 +61,13 @@ pub struct CostView {
     /// Present with `group_by`: the groups in key order; their money figures add up exactly
     /// to the figures above, and so do their queue wait's `attempts` and `total_seconds`.
     pub groups: Vec<CostGroupView>,
+    /// Present and true when asked with `what_if` prices: the figures are what the period
+    /// would have cost at them, and nothing was stored.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hypothetical: bool,
+    /// The prices the figures were read with in place of those in force.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<PriceOverride>,
 }
 
 /// The money figures of a period: the whole, and its groups in key order with a grouping.
@@ -76,6 +84,8 @@ pub struct CostQuery {
     pub period: (DateTime<Utc>, DateTime<Utc>),
     pub grouping: Grouping,
     pub as_of: DateTime<Utc>,
+    /// Prices to answer with in place of those in force; empty for the real figures.
+    pub what_if: WhatIf,
 }
 
 /// The project a cost is computed for.
@@ -138,6 +148,8 @@ pub async fn project_cost(
         figures: whole.figures(),
         queue_wait: whole_wait,
         groups,
+        hypothetical: !query.what_if.is_empty(),
+        overrides: query.what_if.overrides(),
     })
 }
 
@@ -174,7 +186,7 @@ async fn group_sums(
     tz: Tz,
 ) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
     let scope = Scope::Project(of.project, &query.grouping);
-    let mut groups = rollup_sums(conn, scope, query.period, tz).await?;
+    let mut groups = rollup_sums(conn, scope, query.period, tz, &query.what_if).await?;
     let currencies = BTreeMap::from([(of.project.to_owned(), of.currency.to_owned())]);
     let group_of = |_: &str, hour, gpu_model: &str| hour_key(&query.grouping, hour, gpu_model, tz);
     let commitments = Commitments::of_project(
@@ -182,6 +194,7 @@ async fn group_sums(
         of.project,
         accrual_window(query.period, query.as_of),
         tz,
+        &query.what_if,
     )
     .await?;
     add_unused_commitment(conn, &commitments, &currencies, tz, group_of, &mut groups).await?;
@@ -194,9 +207,10 @@ async fn rollup_sums(
     scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
+    what_if: &WhatIf,
 ) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
     let mut groups: BTreeMap<Option<String>, FigureSums> = BTreeMap::new();
-    for row in store::cost::cost_sums(conn, scope, period, tz).await? {
+    for row in store::cost::cost_sums(conn, scope, period, tz, what_if).await? {
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_segments(&sums);
     }
@@ -204,7 +218,7 @@ async fn rollup_sums(
         let (key, counts) = row.into_parts();
         groups.entry(key).or_default().add_records(&counts);
     }
-    for row in store::cost::util_sums(conn, scope, period, tz).await? {
+    for row in store::cost::util_sums(conn, scope, period, tz, what_if).await? {
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_util(&sums);
     }
@@ -237,11 +251,13 @@ pub async fn month_cost(
     grouping: Grouping,
     as_of: DateTime<Utc>,
     tz: Tz,
+    what_if: &WhatIf,
 ) -> LedgerResult<PeriodFigures> {
     let query = CostQuery {
         period: month_bounds(month, tz),
         grouping,
         as_of,
+        what_if: what_if.clone(),
     };
     period_figures(conn, of, &query, tz).await
 }
@@ -257,10 +273,11 @@ pub async fn month_figures_of_projects(
     month: NaiveDate,
     commitments: &Commitments,
     tz: Tz,
+    what_if: &WhatIf,
 ) -> LedgerResult<Vec<Figures>> {
     let period = month_bounds(month, tz);
     let scope = Scope::EveryProject;
-    let mut groups = rollup_sums(conn, scope, period, tz).await?;
+    let mut groups = rollup_sums(conn, scope, period, tz, what_if).await?;
     let currencies: BTreeMap<String, String> = projects
         .iter()
         .map(|of| (of.project.to_owned(), of.currency.to_owned()))
@@ -284,8 +301,15 @@ pub async fn month_commitments(
     month: NaiveDate,
     as_of: DateTime<Utc>,
     tz: Tz,
+    what_if: &WhatIf,
 ) -> LedgerResult<Commitments> {
-    Commitments::all(conn, accrual_window(month_bounds(month, tz), as_of), tz).await
+    Commitments::all(
+        conn,
+        accrual_window(month_bounds(month, tz), as_of),
+        tz,
+        what_if,
+    )
+    .await
 }
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
@@ -323,6 +347,7 @@ pub async fn month_spend(
         period,
         grouping: Grouping::Whole,
         as_of,
+        what_if: WhatIf::default(),
     };
     Ok(period_figures(conn, of, &query, tz).await?.figures.total)
 }
@@ -344,6 +369,7 @@ pub async fn month_spend_by_day(
         period,
         grouping: Grouping::Day,
         as_of,
+        what_if: WhatIf::default(),
     };
     let days = group_sums(conn, of, &query, tz).await?;
     let last = LedgerHour::holding(period.1 - chrono::Duration::seconds(1), tz)

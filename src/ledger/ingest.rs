@@ -12,7 +12,7 @@ use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::Month;
 use crate::ledger::alerting::{self, months_between};
 use crate::ledger::instruments::{self, BatchTimer, Rating, RatingCause};
-use crate::ledger::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult, rating};
 use crate::store;
 
 /// A validated record and its position in what the client sent.
@@ -88,6 +88,13 @@ pub async fn store_batch(
     let (unique, hashes, repeats) = collapse(batch)?;
     let records: Vec<JobRecord> = unique.iter().map(|s| s.record.clone()).collect();
     let mut tx = pool.begin().await?;
+    rating::hold_contract_sets(
+        &mut tx,
+        records
+            .iter()
+            .map(|r| (r.gpu_model.clone(), r.billing_mode)),
+    )
+    .await?;
     let outcome = store::records::insert_batch(&mut tx, &records, &hashes).await?;
     if !outcome.conflicts.is_empty() {
         tx.rollback().await?;
@@ -114,7 +121,7 @@ pub async fn store_batch(
         .collect();
     let rating = Rating::start(RatingCause::Ingest);
     // Only the records this batch inserted are rated: none has segments yet.
-    store::rating::rate_in_bounded_calls(&mut tx, &bounded, tz, true)
+    rating::rate_in_bounded_calls(&mut tx, &bounded, tz, true)
         .await
         .map_err(IngestError::Rating)?;
     rating.finished(bounded.len());

@@ -14,6 +14,7 @@ pub mod ingest;
 pub mod instruments;
 pub mod pricing;
 pub mod projects;
+pub mod rating;
 pub mod records;
 pub mod reports;
 pub mod rightsizing;

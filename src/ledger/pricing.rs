@@ -1,6 +1,12 @@
-//! Changing what GPU time costs: pricing contracts and FX rates. Every change follows one
-//! path — in one transaction, store it (refusing an equally specific overlap), re-rate what
-//! it touches, commit — and then re-evaluates the budget burn it may have moved.
+//! Changing what GPU time costs: pricing contracts and FX rates.
+//!
+//! Prices and FX rates are applied when a figure is read, so a change of a contract's price,
+//! name, commitment or currency, or of an FX rate, writes its one row and nothing else: the
+//! next read prices every record with it, whenever the record was posted. A change of which
+//! contract prices which hours (creation, deletion, model, billing mode, validity, scope)
+//! takes the kind's contract-set lock exclusive, stores the contract with a re-assignment job
+//! in one transaction, and runs the job before it answers (see [`crate::ledger::rating`]).
+//! Every change then re-evaluates the budget burn it may have moved.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -8,97 +14,49 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::ledger_time::month_bounds;
 use crate::domain::rating::BillingMode;
 use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::{Currency, Month};
-use crate::ledger::instruments::{Rating, RatingCause};
-use crate::ledger::{LedgerError, LedgerResult, alerting};
+use crate::ledger::{LedgerError, LedgerResult, alerting, rating};
 use crate::store;
 use crate::store::contracts::{ContractFields, ContractRow, OVERLAP_CONSTRAINT};
 use crate::store::fx_rates::FxRateRow;
-use crate::store::rating::Rerating;
+use crate::store::rating::{KindSpan, ReratingJob};
 
-/// What a price change must re-rate.
-enum Rerate<'a> {
-    /// Every record a contract with these terms could price over the span.
-    Contract {
-        fields: &'a ContractFields,
-        span: (DateTime<Utc>, Option<DateTime<Utc>>),
-        how: Rerating,
-    },
-    /// What the month's rate from one currency into another converts.
-    Fx {
-        month: Month,
-        from: Currency,
-        to: Currency,
-        how: Rerating,
-    },
-    /// Nothing: no term rating reads changed (a contract's name or commitment, which
-    /// figures read as they are).
-    Nothing,
+/// The records a contract with these terms could price over `span`.
+fn priced_by(fields: &ContractFields, span: (DateTime<Utc>, Option<DateTime<Utc>>)) -> KindSpan {
+    KindSpan {
+        gpu_model: fields.gpu_model.clone(),
+        billing_mode: fields.billing_mode,
+        project: fields.project_id.clone(),
+        span,
+    }
 }
 
-/// Re-rates in the change's transaction, commits, and re-evaluates every project's current
-/// month (a price can move any project's spend).
-async fn rerate_and_commit(
-    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+/// Commits the change, runs the re-assignments it owes, and re-evaluates every project's
+/// current month (a price can move any project's spend).
+async fn commit_and_reassign(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
     pool: &PgPool,
-    rerate: Rerate<'_>,
+    jobs: Vec<ReratingJob>,
     settings: &Settings,
 ) -> LedgerResult<()> {
-    let tz = settings.timezone;
-    let run = match rerate {
-        Rerate::Contract { fields, span, how } => {
-            let rating = Rating::start(RatingCause::Contract);
-            let rerated = store::rating::rerate_kind(
-                &mut tx,
-                &fields.gpu_model,
-                fields.billing_mode,
-                fields.project_id.as_deref(),
-                span,
-                tz,
-                how,
-            )
-            .await?;
-            Some((rating, rerated))
-        }
-        Rerate::Fx {
-            month,
-            from,
-            to,
-            how,
-        } => {
-            let rating = Rating::start(RatingCause::Fx);
-            let rerated = store::rating::rerate_fx(
-                &mut tx,
-                month_bounds(month.first_day(), tz),
-                (from.code(), to.code()),
-                tz,
-                how,
-            )
-            .await?;
-            Some((rating, rerated))
-        }
-        Rerate::Nothing => None,
-    };
-    if let Some((rating, rerated)) = run {
-        rating.finished(rerated);
-    }
     tx.commit().await?;
+    for job in &jobs {
+        rating::run_job(pool, job, settings.timezone).await?;
+    }
     alerting::evaluate_current_month(pool, settings).await;
     Ok(())
 }
 
-/// What a change of a contract's terms from `old` to `new` moves in what is rated: its
-/// model, billing mode, currency, validity or scope decide which contract prices which
-/// hours; its price alone, only what those hours cost; its name and commitment, nothing.
-fn rerating_of(old: &ContractFields, new: &ContractFields) -> Option<Rerating> {
+/// Whether a change of a contract's terms from `old` to `new` moves which contract prices
+/// which hours: its model, billing mode, validity or scope. Its price, currency, name and
+/// commitment are read with every figure and re-assign nothing.
+fn reassigns(old: &ContractFields, new: &ContractFields) -> bool {
     fn assigns(f: &ContractFields) -> impl PartialEq + '_ {
         (
             f.gpu_model.as_str(),
             f.billing_mode,
-            f.currency.as_str(),
             f.valid_from,
             f.valid_until,
             f.project_id.as_deref(),
@@ -106,13 +64,7 @@ fn rerating_of(old: &ContractFields, new: &ContractFields) -> Option<Rerating> {
             f.region.as_deref(),
         )
     }
-    if assigns(old) != assigns(new) {
-        Some(Rerating::Whole)
-    } else if old.price_per_gpu_hour != new.price_per_gpu_hour {
-        Some(Rerating::Prices)
-    } else {
-        None
-    }
+    assigns(old) != assigns(new)
 }
 
 /// The rules that bind a contract's fields to each other, checked on creation and after
@@ -205,19 +157,15 @@ pub async fn create_contract(
     check_consistency(&mut violations, &fields);
     violations.into_result()?;
     let mut tx = pool.begin().await?;
+    rating::change_contract_sets(&mut tx, [(fields.gpu_model.clone(), fields.billing_mode)])
+        .await?;
     let row = store_contract(&mut tx, pool, &fields, None).await?;
-    let span = (fields.valid_from, fields.valid_until);
-    rerate_and_commit(
-        tx,
-        pool,
-        Rerate::Contract {
-            fields: &fields,
-            span,
-            how: Rerating::Whole,
-        },
-        settings,
+    let job = rating::owe_reassignment(
+        &mut tx,
+        &priced_by(&fields, (fields.valid_from, fields.valid_until)),
     )
     .await?;
+    commit_and_reassign(tx, pool, vec![job], settings).await?;
     Ok(row)
 }
 
@@ -237,18 +185,27 @@ pub async fn update_contract(
     let (new, mut violations) = change(&old);
     check_consistency(&mut violations, &new);
     violations.into_result()?;
+    let mut jobs = Vec::new();
+    if reassigns(&old, &new) {
+        rating::change_contract_sets(
+            &mut tx,
+            [
+                (old.gpu_model.clone(), old.billing_mode),
+                (new.gpu_model.clone(), new.billing_mode),
+            ],
+        )
+        .await?;
+        let mut owed = vec![priced_by(&old, (old.valid_from, old.valid_until))];
+        let new_span = priced_by(&new, (new.valid_from, new.valid_until));
+        if !owed.contains(&new_span) {
+            owed.push(new_span);
+        }
+        for of in &owed {
+            jobs.push(rating::owe_reassignment(&mut tx, of).await?);
+        }
+    }
     let row = store_contract(&mut tx, pool, &new, Some(id)).await?;
-    let until = old.valid_until.zip(new.valid_until).map(|(a, b)| a.max(b));
-    let span = (old.valid_from.min(new.valid_from), until);
-    let rerate = match rerating_of(&old, &new) {
-        Some(how) => Rerate::Contract {
-            fields: &new,
-            span,
-            how,
-        },
-        None => Rerate::Nothing,
-    };
-    rerate_and_commit(tx, pool, rerate, settings).await?;
+    commit_and_reassign(tx, pool, jobs, settings).await?;
     Ok(row)
 }
 
@@ -259,18 +216,16 @@ pub async fn delete_contract(pool: &PgPool, id: Uuid, settings: &Settings) -> Le
         .await?
         .ok_or_else(|| contract_not_found(id))?
         .fields();
+    rating::change_contract_sets(&mut tx, [(old.gpu_model.clone(), old.billing_mode)]).await?;
     store::contracts::delete(&mut tx, id).await?;
-    let span = (old.valid_from, old.valid_until);
-    let rerate = Rerate::Contract {
-        fields: &old,
-        span,
-        how: Rerating::Whole,
-    };
-    rerate_and_commit(tx, pool, rerate, settings).await
+    let job =
+        rating::owe_reassignment(&mut tx, &priced_by(&old, (old.valid_from, old.valid_until)))
+            .await?;
+    commit_and_reassign(tx, pool, vec![job], settings).await
 }
 
-/// Sets the rate of one month and currency pair; re-rates what it converts. A rate that
-/// replaces another only moves the cost of what it already converted.
+/// Sets the rate of one month and currency pair. Rates apply when figures are read, so this
+/// writes the rate alone.
 pub async fn put_fx_rate(
     pool: &PgPool,
     (month, from, to): (Month, Currency, Currency),
@@ -278,23 +233,13 @@ pub async fn put_fx_rate(
     settings: &Settings,
 ) -> LedgerResult<FxRateRow> {
     let mut tx = pool.begin().await?;
-    let (first, from_code, to_code) = (month.first_day(), from.code(), to.code());
-    let how = match store::fx_rates::exists(&mut tx, first, from_code, to_code).await? {
-        true => Rerating::Prices,
-        false => Rerating::Whole,
-    };
-    let row = store::fx_rates::put(&mut tx, first, from_code, to_code, rate).await?;
-    let rerate = Rerate::Fx {
-        month,
-        from,
-        to,
-        how,
-    };
-    rerate_and_commit(tx, pool, rerate, settings).await?;
+    let row =
+        store::fx_rates::put(&mut tx, month.first_day(), from.code(), to.code(), rate).await?;
+    commit_and_reassign(tx, pool, Vec::new(), settings).await?;
     Ok(row)
 }
 
-/// Deletes the rate of one month and currency pair; what it converted becomes unrated.
+/// Deletes the rate of one month and currency pair; what it converted reads as unrated.
 pub async fn delete_fx_rate(
     pool: &PgPool,
     (month, from, to): (Month, Currency, Currency),
@@ -306,11 +251,5 @@ pub async fn delete_fx_rate(
             "no FX rate {month}/{from}/{to}"
         )));
     }
-    let rerate = Rerate::Fx {
-        month,
-        from,
-        to,
-        how: Rerating::Whole,
-    };
-    rerate_and_commit(tx, pool, rerate, settings).await
+    commit_and_reassign(tx, pool, Vec::new(), settings).await
 }

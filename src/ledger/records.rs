@@ -10,7 +10,7 @@ use crate::domain::record::{JobRecord, RecordKey};
 use crate::domain::values::Month;
 use crate::ledger::alerting::{self, months_between};
 use crate::ledger::instruments::{Rating, RatingCause};
-use crate::ledger::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult, rating};
 use crate::store;
 use crate::store::records::{RecordRow, VersionRow};
 
@@ -47,6 +47,7 @@ pub async fn correct(
     let key = record.key.clone();
     let tz = settings.timezone;
     let mut tx = pool.begin().await?;
+    rating::hold_contract_sets(&mut tx, [(record.gpu_model.clone(), record.billing_mode)]).await?;
     let previous = store::records::lock(&mut tx, &key)
         .await?
         .ok_or_else(|| no_record(&key))?;
@@ -54,7 +55,7 @@ pub async fn correct(
     if changed {
         store::records::replace(&mut tx, &previous, &record, changed_by).await?;
         let rating = Rating::start(RatingCause::Correction);
-        store::rating::rate_records(&mut tx, std::slice::from_ref(&key), tz, false).await?;
+        rating::rate_records(&mut tx, std::slice::from_ref(&key), tz, false).await?;
         rating.finished(1);
         alerting::fire_idle_gpu(&mut tx, &[&record], settings.clock.now(), tz).await?;
     }

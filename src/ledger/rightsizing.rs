@@ -105,7 +105,7 @@ pub async fn recommendations(
     tz: Tz,
 ) -> LedgerResult<RecommendationsView> {
     let period = month_bounds(month.first_day(), tz);
-    let records = store::rightsizing::whole_gpu_records(conn, of.project, period).await?;
+    let records = store::rightsizing::whole_gpu_records(conn, of.project, period, tz).await?;
     let contracts: Vec<Contract> =
         store::contracts::for_project(conn, of.project, period.0, period.1)
             .await?

@@ -5,13 +5,23 @@ use chrono_tz::Tz;
 use sqlx::PgPool;
 
 use crate::domain::access::generate_secret;
+use crate::ledger::rating;
 use crate::store;
 
-/// Applies pending migrations and makes the daily and monthly rollups those of `tz`; true
-/// when they had to be rebuilt for it.
+/// Applies pending migrations, makes the daily and monthly rollups those of `tz`, and
+/// finishes the re-assignments a stopped service left owing; true when the rollups had to be
+/// rebuilt.
 pub async fn prepare(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     crate::db::migrate(pool).await?;
-    store::rollups::align_to_time_zone(pool, tz).await
+    let rebuilt = store::rollups::align_to_time_zone(pool, tz).await?;
+    let finished = rating::finish_pending_jobs(pool, tz).await?;
+    if finished > 0 {
+        tracing::info!(
+            jobs = finished,
+            "finished the re-assignments left by a stopped service"
+        );
+    }
+    Ok(rebuilt)
 }
 
 /// `configured` (from `TASKLEDGER_WEBHOOK_SECRET`), or else a secret generated once and kept

@@ -23,6 +23,7 @@ use crate::domain::task::{
     SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, cost_per_unit,
 };
 use crate::domain::utilisation::busy_seconds;
+use crate::domain::what_if::WhatIf;
 use crate::ledger::cost::CostOf;
 use crate::ledger::reports::round_money;
 use crate::ledger::{LedgerError, LedgerResult};
@@ -147,6 +148,8 @@ pub struct TaskListQuery {
     pub order: SortOrder,
     pub after: Option<TaskKeyset>,
     pub limit: i64,
+    /// Prices to answer with in place of those in force; empty for the real figures.
+    pub what_if: WhatIf,
 }
 
 /// Lifetime figures of each task, from its monthly figures.
@@ -198,6 +201,7 @@ pub async fn list_tasks(
             limit: query.limit + 1,
         },
         tz,
+        &query.what_if,
     )
     .await
     .context("listing tasks")?;
@@ -208,9 +212,10 @@ pub async fn list_tasks(
         .filter(|row| row.status == Outcome::Completed)
         .map(|row| row.task_id.clone())
         .collect();
-    let monthly = store::tasks::monthly_figures(&mut tx, of.project, &completed, tz)
-        .await
-        .context("reading the lifetimes of completed tasks")?;
+    let monthly =
+        store::tasks::monthly_figures(&mut tx, of.project, &completed, tz, &query.what_if)
+            .await
+            .context("reading the lifetimes of completed tasks")?;
     tx.commit().await?;
     let lifetimes = lifetimes(&monthly);
     let next = has_more
@@ -452,10 +457,11 @@ pub async fn task_detail(
         .await
         .context("reading the task's attempts")?;
     let task_ids = [task_id.to_owned()];
-    let monthly = store::tasks::monthly_figures(&mut tx, of.project, &task_ids, tz)
-        .await
-        .context("reading the task's months")?;
-    let pricing = store::tasks::attempt_pricing(&mut tx, of.project, task_id)
+    let monthly =
+        store::tasks::monthly_figures(&mut tx, of.project, &task_ids, tz, &WhatIf::default())
+            .await
+            .context("reading the task's months")?;
+    let pricing = store::tasks::attempt_pricing(&mut tx, of.project, task_id, tz)
         .await
         .context("reading how the task's attempts were priced")?;
     tx.commit().await?;

@@ -118,14 +118,16 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
 }
 
 /// Fires an idle-GPU alert for each record whose task has none yet, with the record's cost:
-/// the sum of its rated segments' costs in the project's currency (held time without a
-/// contract or FX rate adds nothing, as in every cost figure). Of several attempts of one
+/// its card-seconds priced per contract and ledger month (of the time zone `tz`) in the
+/// project's currency, at the prices in force when it fires (held time without a contract
+/// or FX rate adds nothing, as in every cost figure). Of several attempts of one
 /// task in `alerts`, the first fires. Runs in the caller's transaction, after the records
 /// were rated, so an alert commits exactly when the record that fired it does.
 pub async fn fire_idle_gpu(
     conn: &mut PgConnection,
     alerts: &[NewIdleGpuAlert],
     fired_at: DateTime<Utc>,
+    tz: &str,
 ) -> sqlx::Result<Vec<AlertRow>> {
     if alerts.is_empty() {
         return Ok(Vec::new());
@@ -145,9 +147,21 @@ pub async fn fire_idle_gpu(
          SELECT k.project_id, k.id, k.month, 'idle_gpu', k.currency, $15, k.task_id, \
                 k.attempt, k.gpu_model, k.gpu_count, k.mig_profile, k.held, k.measure, \
                 k.value, k.threshold, k.min_gpu_hours, \
-                (SELECT COALESCE(sum(s.cost), 0) FROM rated_segments s \
-                 WHERE s.project_id = k.project_id AND s.task_id = k.task_id \
-                   AND s.attempt = k.attempt) \
+                (SELECT round(COALESCE(sum(g.seconds \
+                            * CASE WHEN c.currency = p.currency THEN c.price_per_gpu_hour \
+                                   ELSE c.price_per_gpu_hour * x.rate END \
+                            / 3600.000000000000000000000000), 0), 20) \
+                 FROM (SELECT s.contract_id, \
+                              date_trunc('month', s.hour AT TIME ZONE $16)::date AS month, \
+                              sum(s.card_seconds) AS seconds \
+                       FROM rated_segments s \
+                       WHERE s.project_id = k.project_id AND s.task_id = k.task_id \
+                         AND s.attempt = k.attempt AND s.contract_id IS NOT NULL \
+                       GROUP BY 1, 2) AS g \
+                 JOIN contracts c ON c.id = g.contract_id \
+                 JOIN projects p ON p.id = k.project_id \
+                 LEFT JOIN fx_rates x ON x.month = g.month AND x.from_currency = c.currency \
+                      AND x.to_currency = p.currency) \
          FROM UNNEST($1::text[], $2::uuid[], $3::date[], $4::text[], $5::text[], $6::int[], \
                      $7::text[], $8::numeric[], $9::text[], $10::numeric[], $11::text[], \
                      $12::numeric[], $13::numeric[], $14::numeric[]) \
@@ -175,6 +189,7 @@ pub async fn fire_idle_gpu(
         &decimals(|a| a.idle_threshold),
         &decimals(|a| a.min_gpu_hours),
         fired_at,
+        tz,
     )
     .fetch_all(conn)
     .await

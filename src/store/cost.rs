@@ -17,7 +17,10 @@ use uuid::Uuid;
 
 use crate::domain::figures::{Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums};
 use crate::domain::utilisation::{MetricSums, UtilSums};
+use crate::domain::what_if::WhatIf;
+use crate::store::binder::Binder;
 use crate::store::numeric::Numeric;
+use crate::store::prices::PriceJoin;
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Whose figures a query reads, and how they are grouped.
@@ -37,13 +40,13 @@ impl Scope<'_> {
         }
     }
 
-    /// The condition on `project_id`: the query's first parameter, or every project. (The
+    /// The condition on `project_id`: the project bound to `binder`, or every project. (The
     /// array of every project is evaluated once, so the rollups are read through their
     /// project-leading keys rather than scanned whole.)
-    fn projects(&self) -> &'static str {
+    fn projects(&self, binder: &mut Binder) -> String {
         match self {
-            Scope::Project(..) => "= $1",
-            Scope::EveryProject => "= ANY(ARRAY(SELECT id FROM projects))",
+            Scope::Project(project, _) => format!("= {}", binder.bind(project.to_string())),
+            Scope::EveryProject => "= ANY(ARRAY(SELECT id FROM projects))".to_owned(),
         }
     }
 
@@ -52,13 +55,14 @@ impl Scope<'_> {
         PeriodSplit::new(period, tz, *self.grouping() != Grouping::Day)
     }
 
-    /// The group key over the monthly, daily and hourly rollups.
-    fn rollup_keys(&self) -> (String, String, String) {
+    /// The group key over the monthly, daily and hourly rollups; `extra` is the placeholder
+    /// of the ledger time zone or the label key.
+    fn rollup_keys(&self, extra: &str) -> (String, String, String) {
         match self {
             Scope::Project(_, grouping) => (
-                month_key(grouping),
-                day_key(grouping),
-                key_expression(grouping, "hour", ""),
+                month_key(grouping, extra),
+                day_key(grouping, extra),
+                key_expression(grouping, "hour", "", extra),
             ),
             Scope::EveryProject => (
                 "project_id".to_owned(),
@@ -163,152 +167,167 @@ impl QueueWaitSums {
     }
 }
 
-fn cost_columns(prefix: &str) -> String {
-    rollups::COST_KIND_SUMS[1..]
-        .iter()
-        .map(|column| format!("round(coalesce(sum({prefix}{column}), 0), {SUM_SCALE}) AS {column}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The SQL expression of a group's key over a table with `hour`, `gpu_model`,
-/// `billing_mode` and `outcome`. The ledger time zone or the label key is the query's last
-/// parameter, `$4` for label groupings (which read `$1` to `$3`) and `$10` for the others
-/// (which read `$1` and the eight of [`PeriodSplit::bind`]).
-fn key_expression(grouping: &Grouping, hour: &str, prefix: &str) -> String {
+/// `billing_mode` and `outcome`; `extra` is the placeholder of the ledger time zone (for
+/// days and months) or of the label key (for labels, read from the records `r`).
+fn key_expression(grouping: &Grouping, hour: &str, prefix: &str, extra: &str) -> String {
     match grouping {
         Grouping::Whole => "NULL::text".to_owned(),
-        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE $10, 'YYYY-MM-DD')"),
-        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE $10, 'YYYY-MM')"),
+        Grouping::Day => format!("to_char({prefix}{hour} AT TIME ZONE {extra}, 'YYYY-MM-DD')"),
+        Grouping::Month => format!("to_char({prefix}{hour} AT TIME ZONE {extra}, 'YYYY-MM')"),
         Grouping::GpuModel => format!("{prefix}gpu_model"),
         Grouping::BillingMode => format!("{prefix}billing_mode"),
         Grouping::GpuModelAndBillingMode => {
             format!("{prefix}gpu_model || '/' || {prefix}billing_mode")
         }
         Grouping::Outcome => format!("{prefix}outcome"),
-        Grouping::Label(_) => "r.labels ->> $4".to_owned(),
+        Grouping::Label(_) => format!("r.labels ->> {extra}"),
     }
 }
 
 /// The key expression over a daily rollup, whose `day` is already a ledger date.
-fn day_key(grouping: &Grouping) -> String {
+fn day_key(grouping: &Grouping, extra: &str) -> String {
     match grouping {
         Grouping::Day => "to_char(day, 'YYYY-MM-DD')".to_owned(),
         Grouping::Month => "to_char(day, 'YYYY-MM')".to_owned(),
-        _ => key_expression(grouping, "day", ""),
+        _ => key_expression(grouping, "day", "", extra),
     }
 }
 
 /// The key expression over a monthly rollup, whose `month` is the first day of a ledger
 /// month. Grouping by day never reads months.
-fn month_key(grouping: &Grouping) -> String {
+fn month_key(grouping: &Grouping, extra: &str) -> String {
     match grouping {
         Grouping::Day => "NULL::text".to_owned(),
         Grouping::Month => "to_char(month, 'YYYY-MM')".to_owned(),
-        _ => key_expression(grouping, "month", ""),
+        _ => key_expression(grouping, "month", "", extra),
     }
 }
 
-/// Runs a grouped query of [`cost_sums`], [`record_sums`] or [`util_sums`] with its
-/// parameters: the project (`$1`, null and unread for every project), then
-/// `from` and `to` for labels or the period's split into months, days and hours for the other
-/// groupings (whole months included unless it groups by day), then the extra one.
-async fn fetch_grouped<T>(
-    conn: &mut PgConnection,
-    sql: &str,
-    scope: Scope<'_>,
-    period: (DateTime<Utc>, DateTime<Utc>),
-    tz: Tz,
-) -> sqlx::Result<Vec<T>>
-where
-    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
-{
-    let query = sqlx::query_as::<_, T>(sql);
-    let query = match scope {
-        Scope::Project(project, _) => query.bind(project),
-        Scope::EveryProject => query.bind(None::<&str>),
+/// The placeholder of what a grouping's key needs besides the row: the ledger time zone, or
+/// the label key; bound to `binder`, with the time zone's placeholder.
+fn key_parameters(binder: &mut Binder, grouping: &Grouping, tz: Tz) -> (String, String) {
+    let zone = binder.bind(tz.name().to_owned());
+    let extra = match grouping {
+        Grouping::Label(key) => binder.bind(key.clone()),
+        _ => zone.clone(),
     };
-    let grouping = scope.grouping();
-    let mut query = match grouping {
-        Grouping::Label(_) => query.bind(period.0).bind(period.1),
-        _ => scope.split(period, tz).bind(query),
-    };
-    if let Some(extra) = extra_parameter(grouping, tz) {
-        query = query.bind(extra);
-    }
-    query.fetch_all(conn).await
+    (zone, extra)
 }
 
-fn extra_parameter(grouping: &Grouping, tz: Tz) -> Option<String> {
-    match grouping {
-        Grouping::Day | Grouping::Month => Some(tz.name().to_owned()),
-        Grouping::Label(key) => Some(key.clone()),
-        Grouping::Whole
-        | Grouping::GpuModel
-        | Grouping::BillingMode
-        | Grouping::GpuModelAndBillingMode
-        | Grouping::Outcome => None,
-    }
+/// `round(coalesce(sum(column), 0), SUM_SCALE) AS column` for each of `columns`.
+fn rounded_sums<'a>(columns: impl IntoIterator<Item = &'a str>) -> String {
+    columns
+        .into_iter()
+        .map(|column| format!("round(coalesce(sum({column}), 0), {SUM_SCALE}) AS {column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Segment sums of the scope over `[from, to)` (ledger hour boundaries), by group and by
-/// outcome, model, unrated reason and output unit.
+/// whether they completed, the reason and model of unrated ones and the output unit of
+/// completed ones; the card-seconds priced per contract and ledger month at the prices in
+/// force, or at `what_if`'s.
 pub async fn cost_sums(
     conn: &mut PgConnection,
     scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
+    what_if: &WhatIf,
 ) -> sqlx::Result<Vec<CostSums>> {
+    let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let (month_keys, day_keys, hour_keys) = scope.rollup_keys();
-    let sql = match grouping {
+    let projects = scope.projects(&mut binder);
+    let (zone, extra) = key_parameters(&mut binder, grouping, tz);
+    let sums = rollups::COST_KIND_SUMS.join(", ");
+    // Rows with the key, the project and ledger month, what prices them and the sums.
+    let rows = match grouping {
         // Labels live on the records, so grouping by one reads the period's segments.
-        Grouping::Label(_) => format!(
-            "SELECT {key} AS key, {kinds}, {sums} \
-             FROM rated_segments s \
-             JOIN job_records r USING (project_id, task_id, attempt) \
-             WHERE s.project_id = $1 AND s.hour >= $2 AND s.hour < $3 \
-             GROUP BY 1, 2, 3, 4, 5",
-            key = key_expression(grouping, "hour", "s."),
-            kinds = rollups::segment_kinds_sql("s."),
-            sums = cost_columns("s."),
-        ),
+        Grouping::Label(_) => {
+            let (from, to) = (binder.bind(period.0), binder.bind(period.1));
+            format!(
+                "SELECT {key} AS key, s.project_id, \
+                        date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, {kinds}, \
+                        {columns} \
+                 FROM rated_segments s \
+                 JOIN job_records r USING (project_id, task_id, attempt) \
+                 WHERE s.project_id {projects} AND s.hour >= {from} AND s.hour < {to}",
+                key = key_expression(grouping, "hour", "s.", &extra),
+                kinds = rollups::segment_kinds_sql("s."),
+                columns = rollups::segment_sums_sql("s."),
+            )
+        }
         _ => {
-            let sums = rollups::COST_KIND_SUMS.join(", ");
+            let (month_keys, day_keys, hour_keys) = scope.rollup_keys(&extra);
             // Every project's whole months come from their sums by kind, which compaction
             // keeps, and the monthly delta rows it has not folded in yet.
             let months = |first: &str, end: &str| {
                 format!(
-                    "SELECT project_id AS key, {kinds}, {sums} FROM cost_monthly_kinds \
-                     WHERE month >= {first} AND month < {end} \
+                    "SELECT project_id AS key, project_id, month, {kinds}, {sums} \
+                     FROM cost_monthly_kinds WHERE month >= {first} AND month < {end} \
                      UNION ALL \
-                     SELECT project_id, {row_kinds}, {sums} FROM cost_monthly \
+                     SELECT project_id, project_id, month, {row_kinds}, {sums} FROM cost_monthly \
                      WHERE delta <> 0 AND month >= {first} AND month < {end}",
                     kinds = rollups::SEGMENT_KINDS.join(", "),
                     row_kinds = rollups::segment_kinds_sql(""),
                 )
             };
-            format!(
-                "SELECT key, {kinds}, {rounded} \
-                 FROM ({rows}) AS rows \
-                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
-                kinds = rollups::SEGMENT_KINDS.join(", "),
-                rounded = cost_columns(""),
-                rows = scope.split(period, tz).rows_sql_with_months(
-                    "cost",
-                    &format!("{{key}} AS key, {}, {sums}", rollups::segment_kinds_sql("")),
-                    (&month_keys, &day_keys, &hour_keys),
-                    scope.projects(),
-                    2,
-                    match scope {
-                        Scope::EveryProject => Some(&months),
-                        Scope::Project(..) => None,
-                    },
+            scope.split(period, tz).rows_sql_with_months(
+                &mut binder,
+                "cost",
+                &format!(
+                    "{{key}} AS key, project_id, {{month}} AS month, {}, {sums}",
+                    rollups::segment_kinds_sql("")
                 ),
+                (&month_keys, &day_keys, &hour_keys),
+                &projects,
+                &zone,
+                match scope {
+                    Scope::EveryProject => Some(&months),
+                    Scope::Project(..) => None,
+                },
             )
         }
     };
-    fetch_grouped(conn, &sql, scope, period, tz).await
+    let price = PriceJoin::new(&mut binder, what_if, "g");
+    let priced = rollups::PRICED_SUMS
+        .iter()
+        .map(|(seconds, money)| format!("{} AS {money}", price.money(&format!("g.{seconds}"))))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT key, completed, unrated_reason, gpu_model, output_unit, {rounded} \
+         FROM ( \
+           SELECT g.key, g.completed, {reason} AS unrated_reason, {model} AS gpu_model, \
+                  g.output_unit, g.segments, g.gpu_seconds_held, g.gpu_seconds_busy, {priced}, \
+                  g.output_quantity \
+           FROM ( \
+             SELECT key, project_id, month, completed, contract_id, gpu_model, billing_mode, \
+                    output_unit, {summed} \
+             FROM ({rows}) AS rows \
+             GROUP BY 1, 2, 3, 4, 5, 6, 7, 8) AS g \
+           {joins}) AS priced \
+         GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
+        rounded = rounded_sums([
+            "gpu_seconds_held",
+            "gpu_seconds_busy",
+            "cost",
+            "productive",
+            "idle",
+            "unmeasured",
+            "failed",
+            "output_quantity",
+        ]),
+        reason = price.unrated_reason(),
+        model = price.unrated_model(),
+        summed = rollups::COST_KIND_SUMS
+            .iter()
+            .map(|column| format!("sum({column}) AS {column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        joins = price.joins(),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
 }
 
 /// Per-record counts of the scope for the records that ended in `[from, to)`, by group.
@@ -318,37 +337,46 @@ pub async fn record_sums(
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> sqlx::Result<Vec<RecordSums>> {
+    let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let (month_keys, day_keys, hour_keys) = scope.rollup_keys();
+    let projects = scope.projects(&mut binder);
+    let (zone, extra) = key_parameters(&mut binder, grouping, tz);
     let sql = match grouping {
-        Grouping::Label(_) => format!(
-            "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
-                    sum(d.failures)::bigint AS failures, \
-                    count(*) FILTER (WHERE d.completes_task) AS tasks_completed, \
-                    count(*) FILTER (WHERE d.fails_task) AS tasks_failed \
-             FROM rated_records d \
-             JOIN job_records r USING (project_id, task_id, attempt) \
-             WHERE d.project_id = $1 AND d.end_hour >= $2 AND d.end_hour < $3 \
-             GROUP BY 1",
-            key = key_expression(grouping, "end_hour", "d."),
-        ),
-        _ => format!(
-            "SELECT key, sum(records)::bigint AS records, sum(retries)::bigint AS retries, \
-                    sum(failures)::bigint AS failures, \
-                    sum(tasks_completed)::bigint AS tasks_completed, \
-                    sum(tasks_failed)::bigint AS tasks_failed \
-             FROM ({rows}) AS rows \
-             GROUP BY 1 HAVING sum(records) > 0",
-            rows = scope.split(period, tz).rows_sql(
-                "records",
-                "{key} AS key, records, retries, failures, tasks_completed, tasks_failed",
-                (&month_keys, &day_keys, &hour_keys),
-                scope.projects(),
-                2,
-            ),
-        ),
+        Grouping::Label(_) => {
+            let (from, to) = (binder.bind(period.0), binder.bind(period.1));
+            format!(
+                "SELECT {key} AS key, count(*) AS records, sum(d.retries)::bigint AS retries, \
+                        sum(d.failures)::bigint AS failures, \
+                        count(*) FILTER (WHERE d.completes_task) AS tasks_completed, \
+                        count(*) FILTER (WHERE d.fails_task) AS tasks_failed \
+                 FROM rated_records d \
+                 JOIN job_records r USING (project_id, task_id, attempt) \
+                 WHERE d.project_id {projects} AND d.end_hour >= {from} AND d.end_hour < {to} \
+                 GROUP BY 1",
+                key = key_expression(grouping, "end_hour", "d.", &extra),
+            )
+        }
+        _ => {
+            let (month_keys, day_keys, hour_keys) = scope.rollup_keys(&extra);
+            format!(
+                "SELECT key, sum(records)::bigint AS records, sum(retries)::bigint AS retries, \
+                        sum(failures)::bigint AS failures, \
+                        sum(tasks_completed)::bigint AS tasks_completed, \
+                        sum(tasks_failed)::bigint AS tasks_failed \
+                 FROM ({rows}) AS rows \
+                 GROUP BY 1 HAVING sum(records) > 0",
+                rows = scope.split(period, tz).rows_sql(
+                    &mut binder,
+                    "records",
+                    "{key} AS key, records, retries, failures, tasks_completed, tasks_failed",
+                    (&month_keys, &day_keys, &hour_keys),
+                    &projects,
+                    &zone,
+                ),
+            )
+        }
     };
-    fetch_grouped(conn, &sql, scope, period, tz).await
+    binder.query_as(&sql)?.fetch_all(conn).await
 }
 
 /// The group key of a job record by its `started_at`; the ledger time zone or the label key
@@ -403,9 +431,14 @@ pub async fn queue_waits(
         .bind(project)
         .bind(from)
         .bind(to);
-    let query = match extra_parameter(grouping, tz) {
-        Some(extra) => query.bind(extra),
-        None => query,
+    let query = match grouping {
+        Grouping::Day | Grouping::Month => query.bind(tz.name().to_owned()),
+        Grouping::Label(key) => query.bind(key.clone()),
+        Grouping::Whole
+        | Grouping::GpuModel
+        | Grouping::BillingMode
+        | Grouping::GpuModelAndBillingMode
+        | Grouping::Outcome => query,
     };
     query.fetch_all(conn).await
 }
@@ -560,45 +593,83 @@ impl UtilRow {
 }
 
 /// Utilisation sums of the scope over `[from, to)` by group, from the utilisation rollups
-/// (or, by label, from the period's segments with telemetry); groups without telemetry have
+/// (or, by label, from the period's segments with telemetry), the card-seconds that look
+/// busy or held unused memory priced as [`cost_sums`] prices; groups without telemetry have
 /// no row.
 pub async fn util_sums(
     conn: &mut PgConnection,
     scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
+    what_if: &WhatIf,
 ) -> sqlx::Result<Vec<UtilRow>> {
+    let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let (month_keys, day_keys, hour_keys) = scope.rollup_keys();
-    let sums = &UTIL_SUMS[1..];
-    let rounded = sums
-        .iter()
-        .map(|column| format!("round(coalesce(sum({column}), 0), {SUM_SCALE}) AS {column}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let sql = match grouping {
-        Grouping::Label(_) => format!(
-            "SELECT key, {rounded} FROM ( \
-               SELECT {key} AS key, {util} \
-               FROM rated_segments s \
-               JOIN job_records r USING (project_id, task_id, attempt) \
-               WHERE s.project_id = $1 AND s.hour >= $2 AND s.hour < $3 AND {with_telemetry} \
-               GROUP BY 1) AS groups \
-             GROUP BY 1",
-            key = key_expression(grouping, "hour", "s."),
-            util = rollups::util_sums_sql("s."),
-            with_telemetry = rollups::has_telemetry_sql("s."),
-        ),
-        _ => format!(
-            "SELECT key, {rounded} FROM ({rows}) AS rows GROUP BY 1 HAVING sum(segments) > 0",
-            rows = scope.split(period, tz).rows_sql(
+    let projects = scope.projects(&mut binder);
+    let (zone, extra) = key_parameters(&mut binder, grouping, tz);
+    let metrics = &UTIL_SUMS[1..UTIL_SUMS.len() - 2];
+    let rows = match grouping {
+        Grouping::Label(_) => {
+            let (from, to) = (binder.bind(period.0), binder.bind(period.1));
+            format!(
+                "SELECT {key} AS key, s.project_id, \
+                        date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, \
+                        s.contract_id, s.gpu_model, s.billing_mode, count(*) AS segments, {util} \
+                 FROM rated_segments s \
+                 JOIN job_records r USING (project_id, task_id, attempt) \
+                 WHERE s.project_id {projects} AND s.hour >= {from} AND s.hour < {to} \
+                   AND {with_telemetry} \
+                 GROUP BY 1, 2, 3, 4, 5, 6",
+                key = key_expression(grouping, "hour", "s.", &extra),
+                util = rollups::util_sums_sql("s."),
+                with_telemetry = rollups::has_telemetry_sql("s."),
+            )
+        }
+        _ => {
+            let (month_keys, day_keys, hour_keys) = scope.rollup_keys(&extra);
+            scope.split(period, tz).rows_sql(
+                &mut binder,
                 "util",
-                &format!("{{key}} AS key, {}", UTIL_SUMS.join(", ")),
+                &format!(
+                    "{{key}} AS key, project_id, {{month}} AS month, contract_id, gpu_model, \
+                     billing_mode, {}",
+                    UTIL_SUMS.join(", ")
+                ),
                 (&month_keys, &day_keys, &hour_keys),
-                scope.projects(),
-                2,
-            ),
-        ),
+                &projects,
+                &zone,
+            )
+        }
     };
-    fetch_grouped(conn, &sql, scope, period, tz).await
+    let price = PriceJoin::new(&mut binder, what_if, "g");
+    let sql = format!(
+        "SELECT key, {rounded} FROM ( \
+           SELECT g.key, g.segments, {metrics}, \
+                  {looks_busy} AS looks_busy_cost, {unused_memory} AS unused_memory_cost \
+           FROM ( \
+             SELECT key, project_id, month, contract_id, gpu_model, billing_mode, {summed} \
+             FROM ({rows}) AS rows GROUP BY 1, 2, 3, 4, 5, 6) AS g \
+           {joins}) AS priced \
+         GROUP BY 1 HAVING sum(segments) > 0",
+        rounded = rounded_sums(
+            metrics
+                .iter()
+                .copied()
+                .chain(["looks_busy_cost", "unused_memory_cost"])
+        ),
+        metrics = metrics
+            .iter()
+            .map(|column| format!("g.{column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        looks_busy = price.money("g.looks_busy_seconds"),
+        unused_memory = price.money("g.unused_memory_seconds"),
+        summed = UTIL_SUMS
+            .iter()
+            .map(|column| format!("sum({column}) AS {column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        joins = price.joins(),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
 }

@@ -8,7 +8,10 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::figures::SUM_SCALE;
+use crate::domain::what_if::WhatIf;
+use crate::store::binder::Binder;
 use crate::store::contracts::ContractRow;
+use crate::store::prices::PriceJoin;
 use crate::store::rollups::PeriodSplit;
 
 /// GPU time of one project under one contract in a period: rated (no `unrated_reason`), or
@@ -42,20 +45,46 @@ pub async fn usage_by_contract(
     // their project-leading keys rather than scanned whole.
     let every_project = "= ANY(ARRAY(SELECT id FROM projects))";
     let split = PeriodSplit::new(period, tz, true);
+    let mut binder = Binder::new();
+    let zone = binder.bind(tz.name().to_owned());
+    let rows = split.rows_sql(
+        &mut binder,
+        "cost",
+        "project_id, {month} AS month, gpu_model, billing_mode, contract_id, segments, \
+         gpu_seconds_held, gpu_seconds_busy, card_seconds",
+        ("", "", ""),
+        every_project,
+        &zone,
+    );
+    let (from, to) = (binder.bind(period.0), binder.bind(period.1));
+    let price = PriceJoin::new(&mut binder, &WhatIf::default(), "g");
+    // A contract has one currency and the period one month, so its rows are rated or unrated
+    // together, and its tasks are counted by contract.
     let sql = format!(
         "WITH usage AS ( \
              SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
                     round(sum(gpu_seconds_held), {SUM_SCALE}) AS gpu_seconds_held, \
                     round(sum(gpu_seconds_busy), {SUM_SCALE}) AS gpu_seconds_busy, \
                     round(sum(cost), {SUM_SCALE}) AS cost \
-             FROM ({rows}) AS rows \
-             GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0 \
+             FROM ( \
+               SELECT g.project_id, g.gpu_model, g.billing_mode, g.contract_id, \
+                      {reason} AS unrated_reason, g.gpu_seconds_held, g.gpu_seconds_busy, \
+                      {cost} AS cost \
+               FROM ( \
+                 SELECT project_id, month, gpu_model, billing_mode, contract_id, \
+                        sum(segments) AS segments, sum(gpu_seconds_held) AS gpu_seconds_held, \
+                        sum(gpu_seconds_busy) AS gpu_seconds_busy, \
+                        sum(card_seconds) AS card_seconds \
+                 FROM ({rows}) AS rows \
+                 GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0) AS g \
+               {joins}) AS priced \
+             GROUP BY 1, 2, 3, 4, 5 \
          ), tasks AS ( \
-             SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
+             SELECT project_id, gpu_model, billing_mode, contract_id, \
                     count(DISTINCT task_id) AS tasks \
              FROM rated_segments \
-             WHERE project_id {every_project} AND hour >= $1 AND hour < $2 \
-             GROUP BY 1, 2, 3, 4, 5 \
+             WHERE project_id {every_project} AND hour >= {from} AND hour < {to} \
+             GROUP BY 1, 2, 3, 4 \
          ) \
          SELECT u.project_id, p.name AS project_name, p.currency::text AS project_currency, \
                 u.gpu_model, u.billing_mode, u.contract_id, u.unrated_reason, \
@@ -65,21 +94,12 @@ pub async fn usage_by_contract(
          LEFT JOIN tasks t ON t.project_id = u.project_id AND t.gpu_model = u.gpu_model \
               AND t.billing_mode = u.billing_mode \
               AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
-              AND t.unrated_reason IS NOT DISTINCT FROM u.unrated_reason \
          ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode",
-        rows = split.rows_sql(
-            "cost",
-            "project_id, gpu_model, billing_mode, contract_id, unrated_reason, segments, \
-             gpu_seconds_held, gpu_seconds_busy, cost",
-            ("", "", ""),
-            every_project,
-            1,
-        ),
+        reason = price.unrated_reason(),
+        cost = price.money("g.card_seconds"),
+        joins = price.joins(),
     );
-    split
-        .bind(sqlx::query_as::<_, ContractUsage>(&sql))
-        .fetch_all(conn)
-        .await
+    binder.query_as(&sql)?.fetch_all(conn).await
 }
 
 /// A reserved contract that commits GPUs, with the project it is scoped to, if any.

@@ -2,6 +2,7 @@
 //! nothing else speaks SQL.
 
 pub mod alerts;
+pub mod binder;
 pub mod closes;
 pub mod contracts;
 pub mod cost;
@@ -9,6 +10,7 @@ pub mod exports;
 pub mod fx_rates;
 pub mod jobs;
 pub mod numeric;
+pub mod prices;
 pub mod projects;
 pub mod rating;
 pub mod records;

@@ -2,11 +2,15 @@
 //! their cost in the period.
 
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
 use crate::domain::figures::SUM_SCALE;
 use crate::domain::rating::{BillingMode, Outcome};
+use crate::domain::what_if::WhatIf;
+use crate::store::binder::Binder;
+use crate::store::prices::PriceJoin;
 
 /// A record on whole GPUs (no MIG profile) with some of its time in the period.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -41,26 +45,48 @@ pub async fn whole_gpu_records(
     conn: &mut PgConnection,
     project: &str,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
 ) -> sqlx::Result<Vec<WorkloadRecord>> {
-    sqlx::query_as::<_, WorkloadRecord>(&format!(
+    let mut binder = Binder::new();
+    let (project, from, to, zone) = (
+        binder.bind(project.to_owned()),
+        binder.bind(from),
+        binder.bind(to),
+        binder.bind(tz.name().to_owned()),
+    );
+    let price = PriceJoin::new(&mut binder, &WhatIf::default(), "g");
+    let sql = format!(
         "SELECT coalesce(r.labels ->> 'workload', r.task_id) AS workload, r.task_id, r.attempt, \
                 r.gpu_model, r.billing_mode, r.provider, r.region, r.started_at, r.ended_at, \
                 r.gpu_count, r.gpu_seconds_held, r.gpu_seconds_busy, r.outcome, r.sm_active, \
                 r.memory_peak_gib, s.cost, s.unrated_segments \
          FROM ( \
            SELECT task_id, attempt, round(coalesce(sum(cost), 0), {SUM_SCALE}) AS cost, \
-                  count(*) FILTER (WHERE cost IS NULL) AS unrated_segments \
-           FROM rated_segments \
-           WHERE project_id = $1 AND hour >= $2 AND hour < $3 \
+                  sum(unrated_segments)::bigint AS unrated_segments \
+           FROM ( \
+             SELECT g.task_id, g.attempt, {cost} AS cost, \
+                    CASE WHEN ({priced}) IS NULL THEN g.segments ELSE 0 END \
+                        AS unrated_segments \
+             FROM ( \
+               SELECT project_id, task_id, attempt, contract_id, \
+                      date_trunc('month', hour AT TIME ZONE {zone})::date AS month, \
+                      NULL::text AS gpu_model, NULL::text AS billing_mode, \
+                      count(*) AS segments, sum(card_seconds) AS card_seconds \
+               FROM rated_segments \
+               WHERE project_id = {project} AND hour >= {from} AND hour < {to} \
+               GROUP BY 1, 2, 3, 4, 5) AS g \
+             {joins}) AS priced \
            GROUP BY task_id, attempt) AS s \
          JOIN job_records r \
-           ON r.project_id = $1 AND r.task_id = s.task_id AND r.attempt = s.attempt \
+           ON r.project_id = {project} AND r.task_id = s.task_id AND r.attempt = s.attempt \
          WHERE r.mig_profile IS NULL \
-         ORDER BY workload, r.gpu_model, r.task_id, r.attempt"
-    ))
-    .bind(project)
-    .bind(from)
-    .bind(to)
-    .fetch_all(conn)
-    .await
+         ORDER BY workload, r.gpu_model, r.task_id, r.attempt",
+        cost = price.money("g.card_seconds"),
+        priced = price.price(),
+        joins = price.joins(),
+    );
+    binder
+        .query_as::<WorkloadRecord>(&sql)?
+        .fetch_all(conn)
+        .await
 }

@@ -16,6 +16,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
 use crate::domain::utilisation::{LOOKS_BUSY_GPU_UTIL, LOOKS_BUSY_SM_ACTIVE};
+use crate::store::binder::Binder;
 use crate::store::jobs::COMPACTION;
 
 /// What a rollup sums: GPU time and cost of segments, or counts of records.
@@ -52,9 +53,10 @@ impl Family {
                 "project_id, {period}, gpu_model, billing_mode, outcome, contract_id, \
                  unrated_reason, output_unit"
             ),
-            Family::Records | Family::Util => {
-                format!("project_id, {period}, gpu_model, billing_mode, outcome")
+            Family::Util => {
+                format!("project_id, {period}, gpu_model, billing_mode, outcome, contract_id")
             }
+            Family::Records => format!("project_id, {period}, gpu_model, billing_mode, outcome"),
         }
     }
 
@@ -80,8 +82,8 @@ impl Family {
 
     fn constraint(self, level: Level) -> String {
         match self {
-            Family::Cost => format!("{}_key", self.table(level)),
-            Family::Records | Family::Util => format!("{}_pkey", self.table(level)),
+            Family::Cost | Family::Util => format!("{}_key", self.table(level)),
+            Family::Records => format!("{}_pkey", self.table(level)),
         }
     }
 }
@@ -99,23 +101,32 @@ pub const UTIL_SUMS: [&str; 13] = [
     "dram_active_weighted",
     "memory_held",
     "memory_used_weighted",
-    "looks_busy_cost",
-    "unused_memory_cost",
+    "looks_busy_seconds",
+    "unused_memory_seconds",
 ];
 
 /// What [`SegmentSums`](crate::domain::figures::SegmentSums) tells segments apart by, as
-/// columns: whether they completed, the reason and model of unrated ones, and the output unit
-/// of completed ones. Grouping by these and nothing finer keeps the rows read few: a month of
-/// a thousand projects has about four per project, against some fifty by outcome, model,
-/// reason and unit.
-pub const SEGMENT_KINDS: [&str; 4] = ["completed", "unrated_reason", "gpu_model", "output_unit"];
+/// columns, with what prices them: whether they completed, their contract (the model and
+/// billing mode of those no contract prices, which a what-if price may name), and the
+/// output unit of completed ones. Grouping by these and nothing finer keeps the rows read
+/// few: a month of a thousand projects has a few per project and contract, against some
+/// fifty by outcome, model, mode and unit.
+pub const SEGMENT_KINDS: [&str; 6] = [
+    "completed",
+    "unrated_reason",
+    "contract_id",
+    "gpu_model",
+    "billing_mode",
+    "output_unit",
+];
 
 /// [`SEGMENT_KINDS`] over rows of `rated_segments` or a cost rollup; `prefix` qualifies the
 /// columns (`s.`).
 pub fn segment_kinds_sql(prefix: &str) -> String {
     format!(
-        "{prefix}outcome = 'completed' AS completed, {prefix}unrated_reason, \
-         CASE WHEN {prefix}unrated_reason IS NOT NULL THEN {prefix}gpu_model END AS gpu_model, \
+        "{prefix}outcome = 'completed' AS completed, {prefix}unrated_reason, {prefix}contract_id, \
+         CASE WHEN {prefix}contract_id IS NULL THEN {prefix}gpu_model END AS gpu_model, \
+         CASE WHEN {prefix}contract_id IS NULL THEN {prefix}billing_mode END AS billing_mode, \
          CASE WHEN {prefix}outcome = 'completed' THEN {prefix}output_unit END AS output_unit"
     )
 }
@@ -125,12 +136,34 @@ pub const COST_KIND_SUMS: [&str; 9] = [
     "segments",
     "gpu_seconds_held",
     "gpu_seconds_busy",
-    "cost",
-    "productive",
-    "idle",
-    "unmeasured",
-    "failed",
+    "card_seconds",
+    "productive_seconds",
+    "idle_seconds",
+    "unmeasured_seconds",
+    "failed_seconds",
     "output_quantity",
+];
+
+/// [`COST_KIND_SUMS`] of each row of `rated_segments` (qualified by `prefix`), as the view
+/// `cost_hourly` has them.
+pub fn segment_sums_sql(prefix: &str) -> String {
+    format!(
+        "1::bigint AS segments, {prefix}gpu_seconds_held, \
+         coalesce({prefix}gpu_seconds_busy, 0) AS gpu_seconds_busy, \
+         coalesce({prefix}card_seconds, 0) AS card_seconds, {prefix}productive_seconds, \
+         {prefix}idle_seconds, {prefix}unmeasured_seconds, {prefix}failed_seconds, \
+         coalesce({prefix}output_quantity, 0) AS output_quantity"
+    )
+}
+
+/// The card-seconds columns of [`COST_KIND_SUMS`], each with the money column a price
+/// makes of it.
+pub const PRICED_SUMS: [(&str, &str); 5] = [
+    ("card_seconds", "cost"),
+    ("productive_seconds", "productive"),
+    ("idle_seconds", "idle"),
+    ("unmeasured_seconds", "unmeasured"),
+    ("failed_seconds", "failed"),
 ];
 
 /// `sum(column) AS column` for each of `columns`.
@@ -162,7 +195,7 @@ fn fold_into_cost_kinds(moved: &str) -> String {
     format!(
         "INSERT INTO cost_monthly_kinds AS k (project_id, month, {kinds}, {sums}) \
          SELECT project_id, month, {row_kinds}, {totals} FROM {moved} \
-         GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6 \
+         GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8 \
          ON CONFLICT ON CONSTRAINT cost_monthly_kinds_key DO UPDATE SET {updates} \
          RETURNING k.ctid::text AS row_id, k.segments AS remaining",
         kinds = SEGMENT_KINDS.join(", "),
@@ -183,10 +216,12 @@ pub fn util_sums_sql(prefix: &str) -> String {
     };
     format!(
         "{gpu_util}, {sm_active}, {tensor_active}, {dram_active}, {memory}, \
-         coalesce(sum({prefix}cost) FILTER (WHERE {prefix}gpu_util >= {LOOKS_BUSY_GPU_UTIL} \
-                                       AND {prefix}sm_active < {LOOKS_BUSY_SM_ACTIVE}), 0) \
-             AS looks_busy_cost, \
-         coalesce(sum({prefix}cost * (1 - {prefix}memory_used_share)), 0) AS unused_memory_cost",
+         coalesce(sum({prefix}card_seconds) \
+                      FILTER (WHERE {prefix}gpu_util >= {LOOKS_BUSY_GPU_UTIL} \
+                                AND {prefix}sm_active < {LOOKS_BUSY_SM_ACTIVE}), 0) \
+             AS looks_busy_seconds, \
+         coalesce(sum({prefix}card_seconds * (1 - {prefix}memory_used_share)), 0) \
+             AS unused_memory_seconds",
         gpu_util = metric("gpu_util", "gpu_util_held", "gpu_util_weighted"),
         sm_active = metric("sm_active", "sm_active_held", "sm_active_weighted"),
         tensor_active = metric(
@@ -521,8 +556,10 @@ async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
         .execute(&mut *conn)
         .await?;
     sqlx::query(&format!(
-        "INSERT INTO task_monthly (project_id, task_id, month, {columns}) \
-         SELECT project_id, task_id, {month}, {sums} FROM task_hourly GROUP BY 1, 2, 3",
+        "INSERT INTO task_monthly \
+           (project_id, task_id, month, contract_id, gpu_model, billing_mode, {columns}) \
+         SELECT project_id, task_id, {month}, contract_id, gpu_model, billing_mode, {sums} \
+         FROM task_hourly GROUP BY 1, 2, 3, 4, 5, 6",
         columns = TASK_SUMS.join(", "),
         month = Level::Month.of_hour("$1"),
     ))
@@ -536,11 +573,11 @@ async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
 /// The summed columns of `task_monthly` and of the view `task_hourly` it is built from.
 pub const TASK_SUMS: [&str; 16] = [
     "segments",
-    "cost",
-    "productive",
-    "idle",
-    "unmeasured",
-    "failed",
+    "card_seconds",
+    "productive_seconds",
+    "idle_seconds",
+    "unmeasured_seconds",
+    "failed_seconds",
     "gpu_seconds_held",
     "gpu_seconds_busy",
     "unrated_gpu_seconds",
@@ -655,37 +692,47 @@ impl PeriodSplit {
     /// SQL reading `columns` of a rollup family (`cost`, `records` or `util`) over the
     /// period, as one row set: whole months from `{family}_monthly`, other whole days from
     /// `{family}_daily`, other hours from `{family}_hourly`. In `columns`, `{key}` stands for
-    /// the month, day or hour key. `$n` are bound by [`PeriodSplit::bind`] from `first`. Parts
+    /// the month, day or hour key, and `{month}` for the ledger month of the row (`tz` is the
+    /// placeholder of the ledger time zone). The period's bounds are bound to `binder`. Parts
     /// of the period that are empty are left out: with no project to lead an index, even an
     /// empty range would otherwise scan a whole table.
     pub fn rows_sql(
         &self,
+        binder: &mut Binder,
         family: &str,
         columns: &str,
         keys: (&str, &str, &str),
         projects: &str,
-        first: usize,
+        tz: &str,
     ) -> String {
-        self.rows_sql_with_months(family, columns, keys, projects, first, None)
+        self.rows_sql_with_months(binder, family, columns, keys, projects, tz, None)
     }
 
     /// [`PeriodSplit::rows_sql`], with the whole months read by `months` when given: SQL of
-    /// the same columns given the parameters of the first and the end month.
+    /// the same columns given the placeholders of the first and the end month.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "each names a part of the statement"
+    )]
     pub fn rows_sql_with_months(
         &self,
+        binder: &mut Binder,
         family: &str,
         columns: &str,
         (month_key, day_key, hour_key): (&str, &str, &str),
         projects: &str,
-        first: usize,
+        tz: &str,
         months: Option<&MonthsSql<'_>>,
     ) -> String {
-        let p = |offset: usize| format!("${}", first + offset);
-        let (from, to, first_day, end_day) = (p(0), p(1), p(2), p(3));
-        let (days_start, days_end, first_month, end_month) = (p(4), p(5), p(6), p(7));
-        let monthly = columns.replace("{key}", month_key);
-        let daily = columns.replace("{key}", day_key);
-        let hourly = columns.replace("{key}", hour_key);
+        let (from, to) = (binder.bind(self.from), binder.bind(self.to));
+        let (first_day, end_day) = (binder.bind(self.first_day), binder.bind(self.end_day));
+        let (days_start, days_end) = (binder.bind(self.days_start), binder.bind(self.days_end));
+        let (first_month, end_month) = (binder.bind(self.first_month), binder.bind(self.end_month));
+        let at_level =
+            |key: &str, month: &str| columns.replace("{key}", key).replace("{month}", month);
+        let monthly = at_level(month_key, "month");
+        let daily = at_level(day_key, "date_trunc('month', day)::date");
+        let hourly = at_level(hour_key, &Level::Month.of_hour(tz));
         let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
             level_rows(family, level, columns, projects, (time, start, end))
         };
@@ -726,38 +773,30 @@ impl PeriodSplit {
         }
     }
 
-    /// Binds the eight parameters [`PeriodSplit::rows_sql`] uses, in its order.
-    pub fn bind<'q, O>(
-        &self,
-        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
-        query
-            .bind(self.from)
-            .bind(self.to)
-            .bind(self.first_day)
-            .bind(self.end_day)
-            .bind(self.days_start)
-            .bind(self.days_end)
-            .bind(self.first_month)
-            .bind(self.end_month)
-    }
-
     /// SQL reading `columns` of a family kept per month and hour only (`task`) over the
     /// period, as one row set: whole months from `{family}_monthly`, every other hour from
-    /// `{family}_hourly`. In `columns`, `{key}` stands for the month or hour key. `$n` are
-    /// bound by [`PeriodSplit::bind_months_and_hours`] from `first`.
+    /// `{family}_hourly`. In `columns`, `{key}` stands for the month or hour key and `{month}`
+    /// for the row's ledger month (`tz` the placeholder of the ledger time zone); the bounds
+    /// are bound to `binder`.
     pub fn months_and_hours_sql(
+        &self,
+        binder: &mut Binder,
         family: &str,
         columns: &str,
         (month_key, hour_key): (&str, &str),
         projects: &str,
-        first: usize,
+        tz: &str,
     ) -> String {
-        let p = |offset: usize| format!("${}", first + offset);
-        let (from, to, first_month, end_month) = (p(0), p(1), p(2), p(3));
-        let (months_start, months_end) = (p(4), p(5));
-        let monthly = columns.replace("{key}", month_key);
-        let hourly = columns.replace("{key}", hour_key);
+        let (from, to) = (binder.bind(self.from), binder.bind(self.to));
+        let (first_month, end_month) = (binder.bind(self.first_month), binder.bind(self.end_month));
+        let (months_start, months_end) =
+            (binder.bind(self.months_start), binder.bind(self.months_end));
+        let monthly = columns
+            .replace("{key}", month_key)
+            .replace("{month}", "month");
+        let hourly = columns
+            .replace("{key}", hour_key)
+            .replace("{month}", &Level::Month.of_hour(tz));
         let select = |columns: &str, level: &str, time: &str, start: &str, end: &str| {
             level_rows(family, level, columns, projects, (time, start, end))
         };
@@ -767,20 +806,6 @@ impl PeriodSplit {
             select(&hourly, "hourly", "hour", &months_end, &to),
         ]
         .join(" UNION ALL ")
-    }
-
-    /// Binds the six parameters [`PeriodSplit::months_and_hours_sql`] uses, in its order.
-    pub fn bind_months_and_hours<'q, O>(
-        &self,
-        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
-        query
-            .bind(self.from)
-            .bind(self.to)
-            .bind(self.first_month)
-            .bind(self.end_month)
-            .bind(self.months_start)
-            .bind(self.months_end)
     }
 }
 
@@ -907,7 +932,7 @@ mod tests {
 
     #[test]
     fn the_hourly_utilisation_view_judges_looks_busy_by_the_same_thresholds() {
-        let views = include_str!("../../migrations/0011_hourly_rollups_as_views.sql");
+        let views = include_str!("../../migrations/0014_prices_applied_when_read.sql");
         assert!(views.contains(&format!(
             "gpu_util >= {LOOKS_BUSY_GPU_UTIL} AND sm_active < {LOOKS_BUSY_SM_ACTIVE}"
         )));

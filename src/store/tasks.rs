@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use chrono::{DateTime, Months, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
@@ -24,26 +24,34 @@ use uuid::Uuid;
 use crate::domain::figures::SUM_SCALE;
 use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
+use crate::domain::what_if::WhatIf;
+use crate::store::binder::Binder;
+use crate::store::prices::PriceJoin;
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
-use crate::store::rollups::{Level, PeriodSplit, TASK_SUMS};
+use crate::store::rollups::{Level, PRICED_SUMS, PeriodSplit, TASK_SUMS};
 
 /// The summed columns filled from segments, with the expression over a segment change
 /// (`sign` and the `rated_segments` columns, with the figures of an old segment negated)
 /// each adds.
 const SEGMENT_SUMS: [(&str, &str); 9] = [
     ("segments", "sign"),
-    ("cost", "coalesce(cost, 0)"),
-    ("productive", "productive"),
-    ("idle", "idle"),
-    ("unmeasured", "unmeasured"),
-    ("failed", "failed"),
+    ("card_seconds", "coalesce(card_seconds, 0)"),
+    ("productive_seconds", "productive_seconds"),
+    ("idle_seconds", "idle_seconds"),
+    ("unmeasured_seconds", "unmeasured_seconds"),
+    ("failed_seconds", "failed_seconds"),
     ("gpu_seconds_held", "gpu_seconds_held"),
     ("gpu_seconds_busy", "coalesce(gpu_seconds_busy, 0)"),
     (
         "unrated_gpu_seconds",
-        "CASE WHEN unrated_reason IS NULL THEN 0 ELSE gpu_seconds_held END",
+        "CASE WHEN contract_id IS NULL THEN gpu_seconds_held ELSE 0 END",
     ),
 ];
+
+/// The columns a task's row is kept by besides the task and month: the contract of its
+/// segments (the model and billing mode of those no contract prices); a row of per-record
+/// figures has none of them.
+const PRICED_BY: &str = "contract_id, gpu_model, billing_mode";
 
 /// The summed columns filled from per-record figures, likewise over a signed change of a
 /// `rated_records` row.
@@ -103,36 +111,52 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
         .join(", ");
     let month = Level::Month.of_hour(tz);
     let changed = format!(
-        "SELECT project_id, task_id, {month} AS month, {segment_columns} FROM {segments} \
+        "SELECT project_id, task_id, {month} AS month, {segment_key}, {segment_columns} \
+         FROM {segments} \
          UNION ALL \
-         SELECT project_id, task_id, {month} AS month, {record_columns} \
+         SELECT project_id, task_id, {month} AS month, NULL::uuid, NULL::text, NULL::text, \
+                {record_columns} \
          FROM (SELECT *, end_hour AS hour FROM {records}) AS ended",
+        segment_key = SEGMENT_KEY,
         segment_columns = branch(&SEGMENT_SUMS),
         record_columns = branch(&RECORD_SUMS),
     );
     // Output per unit of each task and month, left out where it nets to zero.
     let outputs = format!(
-        "SELECT project_id, task_id, month, jsonb_object_agg(output_unit, quantity) AS output \
-         FROM (SELECT project_id, task_id, {month} AS month, output_unit, \
+        "SELECT project_id, task_id, month, {PRICED_BY}, \
+                jsonb_object_agg(output_unit, quantity) AS output \
+         FROM (SELECT project_id, task_id, {month} AS month, {SEGMENT_KEY}, output_unit, \
                       sum(output_quantity) AS quantity \
                FROM {segments} WHERE output_quantity IS NOT NULL \
-               GROUP BY 1, 2, 3, 4 HAVING sum(output_quantity) <> 0) AS units \
-         GROUP BY 1, 2, 3"
+               GROUP BY 1, 2, 3, 4, 5, 6, 7 HAVING sum(output_quantity) <> 0) AS units \
+         GROUP BY 1, 2, 3, 4, 5, 6"
     );
     format!(
         "task_changes AS ( \
-           INSERT INTO task_monthly AS t (project_id, task_id, month, {columns}, output) \
-           SELECT project_id, task_id, month, {columns}, coalesce(outputs.output, '{{}}') \
-           FROM (SELECT project_id, task_id, month, {totals} FROM ({changed}) AS changed \
-                 GROUP BY 1, 2, 3) AS sums \
-           LEFT JOIN ({outputs}) AS outputs USING (project_id, task_id, month) \
+           INSERT INTO task_monthly AS t \
+             (project_id, task_id, month, {PRICED_BY}, {columns}, output) \
+           SELECT sums.project_id, sums.task_id, sums.month, sums.contract_id, sums.gpu_model, \
+                  sums.billing_mode, {columns}, coalesce(outputs.output, '{{}}') \
+           FROM (SELECT project_id, task_id, month, {PRICED_BY}, {totals} \
+                 FROM ({changed}) AS changed \
+                 GROUP BY 1, 2, 3, 4, 5, 6) AS sums \
+           LEFT JOIN ({outputs}) AS outputs \
+             ON (outputs.project_id, outputs.task_id, outputs.month) \
+                = (sums.project_id, sums.task_id, sums.month) \
+            AND (outputs.contract_id, outputs.gpu_model, outputs.billing_mode) \
+                IS NOT DISTINCT FROM (sums.contract_id, sums.gpu_model, sums.billing_mode) \
            WHERE ({columns}) <> ({zeros}) OR outputs.output IS NOT NULL \
-           ON CONFLICT (project_id, month, task_id) DO UPDATE SET {updates}, \
+           ON CONFLICT ON CONSTRAINT task_monthly_key DO UPDATE SET {updates}, \
              output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
                            ELSE add_quantities(t.output, EXCLUDED.output) END \
            RETURNING t.ctid::text AS row_id, (t.segments, t.attempts) = (0, 0) AS emptied)"
     )
 }
+
+/// [`PRICED_BY`] of a segment change.
+const SEGMENT_KEY: &str = "contract_id, \
+     CASE WHEN contract_id IS NULL THEN gpu_model END AS gpu_model, \
+     CASE WHEN contract_id IS NULL THEN billing_mode END AS billing_mode";
 
 /// The row ids of the monthly rows [`add_changes`] left empty, as a `text[]` column:
 /// [`Settlement`] deletes them.
@@ -191,10 +215,9 @@ impl<'a> Settlement<'a> {
         self.emptied = rows;
     }
 
-    /// CTEs storing the tasks' status and deleting their emptied rows, reading the
-    /// parameters [`Settlement::bind`] binds from `$first` on.
-    pub fn ctes(first: usize) -> String {
-        let p = |offset: usize| format!("${}", first + offset);
+    /// CTEs storing the tasks' status and deleting their emptied rows, their values bound
+    /// to `binder`.
+    pub fn ctes(&self, binder: &mut Binder) -> String {
         // Each task's models are a slice of one array, so that no join pairs tasks with
         // their models; several are sorted here, in the database's collation. The rows are
         // updated through an upsert rather than `UPDATE … FROM`, so that each is found by its
@@ -231,35 +254,17 @@ impl<'a> Settlement<'a> {
                DELETE FROM task_monthly \
                WHERE ctid = ANY({emptied}::text[]::tid[]) \
                  AND segments = 0 AND attempts = 0)",
-            projects = p(0),
-            task_ids = p(1),
-            statuses = p(2),
-            completed = p(3),
-            started = p(4),
-            ended = p(5),
-            first_model = p(6),
-            last_model = p(7),
-            models = p(8),
-            emptied = p(9),
+            projects = binder.bind(&self.projects),
+            task_ids = binder.bind(&self.task_ids),
+            statuses = binder.bind(&self.statuses),
+            completed = binder.bind(&self.completed_at),
+            started = binder.bind(&self.first_started_at),
+            ended = binder.bind(&self.last_ended_at),
+            first_model = binder.bind(&self.first_model),
+            last_model = binder.bind(&self.last_model),
+            models = binder.bind(&self.models),
+            emptied = binder.bind(&self.emptied),
         )
-    }
-
-    /// Binds the ten parameters [`Settlement::ctes`] reads, in its order.
-    pub fn bind<'q, O>(
-        &'q self,
-        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
-        query
-            .bind(&self.projects)
-            .bind(&self.task_ids)
-            .bind(&self.statuses)
-            .bind(&self.completed_at)
-            .bind(&self.first_started_at)
-            .bind(&self.last_ended_at)
-            .bind(&self.first_model)
-            .bind(&self.last_model)
-            .bind(&self.models)
-            .bind(&self.emptied)
     }
 }
 
@@ -322,13 +327,11 @@ fn figure_columns() -> String {
         "unmeasured",
         "failed",
         "gpu_seconds_held",
-    ]
-    .into_iter()
-    .chain([
         "gpu_seconds_busy",
         "unrated_gpu_seconds",
         "queue_wait_seconds",
-    ])
+    ]
+    .into_iter()
     .map(|column| format!("round(f.{column}, {SUM_SCALE}) AS {column}"));
     let counted = [
         "attempts",
@@ -349,49 +352,110 @@ fn figure_columns() -> String {
         .join(", ")
 }
 
-/// The per-task rows of `task_monthly` rows `m`, with their output as sorted arrays.
-fn monthly_row(m: &str) -> String {
-    format!(
-        "{m}.*, \
-         ARRAY(SELECT o.key FROM jsonb_each_text({m}.output) AS o ORDER BY o.key) AS output_units, \
-         ARRAY(SELECT round(o.value::numeric, {SUM_SCALE}) \
-               FROM jsonb_each_text({m}.output) AS o ORDER BY o.key) AS output_quantities"
-    )
-}
-
-/// CTEs ending in `f`: one row per task of `project` ($1) with a segment or an ended
-/// attempt in the period bound by [`PeriodSplit::bind_months_and_hours`] from $2, holding
-/// the sums of its figures over the period: its whole months' rows of `task_monthly` and its
-/// other hours' rows of `task_hourly`.
-fn period_ctes() -> String {
-    let rows = PeriodSplit::months_and_hours_sql(
-        "task",
-        &format!("task_id, {}", TASK_SUMS.join(", ")),
-        ("month", "hour"),
-        "= $1",
-        2,
-    );
+/// The columns of a task's rows before they are priced, over `task_monthly` or
+/// `task_hourly` (`{month}` standing for the row's ledger month).
+fn unpriced_columns(prefix: &str) -> String {
     let sums = TASK_SUMS
         .iter()
-        .filter(|column| **column != "output")
-        .map(|column| format!("sum({column}) AS {column}"))
+        .map(|column| format!("{prefix}{column}"))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "rows AS ({rows}), \
-         outputs AS ( \
-           SELECT task_id, array_agg(unit ORDER BY unit) AS units, \
-                  array_agg(quantity ORDER BY unit) AS quantities \
-           FROM (SELECT task_id, o.unit, round(sum(o.quantity::numeric), {SUM_SCALE}) AS quantity \
-                 FROM rows, jsonb_each_text(rows.output) AS o(unit, quantity) \
-                 GROUP BY 1, 2 HAVING sum(o.quantity::numeric) <> 0) AS units \
-           GROUP BY task_id), \
-         f AS ( \
-           SELECT task_id, {sums}, coalesce(min(outputs.units), '{{}}') AS output_units, \
-                  coalesce(min(outputs.quantities), '{{}}') AS output_quantities \
-           FROM rows LEFT JOIN outputs USING (task_id) \
-           GROUP BY task_id)"
+        "{prefix}task_id, {prefix}project_id, {{month}} AS month, {prefix}contract_id, \
+         {prefix}gpu_model, {prefix}billing_mode, {sums}"
     )
+}
+
+/// CTEs ending in `f`: one row per `group` (`task_id`, or `task_id, month`) of the task rows
+/// `rows` (SQL of [`unpriced_columns`]), holding the sums of their figures, the card-seconds
+/// priced per contract and ledger month as `what_if` says.
+fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -> String {
+    let price = PriceJoin::new(binder, what_if, "r");
+    let money = PRICED_SUMS
+        .iter()
+        .map(|(seconds, money)| format!("{} AS {money}", price.money(&format!("r.{seconds}"))))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let carried = [
+        "gpu_seconds_held",
+        "gpu_seconds_busy",
+        "output",
+        "attempts",
+        "failed_attempts",
+        "retries",
+        "failures",
+        "queue_wait_seconds",
+        "queue_waits",
+    ]
+    .map(|column| format!("r.{column}"))
+    .join(", ");
+    let summed = [
+        "cost",
+        "productive",
+        "idle",
+        "unmeasured",
+        "failed",
+        "gpu_seconds_held",
+        "gpu_seconds_busy",
+        "unrated_gpu_seconds",
+        "attempts",
+        "failed_attempts",
+        "retries",
+        "failures",
+        "queue_wait_seconds",
+        "queue_waits",
+    ]
+    .map(|column| format!("sum({column}) AS {column}"))
+    .join(", ");
+    format!(
+        "rows AS ( \
+           SELECT {group_of_r}, {money}, {carried}, \
+                  CASE WHEN ({price}) IS NULL THEN r.gpu_seconds_held ELSE 0 END \
+                      AS unrated_gpu_seconds \
+           FROM ({rows}) AS r {joins}), \
+         outputs AS ( \
+           SELECT {group}, array_agg(unit ORDER BY unit) AS units, \
+                  array_agg(quantity ORDER BY unit) AS quantities \
+           FROM (SELECT {group}, o.unit, round(sum(o.quantity::numeric), {SUM_SCALE}) AS quantity \
+                 FROM rows, jsonb_each_text(rows.output) AS o(unit, quantity) \
+                 GROUP BY {group}, o.unit HAVING sum(o.quantity::numeric) <> 0) AS units \
+           GROUP BY {group}), \
+         f AS ( \
+           SELECT {group}, {summed}, coalesce(min(outputs.units), '{{}}') AS output_units, \
+                  coalesce(min(outputs.quantities), '{{}}') AS output_quantities \
+           FROM rows LEFT JOIN outputs USING ({group}) \
+           GROUP BY {group})",
+        group_of_r = group
+            .split(", ")
+            .map(|column| format!("r.{column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        price = price.price(),
+        joins = price.joins(),
+    )
+}
+
+/// CTEs ending in `f`: one row per task of the project `project` with a segment or an ended
+/// attempt in the period, holding the sums of its figures over the period: its whole
+/// months' rows of `task_monthly` and its other hours' rows of `task_hourly`.
+fn period_ctes(
+    binder: &mut Binder,
+    project: &str,
+    split: &PeriodSplit,
+    tz: Tz,
+    what_if: &WhatIf,
+) -> String {
+    let project = format!("= {}", binder.bind(project.to_owned()));
+    let zone = binder.bind(tz.name().to_owned());
+    let rows = split.months_and_hours_sql(
+        binder,
+        "task",
+        &unpriced_columns(""),
+        ("month", "hour"),
+        &project,
+        &zone,
+    );
+    priced_ctes(binder, what_if, &rows, "task_id")
 }
 
 /// The figures of every task of `project` with a segment or an ended attempt in
@@ -403,16 +467,14 @@ pub async fn period_figures(
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> sqlx::Result<Vec<(String, TaskFigures)>> {
+    let mut binder = Binder::new();
+    let split = PeriodSplit::new(period, tz, true);
     let sql = format!(
         "WITH {ctes} SELECT f.task_id, {columns} FROM f ORDER BY f.task_id",
-        ctes = period_ctes(),
+        ctes = period_ctes(&mut binder, project, &split, tz, &WhatIf::default()),
         columns = figure_columns(),
     );
-    let query = sqlx::query_as::<_, TaskRow>(&sql).bind(project);
-    let rows = PeriodSplit::new(period, tz, true)
-        .bind_months_and_hours(query)
-        .fetch_all(conn)
-        .await?;
+    let rows = binder.query_as::<TaskRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows.into_iter().map(TaskRow::into_parts).collect())
 }
 
@@ -487,52 +549,34 @@ fn sort_value(sort: TaskSort) -> &'static str {
 }
 
 /// Up to `limit` tasks of a project with figures in the period, filtered and sorted, after
-/// `after`.
-///
-/// A period that is one whole ledger month reads that month's rows of `task_monthly` alone,
-/// in the order of its index when sorted by cost, so the costliest tasks of a month are found
-/// without summing the others. Any other period sums the task's rows of its whole months and
-/// other hours first.
+/// `after`, their money priced as `what_if` says. Prices apply when read, so every task of
+/// the period is priced before the page is cut.
 pub async fn list(
     conn: &mut PgConnection,
     query: &ListQuery<'_>,
     tz: Tz,
+    what_if: &WhatIf,
 ) -> sqlx::Result<Vec<ListedTask>> {
     let split = PeriodSplit::new(query.period, tz, true);
-    let one_month = split.days_start == split.from
-        && split.days_end == split.to
-        && (split.first_day, split.end_day) == (split.first_month, split.end_month)
-        && split.first_month.checked_add_months(Months::new(1)) == Some(split.end_month);
-    let (ctes, source, mut next) = if one_month {
-        (
-            String::new(),
-            format!(
-                "(SELECT {row} FROM task_monthly AS m WHERE m.project_id = $1 AND m.month = $2)",
-                row = monthly_row("m"),
-            ),
-            3,
-        )
-    } else {
-        (format!("WITH {} ", period_ctes()), "f".to_owned(), 8)
-    };
-    let mut param = || {
-        let name = format!("${next}");
-        next += 1;
-        name
-    };
+    let mut binder = Binder::new();
+    let ctes = period_ctes(&mut binder, query.project, &split, tz, what_if);
+    let project = binder.bind(query.project.to_owned());
     let mut filters = vec!["t.status IS NOT NULL".to_owned()];
-    if query.filter.status.is_some() {
-        filters.push(format!("t.status = {}", param()));
+    if let Some(status) = query.filter.status {
+        filters.push(format!("t.status = {}", binder.bind(status.as_str())));
     }
-    if query.filter.gpu_model.is_some() {
-        filters.push(format!("{} = ANY(t.gpu_models)", param()));
+    if let Some(model) = &query.filter.gpu_model {
+        filters.push(format!(
+            "{} = ANY(t.gpu_models)",
+            binder.bind(model.clone())
+        ));
     }
     if !query.filter.labels.is_empty() {
         filters.push(format!(
             "EXISTS (SELECT 1 FROM job_records r \
                      WHERE (r.project_id, r.task_id) = (t.project_id, t.task_id) \
                        AND r.labels @> {}::jsonb)",
-            param()
+            binder.bind(sqlx::types::Json(query.filter.labels.clone()))
         ));
     }
     let value = sort_value(query.sort);
@@ -541,28 +585,25 @@ pub async fn list(
         SortOrder::Desc => ("<", ">", "DESC", "ASC"),
         SortOrder::Asc => (">", "<", "ASC", "DESC"),
     };
-    if query.after.is_some() {
-        let (key, task) = (param(), param());
-        // The first bound alone narrows an index scan; the second skips the ties already
-        // shown.
+    if let Some(after) = query.after {
+        let key = binder.bind(after.value.clone());
+        let task = binder.bind(after.task_id.clone());
         conditions.push(format!(
             "{value} {beyond}= {key}::numeric \
              AND ({value} {beyond} {key}::numeric OR f.task_id {tie_beyond} {task})"
         ));
     }
-    let limit = param();
-    // The task is looked up per row, under a LIMIT that keeps the lookup from being planned
-    // as a join of all the period's tasks: rows come in the order of the index on cost, and
-    // the scan stops once the page is full.
+    let limit = binder.bind(query.limit);
     let sql = format!(
-        "{ctes}SELECT f.task_id, {columns}, t.status, t.completed_at, t.first_started_at, \
+        "WITH {ctes} \
+         SELECT f.task_id, {columns}, t.status, t.completed_at, t.first_started_at, \
                 t.last_ended_at, t.gpu_models, ({value})::text AS sort_key \
-         FROM {source} AS f \
+         FROM f \
          CROSS JOIN LATERAL ( \
              SELECT t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
                     t.gpu_models \
              FROM tasks AS t \
-             WHERE (t.project_id, t.task_id) = ($1, f.task_id) AND {filters} \
+             WHERE (t.project_id, t.task_id) = ({project}, f.task_id) AND {filters} \
              LIMIT 1) AS t \
          WHERE {conditions} \
          ORDER BY {value} {order}, f.task_id {tie_order} \
@@ -571,60 +612,47 @@ pub async fn list(
         filters = filters.join(" AND "),
         conditions = conditions.join(" AND "),
     );
-    let mut statement = sqlx::query_as::<_, ListedRow>(&sql).bind(query.project);
-    statement = if one_month {
-        statement.bind(split.first_month)
-    } else {
-        split.bind_months_and_hours(statement)
-    };
-    if let Some(status) = query.filter.status {
-        statement = statement.bind(status.as_str());
-    }
-    if let Some(model) = &query.filter.gpu_model {
-        statement = statement.bind(model);
-    }
-    if !query.filter.labels.is_empty() {
-        statement = statement.bind(sqlx::types::Json(&query.filter.labels));
-    }
-    if let Some(after) = query.after {
-        statement = statement.bind(&after.value).bind(&after.task_id);
-    }
-    let rows = statement.bind(query.limit).fetch_all(conn).await?;
+    let rows = binder.query_as::<ListedRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows.into_iter().map(ListedTask::from).collect())
 }
 
 /// The figures of each of `task_ids` of `project` per ledger month, over every month they
-/// have figures in: their lifetime is the sum of these.
+/// have figures in, priced as `what_if` says: their lifetime is the sum of these.
 pub async fn monthly_figures(
     conn: &mut PgConnection,
     project: &str,
     task_ids: &[String],
     tz: Tz,
+    what_if: &WhatIf,
 ) -> sqlx::Result<Vec<(String, NaiveDate, TaskFigures)>> {
+    let mut binder = Binder::new();
+    let (project, ids, zone) = (
+        binder.bind(project.to_owned()),
+        binder.bind(task_ids.to_vec()),
+        binder.bind(tz.name().to_owned()),
+    );
     // A task's figures lie in the months from its first start to its last end, so its rows
-    // are found by their primary key without an index by task.
-    let sql = format!(
-        "SELECT f.task_id, f.month, {columns} \
+    // are found by their key without an index by task.
+    let rows = format!(
+        "SELECT {columns} \
          FROM tasks AS t \
          CROSS JOIN LATERAL ( \
-             SELECT {row} FROM task_monthly AS m \
+             SELECT * FROM task_monthly AS m \
              WHERE m.project_id = t.project_id AND m.task_id = t.task_id \
                AND m.month = ANY(ARRAY( \
                    SELECT generate_series( \
-                       date_trunc('month', t.first_started_at AT TIME ZONE $3), \
-                       date_trunc('month', t.last_ended_at AT TIME ZONE $3), \
-                       interval '1 month')::date))) AS f \
-         WHERE t.project_id = $1 AND t.task_id = ANY($2) \
-         ORDER BY f.task_id, f.month",
-        columns = figure_columns(),
-        row = monthly_row("m"),
+                       date_trunc('month', t.first_started_at AT TIME ZONE {zone}), \
+                       date_trunc('month', t.last_ended_at AT TIME ZONE {zone}), \
+                       interval '1 month')::date))) AS m \
+         WHERE t.project_id = {project} AND t.task_id = ANY({ids})",
+        columns = unpriced_columns("m.").replace("{month}", "m.month"),
     );
-    let rows = sqlx::query_as::<_, MonthRow>(&sql)
-        .bind(project)
-        .bind(task_ids)
-        .bind(tz.name())
-        .fetch_all(conn)
-        .await?;
+    let sql = format!(
+        "WITH {ctes} SELECT f.task_id, f.month, {columns} FROM f ORDER BY f.task_id, f.month",
+        ctes = priced_ctes(&mut binder, what_if, &rows, "task_id, month"),
+        columns = figure_columns(),
+    );
+    let rows = binder.query_as::<MonthRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows
         .into_iter()
         .map(|row| {
@@ -693,32 +721,62 @@ pub struct AttemptPricing {
 }
 
 /// How each attempt of a task was priced: its segments summed per contract and per unrated
-/// reason, by attempt.
+/// reason, by attempt, at the prices in force.
 pub async fn attempt_pricing(
     conn: &mut PgConnection,
     project: &str,
     task_id: &str,
+    tz: Tz,
 ) -> sqlx::Result<Vec<AttemptPricing>> {
-    let rounded = |column: &str| format!("round(sum(s.{column}), {SUM_SCALE}) AS {column}");
-    sqlx::query_as::<_, AttemptPricing>(&format!(
-        "SELECT s.attempt, s.contract_id, c.name AS contract_name, c.price_per_gpu_hour, \
-                c.currency::text AS contract_currency, s.unrated_reason, count(*) AS segments, \
-                {held}, round(sum(coalesce(s.gpu_seconds_busy, 0)), {SUM_SCALE}) AS gpu_seconds_busy, \
-                round(sum(coalesce(s.cost, 0)), {SUM_SCALE}) AS cost, \
+    let mut binder = Binder::new();
+    let (project, task, zone) = (
+        binder.bind(project.to_owned()),
+        binder.bind(task_id.to_owned()),
+        binder.bind(tz.name().to_owned()),
+    );
+    let price = PriceJoin::new(&mut binder, &WhatIf::default(), "g");
+    let money = PRICED_SUMS
+        .iter()
+        .map(|(seconds, money)| format!("{} AS {money}", price.money(&format!("g.{seconds}"))))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rounded = |column: &str| format!("round(sum({column}), {SUM_SCALE}) AS {column}");
+    let sql = format!(
+        "SELECT attempt, contract_id, contract_name, price_per_gpu_hour, contract_currency, \
+                unrated_reason, sum(segments)::bigint AS segments, {held}, {busy}, {cost}, \
                 {productive}, {idle}, {unmeasured}, {failed} \
-         FROM rated_segments AS s LEFT JOIN contracts AS c ON c.id = s.contract_id \
-         WHERE s.project_id = $1 AND s.task_id = $2 \
-         GROUP BY s.attempt, s.contract_id, c.name, c.price_per_gpu_hour, c.currency, \
-                  s.unrated_reason \
-         ORDER BY s.attempt, min(s.hour), s.contract_id, s.unrated_reason",
+         FROM ( \
+           SELECT g.attempt, g.contract_id, pc.name AS contract_name, \
+                  pc.price_per_gpu_hour, pc.currency::text AS contract_currency, \
+                  {reason} AS unrated_reason, g.first_hour, g.segments, g.gpu_seconds_held, \
+                  g.gpu_seconds_busy, {money} \
+           FROM ( \
+             SELECT s.project_id, s.attempt, s.contract_id, \
+                    date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, \
+                    NULL::text AS gpu_model, NULL::text AS billing_mode, \
+                    min(s.hour) AS first_hour, count(*) AS segments, \
+                    sum(s.gpu_seconds_held) AS gpu_seconds_held, \
+                    sum(coalesce(s.gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                    sum(coalesce(s.card_seconds, 0)) AS card_seconds, \
+                    sum(s.productive_seconds) AS productive_seconds, \
+                    sum(s.idle_seconds) AS idle_seconds, \
+                    sum(s.unmeasured_seconds) AS unmeasured_seconds, \
+                    sum(s.failed_seconds) AS failed_seconds \
+             FROM rated_segments AS s \
+             WHERE s.project_id = {project} AND s.task_id = {task} \
+             GROUP BY 1, 2, 3, 4) AS g \
+           {joins}) AS priced \
+         GROUP BY 1, 2, 3, 4, 5, 6 \
+         ORDER BY attempt, min(first_hour), contract_id, unrated_reason",
         held = rounded("gpu_seconds_held"),
+        busy = rounded("gpu_seconds_busy"),
+        cost = rounded("cost"),
         productive = rounded("productive"),
         idle = rounded("idle"),
         unmeasured = rounded("unmeasured"),
         failed = rounded("failed"),
-    ))
-    .bind(project)
-    .bind(task_id)
-    .fetch_all(conn)
-    .await
+        reason = price.unrated_reason(),
+        joins = price.joins(),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
 }

@@ -17,6 +17,7 @@ mod import;
 mod ingest;
 mod jobs;
 mod kubernetes;
+mod price_races;
 #[path = "../support/prometheus.rs"]
 mod prometheus;
 mod queue_wait;

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use taskledger::config::Settings;
 use taskledger::domain::record::RecordKey;
-use taskledger::store::{rating, rollups};
+use taskledger::ledger::rating;
+use taskledger::store::rollups;
 
 use crate::common::{TestApp, cost, dec};
 use crate::fixtures::{
@@ -20,8 +21,8 @@ use crate::fixtures::{
 
 const NEW_YORK: chrono_tz::Tz = chrono_tz::America::New_York;
 
-/// The figures of `[from, to)` summed straight from the stored segments and per-record
-/// figures, bypassing every rollup.
+/// The figures of `[from, to)` summed straight from the stored segments (priced by their
+/// contracts, all in the project's currency) and per-record figures, bypassing every rollup.
 async fn from_segments(app: &TestApp, from: &str, to: &str) -> Value {
     let (held, productive, idle, unmeasured, failed): (
         Decimal,
@@ -30,10 +31,18 @@ async fn from_segments(app: &TestApp, from: &str, to: &str) -> Value {
         Decimal,
         Decimal,
     ) = sqlx::query_as(
-        "SELECT coalesce(sum(gpu_seconds_held), 0), coalesce(sum(productive), 0), \
-                coalesce(sum(idle), 0), coalesce(sum(unmeasured), 0), coalesce(sum(failed), 0) \
-         FROM rated_segments WHERE project_id = 'vision' \
-           AND hour >= $1::timestamptz AND hour < $2::timestamptz",
+        "SELECT coalesce(sum(s.gpu_seconds_held), 0), \
+                round(coalesce(sum(s.productive_seconds * c.price_per_gpu_hour), 0) \
+                      / 3600.000000000000000000000000, 20), \
+                round(coalesce(sum(s.idle_seconds * c.price_per_gpu_hour), 0) \
+                      / 3600.000000000000000000000000, 20), \
+                round(coalesce(sum(s.unmeasured_seconds * c.price_per_gpu_hour), 0) \
+                      / 3600.000000000000000000000000, 20), \
+                round(coalesce(sum(s.failed_seconds * c.price_per_gpu_hour), 0) \
+                      / 3600.000000000000000000000000, 20) \
+         FROM rated_segments s LEFT JOIN contracts c ON c.id = s.contract_id \
+         WHERE s.project_id = 'vision' \
+           AND s.hour >= $1::timestamptz AND s.hour < $2::timestamptz",
     )
     .bind(from)
     .bind(to)
@@ -667,6 +676,24 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
         Decimal::from(46)
     );
     assert_eq!(view["tasks_completed"], 2);
+    // The tasks were backfilled from what was rated, and priced when read.
+    let tasks = upgraded
+        .get("/v1/projects/vision/tasks?month=2026-11", &upgraded.admin)
+        .await
+        .json();
+    let finals: Vec<(String, String)> = tasks["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["task_id"].to_string(), t["final_cost"].to_string()))
+        .collect();
+    assert_eq!(
+        finals,
+        [
+            ("\"t1\"".into(), "\"40\"".into()),
+            ("\"t3\"".into(), "\"2\"".into()),
+        ]
+    );
     let by_day = cost(&upgraded, &format!("{NOVEMBER}&group_by=day")).await;
     let totals: Vec<(String, String)> = by_day["groups"]
         .as_array()
@@ -771,7 +798,7 @@ async fn compaction_racing_writers_loses_nothing() {
 
 /// What rating stores, every table's rows in key order as text: delta rows summed per key
 /// (numbers without trailing zeros), contracts by name.
-async fn rated_state(app: &TestApp) -> Vec<(&'static str, Vec<String>)> {
+pub(crate) async fn rated_state(app: &TestApp) -> Vec<(&'static str, Vec<String>)> {
     let tables = [
         ("rated_segments", "project_id, task_id, attempt, seq"),
         ("rated_records", "project_id, task_id, attempt"),
@@ -787,18 +814,21 @@ async fn rated_state(app: &TestApp) -> Vec<(&'static str, Vec<String>)> {
         ),
         (
             "util_daily",
-            "project_id, day, gpu_model, billing_mode, outcome",
+            "project_id, day, gpu_model, billing_mode, outcome, contract_id",
         ),
         (
             "util_monthly",
-            "project_id, month, gpu_model, billing_mode, outcome",
+            "project_id, month, gpu_model, billing_mode, outcome, contract_id",
         ),
         (
             "records_monthly",
             "project_id, month, gpu_model, billing_mode, outcome",
         ),
         ("contract_usage_hourly", "contract_id, hour, project_id"),
-        ("task_monthly", "project_id, month, task_id"),
+        (
+            "task_monthly",
+            "project_id, month, task_id, contract_id, gpu_model, billing_mode",
+        ),
         ("tasks", "project_id, task_id"),
     ];
     let mut state = Vec::new();
@@ -913,7 +943,7 @@ async fn row_versions(app: &TestApp, table: &str) -> String {
 }
 
 #[tokio::test]
-async fn a_price_or_rate_change_alone_re_prices_in_place_what_rating_at_it_stores() {
+async fn a_price_or_rate_change_writes_no_rated_row_and_every_figure_reads_it() {
     let settings = || Settings {
         timezone: NEW_YORK,
         ..Settings::default()
@@ -926,6 +956,8 @@ async fn a_price_or_rate_change_alone_re_prices_in_place_what_rating_at_it_store
     priced_example(&at_new_prices, ("3.10", "0.85", "1.25")).await;
     let before = rated_state(&app).await;
     let records = row_versions(&app, "rated_records").await;
+    let stored_segments = row_versions(&app, "rated_segments").await;
+    let old_cost = cost(&app, NOVEMBER).await;
 
     for (id, price) in [(&c1, "3.10"), (&c4, "0.85")] {
         let changed = app
@@ -938,18 +970,17 @@ async fn a_price_or_rate_change_alone_re_prices_in_place_what_rating_at_it_store
         assert_eq!(changed.status, StatusCode::OK, "{}", changed.text());
     }
     put_euro(&app, "1.25").await;
-    let repriced = rated_state(&app).await;
-    assert_ne!(repriced, before);
-    assert_eq!(repriced, rated_state(&at_new_prices).await);
-    assert_eq!(
-        row_versions(&app, "rated_records").await,
-        records,
-        "a price change rewrote per-record figures"
-    );
-    assert_eq!(
-        cost(&app, NOVEMBER).await,
-        cost(&at_new_prices, NOVEMBER).await
-    );
+    // What is stored holds no price: it is the same before and after, and the same as
+    // what rating at the new prices stores.
+    let after = rated_state(&app).await;
+    assert_eq!(after, before);
+    assert_eq!(after, rated_state(&at_new_prices).await);
+    assert_eq!(row_versions(&app, "rated_records").await, records);
+    assert_eq!(row_versions(&app, "rated_segments").await, stored_segments);
+    // Every figure read reflects the new prices.
+    let new_cost = cost(&app, NOVEMBER).await;
+    assert_ne!(new_cost, old_cost);
+    assert_eq!(new_cost, cost(&at_new_prices, NOVEMBER).await);
 
     // A new name or commitment re-rates nothing; the commitment is read as it is.
     let segments = row_versions(&app, "rated_segments").await;
@@ -968,40 +999,6 @@ async fn a_price_or_rate_change_alone_re_prices_in_place_what_rating_at_it_store
     // GPU-hours, all unused but the 6 hours u3 ran on three.
     assert_eq!(committed_now - committed, Decimal::from(716));
     assert_eq!(unused_now - unused, Decimal::from(710));
-}
-
-#[tokio::test]
-async fn re_pricing_segments_that_no_longer_line_up_writes_nothing() {
-    let app = TestApp::spawn().await;
-    let [_, c2, ..] = worked_example(&app).await;
-    // C2 made to start a day earlier behind rating's back: t1's hours on the 14th are C2's
-    // now, and re-pricing them in place would book them under C1.
-    sqlx::query("UPDATE contracts SET valid_from = '2026-11-14T00:00:00Z' WHERE id = $1::uuid")
-        .bind(&c2)
-        .execute(&app.pool)
-        .await
-        .unwrap();
-    let before = rated_state(&app).await;
-    let key = |task_id: &str| RecordKey {
-        project: "vision".to_owned(),
-        task_id: task_id.to_owned(),
-        attempt: 1,
-    };
-    let mut tx = app.pool.begin().await.unwrap();
-    let lined_up = rating::reprice_records(&mut tx, &[key("t1"), key("t5")], chrono_tz::UTC)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert!(!lined_up);
-    assert_eq!(rated_state(&app).await, before);
-
-    let mut tx = app.pool.begin().await.unwrap();
-    let lined_up = rating::reprice_records(&mut tx, &[key("t5")], chrono_tz::UTC)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert!(lined_up);
-    assert_eq!(rated_state(&app).await, before, "t5's price did not change");
 }
 
 #[tokio::test]

@@ -202,11 +202,14 @@ pub fn random_records(seed: u64) -> Vec<Record> {
 /// per-record figures, bypassing the per-task days and months.
 async fn from_hours(app: &TestApp, (from, to): (&str, &str)) -> Vec<(String, Decimal, i64, i64)> {
     sqlx::query_as(
-        "SELECT task_id, sum(productive + idle + unmeasured + failed), sum(attempts)::bigint, \
-                sum(queue_waits)::bigint \
-         FROM task_hourly WHERE project_id = 'vision' \
-           AND hour >= $1::timestamptz AND hour < $2::timestamptz \
-         GROUP BY task_id ORDER BY task_id",
+        "SELECT h.task_id, \
+                round(coalesce(sum(h.card_seconds * c.price_per_gpu_hour), 0) \
+                      / 3600.000000000000000000000000, 20), \
+                sum(h.attempts)::bigint, sum(h.queue_waits)::bigint \
+         FROM task_hourly h LEFT JOIN contracts c ON c.id = h.contract_id \
+         WHERE h.project_id = 'vision' \
+           AND h.hour >= $1::timestamptz AND h.hour < $2::timestamptz \
+         GROUP BY h.task_id ORDER BY h.task_id",
     )
     .bind(from)
     .bind(to)
@@ -397,72 +400,4 @@ async fn tasks_add_up_in_another_ledger_time_zone() {
         .ingest([record("late", "2026-11-10T03:00:00Z", "2026-11-10T07:00:00Z").gpu_count(3)])
         .await;
     assert_periods_add_up(&new_york, &periods, NEW_YORK).await;
-}
-
-/// Every task's lifetime figures and stored status.
-async fn lifetimes(
-    app: &TestApp,
-) -> (
-    BTreeMap<String, TaskFigures>,
-    Vec<(
-        String,
-        String,
-        Option<DateTime<Utc>>,
-        DateTime<Utc>,
-        DateTime<Utc>,
-        Vec<String>,
-    )>,
-) {
-    let all_time = ("2026-01-01T00:00:00Z", "2027-01-01T00:00:00Z");
-    let figures = task_figures(app, all_time, chrono_tz::UTC).await;
-    let statuses = sqlx::query_as(
-        "SELECT task_id, status, completed_at, first_started_at, last_ended_at, gpu_models \
-         FROM tasks ORDER BY task_id",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
-    (figures, statuses)
-}
-
-#[tokio::test]
-async fn the_upgrade_backfills_what_was_rated_before_it() {
-    let app = TestApp::spawn().await;
-    worked_example(&app).await;
-    app.ingest([
-        record("queued", "2026-11-12T00:00:00Z", "2026-11-12T01:00:00Z")
-            .queued_at("2026-11-11T23:45:00Z"),
-        record("queued", "2026-11-12T02:00:00Z", "2026-11-12T03:00:00Z")
-            .attempt(2)
-            .gpu_model("A100")
-            .billing_mode("reserved")
-            .outcome("cancelled"),
-    ])
-    .await;
-    let rated = lifetimes(&app).await;
-    let queued = &rated.0["queued"];
-    assert_eq!(
-        (
-            queued.queue_wait_seconds,
-            queued.queue_waits,
-            queued.attempts
-        ),
-        (Decimal::from(900), 1, 2)
-    );
-
-    // Undo migrations 0006 and 0007 and apply them again, as an upgrade of a database rated
-    // before them.
-    sqlx::raw_sql(
-        "DROP VIEW task_hourly; DROP TABLE task_monthly; \
-         DROP AGGREGATE sum_quantities(jsonb); DROP FUNCTION add_quantities(jsonb, jsonb); \
-         ALTER TABLE rated_records DROP COLUMN queue_wait_seconds; \
-         ALTER TABLE tasks DROP COLUMN status, DROP COLUMN completed_at, \
-             DROP COLUMN first_started_at, DROP COLUMN last_ended_at, DROP COLUMN gpu_models; \
-         DELETE FROM _sqlx_migrations WHERE version IN (6, 7)",
-    )
-    .execute(&app.pool)
-    .await
-    .unwrap();
-    taskledger::db::migrate(&app.pool).await.unwrap();
-    assert_eq!(lifetimes(&app).await, rated);
 }

@@ -12,6 +12,7 @@ use super::lines::{LineKey, amounts_by_line, current_amounts};
 use super::model::{AdjustmentLine, Amounts, MonthlyReport};
 use crate::config::Settings;
 use crate::domain::values::Month;
+use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
 use crate::store::closes::CloseRow;
 
@@ -22,6 +23,7 @@ pub(super) async fn adjustments(
     conn: &mut PgConnection,
     month: Month,
     closes: &[CloseRow],
+    what_if: &WhatIf,
     settings: &Settings,
 ) -> LedgerResult<Vec<AdjustmentLine>> {
     let frozen = frozen_reports(closes)?;
@@ -31,7 +33,7 @@ pub(super) async fn adjustments(
         if booking_month(closed_month, &closed) != month {
             continue;
         }
-        let now = current_amounts(conn, closed_month, settings).await?;
+        let now = current_amounts(conn, closed_month, what_if, settings).await?;
         let then = amounts_by_line(&report.projects, &report.shared);
         let later = frozen.range(closed_month.next()..month).map(|(_, r)| r);
         let booked = already_booked(closed_month, later);
@@ -157,6 +159,8 @@ mod tests {
             commitments: Vec::new(),
             adjustments,
             totals: Vec::new(),
+            hypothetical: false,
+            overrides: Vec::new(),
         }
     }
 

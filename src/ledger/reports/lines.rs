@@ -14,6 +14,7 @@ use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
+use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
 use crate::ledger::commitments::{Accrued, Commitments};
 use crate::ledger::cost::{
@@ -38,6 +39,7 @@ pub(super) async fn month_lines(
     month: Month,
     grouping: Grouping,
     as_of: DateTime<Utc>,
+    what_if: &WhatIf,
     settings: &Settings,
 ) -> LedgerResult<MonthLines> {
     let tz = settings.timezone;
@@ -49,11 +51,11 @@ pub(super) async fn month_lines(
             currency: &project.currency,
         })
         .collect();
-    let commitments = month_commitments(conn, month.first_day(), as_of, tz).await?;
+    let commitments = month_commitments(conn, month.first_day(), as_of, tz, what_if).await?;
     // Without groups, every project's figures are read at once.
     let costs: Vec<(Figures, Vec<GroupView>)> = match grouping {
         Grouping::Whole => {
-            month_figures_of_projects(conn, &of, month.first_day(), &commitments, tz)
+            month_figures_of_projects(conn, &of, month.first_day(), &commitments, tz, what_if)
                 .await?
                 .into_iter()
                 .map(|figures| (figures, Vec::new()))
@@ -69,6 +71,7 @@ pub(super) async fn month_lines(
                     grouping.clone(),
                     as_of,
                     tz,
+                    what_if,
                 )
                 .await?;
                 costs.push((cost.figures, cost.groups));
@@ -178,10 +181,11 @@ fn commitment_lines(commitments: &Commitments) -> Vec<CommitmentLine> {
 pub(super) async fn current_amounts(
     conn: &mut PgConnection,
     month: Month,
+    what_if: &WhatIf,
     settings: &Settings,
 ) -> LedgerResult<BTreeMap<LineKey, Amounts>> {
     let (_, end) = month_bounds(month.first_day(), settings.timezone);
-    let lines = month_lines(conn, month, Grouping::Whole, end, settings).await?;
+    let lines = month_lines(conn, month, Grouping::Whole, end, what_if, settings).await?;
     Ok(amounts_by_line(&lines.projects, &lines.shared))
 }
 

@@ -15,6 +15,7 @@ use crate::config::Settings;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
+use crate::domain::what_if::WhatIf;
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
 
@@ -27,14 +28,26 @@ pub use self::model::{
 
 /// The report of a month. An open month's closes, lines and adjustments are read in one
 /// snapshot, so that they agree with each other even while records are being rated.
+///
+/// With `what_if` prices the report is hypothetical: every month, a closed one too, is
+/// computed at those prices from the rated data, and nothing is stored.
 pub async fn report(
     pool: &PgPool,
     month: Month,
     grouping: Grouping,
+    what_if: &WhatIf,
     settings: &Settings,
 ) -> LedgerResult<Report> {
     let mut snapshot = store::snapshot(pool).await?;
     let closes = store::closes::all(&mut snapshot).await?;
+    if !what_if.is_empty() {
+        let mut report =
+            live_report(&mut snapshot, month, grouping, what_if, settings, &closes).await?;
+        snapshot.commit().await?;
+        report.hypothetical = true;
+        report.overrides = what_if.overrides();
+        return Ok(Report::Live(report));
+    }
     if let Some(close) = closes.iter().find(|c| c.month == month.first_day()) {
         if grouping != Grouping::Whole {
             return Err(LedgerError::conflict(format!(
@@ -43,7 +56,15 @@ pub async fn report(
         }
         return Ok(Report::Frozen(close.report_json.clone()));
     }
-    let report = live_report(&mut snapshot, month, grouping, settings, &closes).await?;
+    let report = live_report(
+        &mut snapshot,
+        month,
+        grouping,
+        &WhatIf::default(),
+        settings,
+        &closes,
+    )
+    .await?;
     snapshot.commit().await?;
     Ok(Report::Live(report))
 }
@@ -68,7 +89,15 @@ pub async fn close(
     if closes.iter().any(|c| c.month == month.first_day()) {
         return Err(LedgerError::conflict(format!("{month} is already closed")));
     }
-    let mut report = live_report(&mut snapshot, month, Grouping::Whole, settings, &closes).await?;
+    let mut report = live_report(
+        &mut snapshot,
+        month,
+        Grouping::Whole,
+        &WhatIf::default(),
+        settings,
+        &closes,
+    )
+    .await?;
     snapshot.commit().await?;
     report.closed = true;
     report.closed_at = Some(now);
@@ -84,6 +113,7 @@ async fn live_report(
     conn: &mut PgConnection,
     month: Month,
     grouping: Grouping,
+    what_if: &WhatIf,
     settings: &Settings,
     closes: &[store::closes::CloseRow],
 ) -> LedgerResult<MonthlyReport> {
@@ -94,8 +124,8 @@ async fn live_report(
         projects,
         shared,
         commitments,
-    } = lines::month_lines(conn, month, grouping, as_of, settings).await?;
-    let adjustments = adjustments::adjustments(conn, month, closes, settings).await?;
+    } = lines::month_lines(conn, month, grouping, as_of, what_if, settings).await?;
+    let adjustments = adjustments::adjustments(conn, month, closes, what_if, settings).await?;
     let totals = totals(&projects, &shared, &adjustments);
     Ok(MonthlyReport {
         month,
@@ -108,5 +138,7 @@ async fn live_report(
         commitments,
         adjustments,
         totals,
+        hypothetical: false,
+        overrides: Vec::new(),
     })
 }

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::domain::figures::Figures;
 use crate::domain::values::Month;
+use crate::domain::what_if::PriceOverride;
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::GroupView;
 
@@ -38,6 +39,13 @@ pub struct MonthlyReport {
     /// Changes to closed months booked here, each with the month it belongs to.
     pub adjustments: Vec<AdjustmentLine>,
     pub totals: Vec<TotalLine>,
+    /// Present and true when the report was asked with `what_if` prices: it shows what the
+    /// month would have cost at them, and nothing was stored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hypothetical: bool,
+    /// The prices it was read with in place of those in force (with `what_if` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<PriceOverride>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -386,6 +394,8 @@ mod tests {
                 adjustments: Decimal::ZERO,
                 total: d("84.93333333333333333333"),
             }],
+            hypothetical: false,
+            overrides: Vec::new(),
         }
     }
 

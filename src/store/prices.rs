@@ -1,0 +1,114 @@
+//! Prices applied when a figure is read (COST_MODEL §1.7). What rating stores is
+//! card-seconds per contract (migration 0014); a statement that reads money joins its rows,
+//! summed per contract and ledger month, to the contract, the project and the month's FX
+//! rate, and multiplies. Reading contracts and rates in the statement that reads the rows
+//! means a figure never mixes prices from before and after a change.
+//!
+//! A row is unrated when no contract prices it (`no_contract`) or when its contract's
+//! currency has no rate into the project's for the month (`no_fx_rate`). What-if prices
+//! ([`WhatIf`]) replace a contract's price, or price a model and billing mode outright, for
+//! one statement.
+
+use crate::domain::what_if::WhatIf;
+use crate::store::binder::Binder;
+
+/// Divides by 3600 keeping 24 decimal places, far below any digit a figure shows.
+pub const PER_HOUR: &str = "3600.000000000000000000000000";
+
+/// The joins that price rows aliased `row`, which have `project_id`, `contract_id`, `month`
+/// (the first day of a ledger month) and, for rows no contract prices, `gpu_model` and
+/// `billing_mode`; with the expressions over them.
+pub struct PriceJoin {
+    joins: String,
+    price: String,
+    row: String,
+}
+
+impl PriceJoin {
+    /// Prices the rows `row` at the prices in force, replaced where `what_if` says.
+    pub fn new(binder: &mut Binder, what_if: &WhatIf, row: &str) -> Self {
+        let mut joins = format!(
+            "LEFT JOIN contracts pc ON pc.id = {row}.contract_id \
+             JOIN projects pp ON pp.id = {row}.project_id \
+             LEFT JOIN fx_rates px ON px.month = {row}.month \
+                 AND px.from_currency = pc.currency AND px.to_currency = pp.currency"
+        );
+        let contract_price = match what_if.contracts.is_empty() {
+            true => "pc.price_per_gpu_hour".to_owned(),
+            false => {
+                let (ids, prices): (Vec<_>, Vec<_>) = what_if.contracts.iter().unzip();
+                joins.push_str(&format!(
+                    " LEFT JOIN UNNEST({ids}::uuid[], {prices}::numeric[]) AS pw(id, price) \
+                          ON pw.id = {row}.contract_id",
+                    ids = binder.bind(ids.into_iter().copied().collect::<Vec<_>>()),
+                    prices = binder.bind(prices.into_iter().copied().collect::<Vec<_>>()),
+                ));
+                "coalesce(pw.price, pc.price_per_gpu_hour)".to_owned()
+            }
+        };
+        let converted = format!(
+            "CASE WHEN pc.id IS NULL THEN NULL \
+                  WHEN pc.currency = pp.currency THEN {contract_price} \
+                  ELSE {contract_price} * px.rate END"
+        );
+        let price = match what_if.kinds.is_empty() {
+            true => converted,
+            false => {
+                let models: Vec<&str> = what_if.kinds.keys().map(|k| k.0.as_str()).collect();
+                let modes: Vec<&str> = what_if.kinds.keys().map(|k| k.1.as_str()).collect();
+                let prices: Vec<_> = what_if.kinds.values().copied().collect();
+                joins.push_str(&format!(
+                    " LEFT JOIN UNNEST({models}::text[], {modes}::text[], {prices}::numeric[]) \
+                          AS pk(gpu_model, billing_mode, price) \
+                          ON pk.gpu_model = coalesce(pc.gpu_model, {row}.gpu_model) \
+                         AND pk.billing_mode = coalesce(pc.billing_mode, {row}.billing_mode)",
+                    models = binder.bind(models),
+                    modes = binder.bind(modes),
+                    prices = binder.bind(prices),
+                ));
+                format!("coalesce(pk.price, {converted})")
+            }
+        };
+        Self {
+            joins,
+            price,
+            row: row.to_owned(),
+        }
+    }
+
+    /// The joins, to follow the rows in a `FROM` clause.
+    pub fn joins(&self) -> &str {
+        &self.joins
+    }
+
+    /// The price per GPU-hour in the project's currency; null where the row is unrated.
+    pub fn price(&self) -> &str {
+        &self.price
+    }
+
+    /// The money of `seconds` (card-seconds of the row), zero where the row is unrated.
+    pub fn money(&self, seconds: &str) -> String {
+        format!(
+            "coalesce({seconds} * ({price}) / {PER_HOUR}, 0)",
+            price = self.price
+        )
+    }
+
+    /// Why the row is unrated, or null.
+    pub fn unrated_reason(&self) -> String {
+        format!(
+            "CASE WHEN ({price}) IS NOT NULL THEN NULL \
+                  WHEN pc.id IS NULL THEN 'no_contract' ELSE 'no_fx_rate' END",
+            price = self.price
+        )
+    }
+
+    /// The GPU model of an unrated row, or null.
+    pub fn unrated_model(&self) -> String {
+        format!(
+            "CASE WHEN ({price}) IS NULL THEN coalesce(pc.gpu_model, {row}.gpu_model) END",
+            price = self.price,
+            row = self.row,
+        )
+    }
+}
