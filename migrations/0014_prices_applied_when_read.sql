@@ -1,8 +1,9 @@
 -- Prices and FX rates are applied when a figure is read, not when a record is rated.
 --
--- What rating stores in place of money is card-seconds: the GPU-seconds a contract's price
--- applies to (a MIG slice's scaled by its share g/7 of the card), split into the same parts
--- as a cost (productive, idle, unmeasured, failed). A figure is then
+-- What rating stores in place of money is card-seconds: the GPU-seconds a price applies to
+-- (a MIG slice's scaled by its share g/7 of the card), split into the same parts as a cost
+-- (productive, idle, unmeasured, failed), kept for GPU time no contract prices as well, so
+-- that a what-if price for its model and mode can price it. A figure is then
 -- Σ card-seconds × price × FX rate ÷ 3600 over the rows of each contract and ledger month,
 -- worked out by the statement that reads it. A change of a contract's price or of an FX rate
 -- writes one row and is seen by the next read; only changes that move which contract prices
@@ -12,9 +13,8 @@
 -- `no_contract` alone, and a rated segment whose contract's currency has no rate into the
 -- project's for the month is read as unrated `no_fx_rate`.
 --
--- Every table whose rows carry money gains the contract (and, for the GPU time no contract
--- prices, the model and billing mode a what-if price may name), so that each row has one
--- price. The daily, monthly and per-task sums are emptied here and rebuilt from the segments
+-- Every table whose rows carry money gains the contract (and the model and billing mode a
+-- what-if price may name), so that each row has one price. The daily, monthly and per-task sums are emptied here and rebuilt from the segments
 -- when the service starts (the setting naming the time zone they were built in is removed).
 
 ALTER TABLE rated_segments RENAME COLUMN cost TO card_seconds;
@@ -35,8 +35,7 @@ SET unrated_reason = CASE WHEN contract_id IS NULL THEN 'no_contract' END,
     failed_seconds = CASE WHEN c.split = 'failed' THEN c.card_seconds ELSE 0 END
 FROM (
     SELECT project_id, task_id, attempt, seq, card_seconds,
-           CASE WHEN card_seconds IS NULL THEN 'none'
-                WHEN outcome <> 'completed' THEN 'failed'
+           CASE WHEN outcome <> 'completed' THEN 'failed'
                 WHEN gpu_seconds_busy IS NULL THEN 'unmeasured'
                 ELSE 'productive' END AS split,
            CASE WHEN gpu_seconds_held = 0 THEN 0
@@ -45,8 +44,7 @@ FROM (
                AS productive
     FROM (SELECT project_id, task_id, attempt, seq, outcome, gpu_seconds_held,
                  gpu_seconds_busy,
-                 CASE WHEN contract_id IS NULL THEN NULL
-                      WHEN mig_slices IS NULL THEN gpu_seconds_held
+                 CASE WHEN mig_slices IS NULL THEN gpu_seconds_held
                       ELSE round(gpu_seconds_held * mig_slices / 7.000000000000000000000000, 24)
                  END AS card_seconds
           FROM rated_segments) AS r
@@ -56,8 +54,7 @@ WHERE (s.project_id, s.task_id, s.attempt, s.seq) = (c.project_id, c.task_id, c.
 ALTER TABLE rated_segments ADD CONSTRAINT rated_segments_unrated_reason_check
     CHECK (unrated_reason = 'no_contract');
 ALTER TABLE rated_segments ADD CONSTRAINT rated_segments_priced_by_a_contract
-    CHECK ((contract_id IS NULL) = (unrated_reason IS NOT NULL)
-           AND (card_seconds IS NULL) = (contract_id IS NULL));
+    CHECK ((contract_id IS NULL) = (unrated_reason IS NOT NULL) AND card_seconds IS NOT NULL);
 
 -- The views over the segments are rebuilt with the new columns.
 DROP VIEW cost_hourly;
@@ -90,13 +87,11 @@ SELECT project_id, hour, gpu_model, billing_mode, outcome, contract_id, 1::bigin
 FROM rated_segments
 WHERE num_nonnulls(gpu_util, sm_active, tensor_active, dram_active, memory_used_share) > 0;
 
--- A task's rows are kept per contract too; GPU time no contract prices keeps its model and
--- billing mode, and the per-record counts sit on rows of their own (no contract, model or
--- mode).
+-- A task's rows are kept per contract, model and billing mode too (a contract has one model
+-- and mode, so these add no rows); the per-record counts sit on rows of their own (no
+-- contract, model or mode).
 CREATE VIEW task_hourly AS
-SELECT project_id, task_id, hour, contract_id,
-       CASE WHEN contract_id IS NULL THEN gpu_model END AS gpu_model,
-       CASE WHEN contract_id IS NULL THEN billing_mode END AS billing_mode,
+SELECT project_id, task_id, hour, contract_id, gpu_model, billing_mode,
        1 AS segments, coalesce(card_seconds, 0) AS card_seconds, productive_seconds,
        idle_seconds, unmeasured_seconds, failed_seconds,
        gpu_seconds_held, coalesce(gpu_seconds_busy, 0) AS gpu_seconds_busy,
@@ -128,8 +123,7 @@ ALTER TABLE cost_monthly RENAME COLUMN idle TO idle_seconds;
 ALTER TABLE cost_monthly RENAME COLUMN unmeasured TO unmeasured_seconds;
 ALTER TABLE cost_monthly RENAME COLUMN failed TO failed_seconds;
 
--- Every project's month by what a figure tells apart and by contract; the GPU time no
--- contract prices by its model and billing mode.
+-- Every project's month by what a figure tells apart, and by contract, model and mode.
 ALTER TABLE cost_monthly_kinds RENAME COLUMN cost TO card_seconds;
 ALTER TABLE cost_monthly_kinds RENAME COLUMN productive TO productive_seconds;
 ALTER TABLE cost_monthly_kinds RENAME COLUMN idle TO idle_seconds;

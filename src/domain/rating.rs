@@ -170,9 +170,10 @@ pub struct Segment {
     /// The contract that prices the segment; kept when only the FX rate is missing, since
     /// the GPUs still used that contract (and its commitment).
     pub contract_id: Option<Uuid>,
-    /// The card-seconds the contract's price applies to: the GPU-seconds held, a MIG
-    /// slice's scaled by its share of the card; `None` exactly when no contract prices it.
-    pub card_seconds: Option<Decimal>,
+    /// The card-seconds a price applies to: the GPU-seconds held, a MIG slice's scaled by
+    /// its share of the card. Kept whether or not a contract prices them, so that a what-if
+    /// price for the model and mode can.
+    pub card_seconds: Decimal,
     /// Where the card-seconds went, split as a cost is (§2): priced, these are the parts.
     pub seconds: Parts,
     /// In the project's currency; `None` exactly when `unrated` is set. [`assign_record`]
@@ -447,8 +448,8 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             Some(slice) => slice.of(amount),
             None => amount,
         };
-        let card_seconds = contract.map(|_| card(share.held));
-        let seconds = card_seconds.map_or_else(Parts::default, |seconds| self.split.parts(seconds));
+        let card_seconds = card(share.held);
+        let seconds = self.split.parts(card_seconds);
         let price = match (contract, self.fx) {
             (None, _) => Err(UnratedReason::NoContract),
             (Some(contract), Some(fx)) => self.price_per_gpu_hour(fx, contract, hour.month),
@@ -1046,7 +1047,7 @@ mod tests {
                 gpu_seconds_held: dec("7200"),
                 gpu_seconds_busy: Some(dec("3600")),
                 contract_id: Some(spot.id),
-                card_seconds: Some(dec("7200")),
+                card_seconds: dec("7200"),
                 seconds: Parts {
                     productive: dec("3600"),
                     idle: dec("3600"),

@@ -190,7 +190,7 @@ pub struct SegmentColumns {
     output_unit: Vec<Option<String>>,
     gpu_seconds_held: Vec<Decimal>,
     gpu_seconds_busy: Vec<Option<Decimal>>,
-    card_seconds: Vec<Option<Decimal>>,
+    card_seconds: Vec<Decimal>,
     productive_seconds: Vec<Decimal>,
     idle_seconds: Vec<Decimal>,
     unmeasured_seconds: Vec<Decimal>,

@@ -106,9 +106,9 @@ pub const UTIL_SUMS: [&str; 13] = [
 ];
 
 /// What [`SegmentSums`](crate::domain::figures::SegmentSums) tells segments apart by, as
-/// columns, with what prices them: whether they completed, their contract (the model and
-/// billing mode of those no contract prices, which a what-if price may name), and the
-/// output unit of completed ones. Grouping by these and nothing finer keeps the rows read
+/// columns, with what prices them: whether they completed, their contract, model and billing
+/// mode (a contract has one of each, so they add no rows; a what-if price may name them),
+/// and the output unit of completed ones. Grouping by these and nothing finer keeps the rows read
 /// few: a month of a thousand projects has a few per project and contract, against some
 /// fifty by outcome, model, mode and unit.
 pub const SEGMENT_KINDS: [&str; 6] = [
@@ -125,8 +125,7 @@ pub const SEGMENT_KINDS: [&str; 6] = [
 pub fn segment_kinds_sql(prefix: &str) -> String {
     format!(
         "{prefix}outcome = 'completed' AS completed, {prefix}unrated_reason, {prefix}contract_id, \
-         CASE WHEN {prefix}contract_id IS NULL THEN {prefix}gpu_model END AS gpu_model, \
-         CASE WHEN {prefix}contract_id IS NULL THEN {prefix}billing_mode END AS billing_mode, \
+         {prefix}gpu_model, {prefix}billing_mode, \
          CASE WHEN {prefix}outcome = 'completed' THEN {prefix}output_unit END AS output_unit"
     )
 }

@@ -48,9 +48,9 @@ const SEGMENT_SUMS: [(&str, &str); 9] = [
     ),
 ];
 
-/// The columns a task's row is kept by besides the task and month: the contract of its
-/// segments (the model and billing mode of those no contract prices); a row of per-record
-/// figures has none of them.
+/// The columns a task's row is kept by besides the task and month: the contract, model and
+/// billing mode of its segments (a contract has one model and mode, so they add no rows); a
+/// row of per-record figures has none of them.
 const PRICED_BY: &str = "contract_id, gpu_model, billing_mode";
 
 /// The summed columns filled from per-record figures, likewise over a signed change of a
@@ -154,9 +154,7 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
 }
 
 /// [`PRICED_BY`] of a segment change.
-const SEGMENT_KEY: &str = "contract_id, \
-     CASE WHEN contract_id IS NULL THEN gpu_model END AS gpu_model, \
-     CASE WHEN contract_id IS NULL THEN billing_mode END AS billing_mode";
+const SEGMENT_KEY: &str = "contract_id, gpu_model, billing_mode";
 
 /// The row ids of the monthly rows [`add_changes`] left empty, as a `text[]` column:
 /// [`Settlement`] deletes them.

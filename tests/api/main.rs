@@ -30,3 +30,4 @@ mod support;
 mod task_list;
 mod tasks;
 mod utilisation;
+mod what_if;

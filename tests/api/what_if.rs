@@ -1,0 +1,228 @@
+//! What-if prices (COST_MODEL §12) on the worked example, prices that apply when read after
+//! a month was closed, and re-assignments a stopped service left owing.
+
+use axum::http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use taskledger::config::{Clock, Settings};
+use taskledger::domain::rating::BillingMode;
+use taskledger::store::rating::KindSpan;
+
+use crate::common::{TestApp, assert_money, cost};
+use crate::fixtures::{NOVEMBER, contract, record, worked_example};
+
+async fn app_in_december() -> TestApp {
+    TestApp::spawn_with(Settings {
+        clock: Clock::Fixed("2026-12-02T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    })
+    .await
+}
+
+fn get_ok(response: crate::common::TestResponse) -> Value {
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    response.json()
+}
+
+#[tokio::test]
+async fn cost_answers_at_what_if_prices_and_stores_nothing() {
+    let app = app_in_december().await;
+    let [c1, ..] = worked_example(&app).await;
+    let real = cost(&app, NOVEMBER).await;
+    assert_money(&real["total"], "84.60");
+    assert!(real.get("hypothetical").is_none(), "{real}");
+
+    // C1 at 3.50: R1's 8 GPU-hours before the 15th and R6's 2 November hours cost 10 more.
+    let dearer = cost(&app, &format!("{NOVEMBER}&what_if={c1}:3.50")).await;
+    assert_money(&dearer["total"], "94.60");
+    assert_money(&dearer["breakdown"]["productive"], "43.00");
+    assert_eq!(dearer["hypothetical"], true);
+    assert_eq!(
+        dearer["overrides"],
+        json!([{"contract": c1, "gpu_model": null, "billing_mode": null,
+                "price_per_gpu_hour": "3.5"}])
+    );
+
+    // H100 spot at 1.00 prices R2 and R3's 28 GPU-hours 5.60 lower; a B200 price rates R5.
+    let what_if = "what_if=H100/spot:1.00&what_if=B200/on_demand:4";
+    let kinds = cost(&app, &format!("{NOVEMBER}&{what_if}&group_by=gpu_model")).await;
+    assert_money(&kinds["total"], "83.00");
+    assert_money(&kinds["unrated_gpu_seconds"], "0");
+    let b200 = kinds["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["key"] == "B200")
+        .expect("a B200 group");
+    assert_money(&b200["total"], "4");
+
+    // Nothing was stored: the real figures read as before.
+    assert_eq!(cost(&app, NOVEMBER).await, real);
+}
+
+#[tokio::test]
+async fn bad_what_if_prices_are_refused_naming_the_parameter() {
+    let app = app_in_december().await;
+    worked_example(&app).await;
+    for bad in ["H100:2", "H100/hourly:2", "H100/spot:-1", "nonsense"] {
+        let response = app
+            .get(&format!("{NOVEMBER}&what_if={bad}"), &app.admin)
+            .await;
+        let problem = response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            problem["errors"][0]["pointer"], "query:what_if",
+            "{bad}: {problem}"
+        );
+    }
+    let tasks = app
+        .get(
+            "/v1/projects/vision/tasks?month=2026-11&what_if=A100/spot",
+            &app.admin,
+        )
+        .await;
+    tasks.problem(StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn tasks_and_the_report_answer_at_what_if_prices() {
+    let app = app_in_december().await;
+    let [c1, _, _, c4] = worked_example(&app).await;
+    let tasks = get_ok(
+        app.get(
+            &format!("/v1/projects/vision/tasks?month=2026-11&what_if={c1}:3.50"),
+            &app.admin,
+        )
+        .await,
+    );
+    assert_eq!(tasks["hypothetical"], true);
+    let t1 = tasks["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["task_id"] == "t1")
+        .unwrap();
+    // 8 GPU-hours at 3.50 and 8 at C2's 2.00; t1 is now the costliest task.
+    assert_money(&t1["total"], "44");
+    assert_money(&t1["final_cost"], "44");
+    assert_eq!(tasks["items"][0]["task_id"], "t1");
+
+    let finance = app.token("finance", &[]).await;
+    let report = get_ok(
+        app.get(
+            &format!("/v1/reports/monthly/2026-11?what_if={c4}:2"),
+            &finance,
+        )
+        .await,
+    );
+    assert_eq!(report["hypothetical"], true);
+    // R4's 10 GPU-hours on C4 cost 10 more.
+    assert_money(&report["projects"][0]["total"], "94.60");
+    // C4's 1430 unused GPU-hours at 2.
+    assert_money(&report["shared"][0]["unused_commitment"], "2860");
+
+    // A closed month answers what-if prices from its rated data, and stays frozen.
+    let closed = app
+        .call(
+            Method::POST,
+            "/v1/reports/monthly/2026-10/close",
+            Some(&finance),
+            None,
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+    let frozen = get_ok(app.get("/v1/reports/monthly/2026-10", &finance).await);
+    let what_if = get_ok(
+        app.get(
+            &format!("/v1/reports/monthly/2026-10?what_if={c1}:5"),
+            &finance,
+        )
+        .await,
+    );
+    assert_money(&what_if["projects"][0]["total"], "10");
+    assert_eq!(what_if["closed"], false);
+    assert_eq!(
+        get_ok(app.get("/v1/reports/monthly/2026-10", &finance).await),
+        frozen
+    );
+}
+
+#[tokio::test]
+async fn a_price_change_after_close_is_booked_as_an_adjustment() {
+    let app = app_in_december().await;
+    let [c1, ..] = worked_example(&app).await;
+    let finance = app.token("finance", &[]).await;
+    let closed = app
+        .call(
+            Method::POST,
+            "/v1/reports/monthly/2026-10/close",
+            Some(&finance),
+            None,
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+    // R6's October half, 2 GPU-hours, moves from 2.50 to 3.00 an hour.
+    let patched = app
+        .patch(
+            &format!("/v1/contracts/{c1}"),
+            &app.admin,
+            json!({"price_per_gpu_hour": "3.00"}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.text());
+    let october = get_ok(app.get("/v1/reports/monthly/2026-10", &finance).await);
+    assert_money(&october["projects"][0]["total"], "5.00");
+    let november = get_ok(app.get("/v1/reports/monthly/2026-11", &finance).await);
+    let adjustments = november["adjustments"].as_array().unwrap();
+    assert_eq!(adjustments.len(), 1, "{adjustments:?}");
+    assert_eq!(adjustments[0]["belongs_to"], "2026-10");
+    assert_money(&adjustments[0]["total"], "1");
+}
+
+#[tokio::test]
+async fn a_reassignment_left_owing_is_finished_at_the_next_start() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    app.ingest([record("t", "2026-11-03T00:00:00Z", "2026-11-03T02:00:00Z").gpu_count(2)])
+        .await;
+    // A contract stored with its job, as a change does, by a service stopped before it ran.
+    let id = contract("H100", "on_demand", "2.00").create(&app).await;
+    sqlx::query("DELETE FROM contracts WHERE id = $1::uuid")
+        .bind(&id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let mut tx = app.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
+                                valid_from) \
+         VALUES (gen_random_uuid(), 'late', 'H100', 'on_demand', 3.00, 'USD', \
+                 '2026-01-01T00:00:00Z')",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let of = KindSpan {
+        gpu_model: "H100".to_owned(),
+        billing_mode: BillingMode::OnDemand,
+        project: None,
+        span: ("2026-01-01T00:00:00Z".parse().unwrap(), None),
+    };
+    taskledger::ledger::rating::owe_reassignment(&mut tx, &of)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let owing = cost(&app, NOVEMBER).await;
+    assert_money(&owing["unrated_gpu_seconds"], "14400");
+
+    taskledger::ledger::setup::prepare(&app.pool, chrono_tz::UTC)
+        .await
+        .unwrap();
+    let done = cost(&app, NOVEMBER).await;
+    assert_money(&done["total"], "12");
+    assert_money(&done["unrated_gpu_seconds"], "0");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM rerating_jobs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
