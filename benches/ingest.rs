@@ -1166,7 +1166,7 @@ impl ChangeUnderCi {
              {:.2}s, deleting it {:.2}s; CI batches of {CI_BATCH} every {} ms: before median \
              {before_median:.1} ms, max {before_max:.1} ms ({} batches); during median \
              {during_median:.1} ms, max {during_max:.1} ms ({} batches); allowed {:.0} ms",
-            self.reassigned,
+            self.reassigned / 2,
             self.create.as_secs_f64(),
             self.delete.as_secs_f64(),
             CI_INTERVAL.as_millis(),
