@@ -221,25 +221,27 @@ where
         parts: &mut axum::http::request::Parts,
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
-        let query = parts.uri.query().unwrap_or("");
-        // PostgreSQL cannot store a NUL character, so no stored value can match one.
-        if let Some((name, _)) = form_urlencoded::parse(query.as_bytes())
-            .find(|(name, value)| name.contains('\0') || value.contains('\0'))
-        {
-            return Err(ApiError::invalid(
-                format!("query:{}", name.replace('\0', "")),
-                "must not contain a NUL character",
-            ));
-        }
-        let deserializer =
-            serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
-        serde_path_to_error::deserialize(deserializer)
-            .map(ApiQuery)
-            .map_err(|error| {
-                let name = error.path().to_string();
-                ApiError::invalid(format!("query:{name}"), error.into_inner().to_string())
-            })
+        parse_query(parts.uri.query().unwrap_or("")).map(ApiQuery)
     }
+}
+
+/// Parses a query string into `T`, naming a bad parameter as `query:<name>`.
+fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
+    // PostgreSQL cannot store a NUL character, so no stored value can match one.
+    if let Some((name, _)) = form_urlencoded::parse(query.as_bytes())
+        .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+    {
+        return Err(ApiError::invalid(
+            format!("query:{}", name.replace('\0', "")),
+            "must not contain a NUL character",
+        ));
+    }
+    let deserializer =
+        serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+    serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        let name = error.path().to_string();
+        ApiError::invalid(format!("query:{name}"), error.into_inner().to_string())
+    })
 }
 
 /// Query parameters with repeatable `what_if` prices (`what_if=<contract id>:<price>` or
@@ -257,17 +259,10 @@ where
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
-        state: &S,
+        _state: &S,
     ) -> Result<Self, Self::Rejection> {
         let (what_if, rest) = split_what_if(parts.uri.query().unwrap_or(""))?;
-        let mut rest_parts = parts.clone();
-        rest_parts.uri = match rest.is_empty() {
-            true => parts.uri.path().parse(),
-            false => format!("{}?{rest}", parts.uri.path()).parse(),
-        }
-        .map_err(|_| ApiError::invalid("query", "is not a valid query string"))?;
-        let ApiQuery(params) = ApiQuery::<T>::from_request_parts(&mut rest_parts, state).await?;
-        Ok(ApiQueryWhatIf(params, what_if))
+        Ok(ApiQueryWhatIf(parse_query(&rest)?, what_if))
     }
 }
 

@@ -201,10 +201,9 @@ pub enum RatingCause {
     Ingest,
     /// A stored record was corrected.
     Correction,
-    /// A contract was created or changed.
+    /// A contract change moved which contract prices which hours: a page of its
+    /// re-assignment.
     Contract,
-    /// An FX rate was set.
-    Fx,
 }
 
 impl RatingCause {
@@ -213,7 +212,6 @@ impl RatingCause {
             RatingCause::Ingest => "ingest",
             RatingCause::Correction => "correction",
             RatingCause::Contract => "contract",
-            RatingCause::Fx => "fx",
         }
     }
 }

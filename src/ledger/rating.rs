@@ -60,10 +60,7 @@ pub async fn hold_contract_sets(
     conn: &mut PgConnection,
     kinds: impl IntoIterator<Item = (String, BillingMode)>,
 ) -> sqlx::Result<()> {
-    let mut kinds: Vec<(String, BillingMode)> = kinds.into_iter().collect();
-    kinds.sort_unstable();
-    kinds.dedup();
-    store::rating::hold_contract_sets(conn, &kinds, false).await
+    lock_contract_sets(conn, kinds, false).await
 }
 
 /// Takes the contract-set locks of `kinds` exclusive: a change of which contract prices
@@ -72,10 +69,18 @@ pub async fn change_contract_sets(
     conn: &mut PgConnection,
     kinds: impl IntoIterator<Item = (String, BillingMode)>,
 ) -> sqlx::Result<()> {
+    lock_contract_sets(conn, kinds, true).await
+}
+
+async fn lock_contract_sets(
+    conn: &mut PgConnection,
+    kinds: impl IntoIterator<Item = (String, BillingMode)>,
+    exclusive: bool,
+) -> sqlx::Result<()> {
     let mut kinds: Vec<(String, BillingMode)> = kinds.into_iter().collect();
     kinds.sort_unstable();
     kinds.dedup();
-    store::rating::hold_contract_sets(conn, &kinds, true).await
+    store::rating::hold_contract_sets(conn, &kinds, exclusive).await
 }
 
 /// (Re)rates the records with these keys from their current `job_records` rows; the caller

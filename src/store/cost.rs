@@ -320,11 +320,7 @@ pub async fn cost_sums(
         ]),
         reason = price.unrated_reason(),
         model = price.unrated_model(),
-        summed = rollups::COST_KIND_SUMS
-            .iter()
-            .map(|column| format!("sum({column}) AS {column}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        summed = rollups::summed(&rollups::COST_KIND_SUMS),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await
@@ -664,11 +660,7 @@ pub async fn util_sums(
             .join(", "),
         looks_busy = price.money("g.looks_busy_seconds"),
         unused_memory = price.money("g.unused_memory_seconds"),
-        summed = UTIL_SUMS
-            .iter()
-            .map(|column| format!("sum({column}) AS {column}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        summed = rollups::summed(&UTIL_SUMS),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await

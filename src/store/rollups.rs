@@ -166,7 +166,7 @@ pub const PRICED_SUMS: [(&str, &str); 5] = [
 ];
 
 /// `sum(column) AS column` for each of `columns`.
-fn summed(columns: &[&str]) -> String {
+pub fn summed(columns: &[&str]) -> String {
     columns
         .iter()
         .map(|column| format!("sum({column}) AS {column}"))
