@@ -189,6 +189,7 @@ fn main() {
         client_runtime.block_on(statements::print(&setup.http_pool, "HTTP replay"));
     }
 
+    let profiled = client_runtime.block_on(statements::reset(&setup.http_pool));
     let reads = bounded(
         &client_runtime,
         PHASE_TIMEOUT,
@@ -196,6 +197,9 @@ fn main() {
         read_month_costs(&setup, server.address),
     );
     reads.print();
+    if profiled {
+        client_runtime.block_on(statements::print(&setup.http_pool, "month cost reads"));
+    }
 
     let tables = bounded(
         &client_runtime,
