@@ -20,7 +20,7 @@ use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::numeric::Numeric;
-use crate::store::prices::PriceJoin;
+use crate::store::prices::{PriceJoin, summed_money};
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Whose figures a query reads, and how they are grouped.
@@ -290,17 +290,18 @@ pub async fn cost_sums(
         }
     };
     let price = PriceJoin::new(&mut binder, what_if, "g");
-    let priced = rollups::PRICED_SUMS
+    let money = rollups::PRICED_SUMS
         .iter()
-        .map(|(seconds, money)| format!("{} AS {money}", price.money(&format!("g.{seconds}"))))
+        .map(|(seconds, money)| summed_money(seconds, money))
         .collect::<Vec<_>>()
         .join(", ");
     let sql = format!(
-        "SELECT key, completed, unrated_reason, gpu_model, output_unit, {rounded} \
+        "SELECT key, completed, unrated_reason, gpu_model, output_unit, {rounded}, {money} \
          FROM ( \
            SELECT g.key, g.completed, {reason} AS unrated_reason, {model} AS gpu_model, \
-                  g.output_unit, g.segments, g.gpu_seconds_held, g.gpu_seconds_busy, {priced}, \
-                  g.output_quantity \
+                  g.output_unit, g.segments, g.gpu_seconds_held, g.gpu_seconds_busy, \
+                  g.card_seconds, g.productive_seconds, g.idle_seconds, g.unmeasured_seconds, \
+                  g.failed_seconds, g.output_quantity, {price} AS price \
            FROM ( \
              SELECT key, project_id, month, completed, contract_id, gpu_model, billing_mode, \
                     output_unit, {summed} \
@@ -308,18 +309,10 @@ pub async fn cost_sums(
              GROUP BY 1, 2, 3, 4, 5, 6, 7, 8) AS g \
            {joins}) AS priced \
          GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
-        rounded = rounded_sums([
-            "gpu_seconds_held",
-            "gpu_seconds_busy",
-            "cost",
-            "productive",
-            "idle",
-            "unmeasured",
-            "failed",
-            "output_quantity",
-        ]),
+        rounded = rounded_sums(["gpu_seconds_held", "gpu_seconds_busy", "output_quantity"]),
         reason = price.unrated_reason(),
         model = price.unrated_model(),
+        price = price.price(),
         summed = rollups::summed(&rollups::COST_KIND_SUMS),
         joins = price.joins(),
     );
@@ -639,27 +632,23 @@ pub async fn util_sums(
     };
     let price = PriceJoin::new(&mut binder, what_if, "g");
     let sql = format!(
-        "SELECT key, {rounded} FROM ( \
-           SELECT g.key, g.segments, {metrics}, \
-                  {looks_busy} AS looks_busy_cost, {unused_memory} AS unused_memory_cost \
+        "SELECT key, {rounded}, {looks_busy}, {unused_memory} FROM ( \
+           SELECT g.key, g.segments, {metrics}, g.looks_busy_seconds, g.unused_memory_seconds, \
+                  {price} AS price \
            FROM ( \
              SELECT key, project_id, month, contract_id, gpu_model, billing_mode, {summed} \
              FROM ({rows}) AS rows GROUP BY 1, 2, 3, 4, 5, 6) AS g \
            {joins}) AS priced \
          GROUP BY 1 HAVING sum(segments) > 0",
-        rounded = rounded_sums(
-            metrics
-                .iter()
-                .copied()
-                .chain(["looks_busy_cost", "unused_memory_cost"])
-        ),
+        rounded = rounded_sums(metrics.iter().copied()),
         metrics = metrics
             .iter()
             .map(|column| format!("g.{column}"))
             .collect::<Vec<_>>()
             .join(", "),
-        looks_busy = price.money("g.looks_busy_seconds"),
-        unused_memory = price.money("g.unused_memory_seconds"),
+        looks_busy = summed_money("looks_busy_seconds", "looks_busy_cost"),
+        unused_memory = summed_money("unused_memory_seconds", "unused_memory_cost"),
+        price = price.price(),
         summed = rollups::summed(&UTIL_SUMS),
         joins = price.joins(),
     );

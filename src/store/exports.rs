@@ -11,7 +11,7 @@ use crate::domain::figures::SUM_SCALE;
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::contracts::ContractRow;
-use crate::store::prices::PriceJoin;
+use crate::store::prices::{PriceJoin, summed_money};
 use crate::store::rollups::PeriodSplit;
 
 /// GPU time of one project under one contract in a period: rated (no `unrated_reason`), or
@@ -64,12 +64,11 @@ pub async fn usage_by_contract(
         "WITH usage AS ( \
              SELECT project_id, gpu_model, billing_mode, contract_id, unrated_reason, \
                     round(sum(gpu_seconds_held), {SUM_SCALE}) AS gpu_seconds_held, \
-                    round(sum(gpu_seconds_busy), {SUM_SCALE}) AS gpu_seconds_busy, \
-                    round(sum(cost), {SUM_SCALE}) AS cost \
+                    round(sum(gpu_seconds_busy), {SUM_SCALE}) AS gpu_seconds_busy, {cost} \
              FROM ( \
                SELECT g.project_id, g.gpu_model, g.billing_mode, g.contract_id, \
                       {reason} AS unrated_reason, g.gpu_seconds_held, g.gpu_seconds_busy, \
-                      {cost} AS cost \
+                      g.card_seconds, {price} AS price \
                FROM ( \
                  SELECT project_id, month, gpu_model, billing_mode, contract_id, \
                         sum(segments) AS segments, sum(gpu_seconds_held) AS gpu_seconds_held, \
@@ -96,7 +95,8 @@ pub async fn usage_by_contract(
               AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
          ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode",
         reason = price.unrated_reason(),
-        cost = price.money("g.card_seconds"),
+        cost = summed_money("card_seconds", "cost"),
+        price = price.price(),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await

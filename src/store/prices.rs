@@ -9,11 +9,19 @@
 //! ([`WhatIf`]) replace a contract's price, or price a model and billing mode outright, for
 //! one statement.
 
+use crate::domain::figures::SUM_SCALE;
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 
 /// Divides by 3600 keeping 24 decimal places, far below any digit a figure shows.
 pub const PER_HOUR: &str = "3600.000000000000000000000000";
+
+/// `round(Σ seconds × price ÷ 3600, SUM_SCALE) AS name` over rows with a `price` column
+/// (null where unrated, which adds nothing): the products are summed exactly and divided
+/// once, so a figure is one division however many rows it sums.
+pub fn summed_money(seconds: &str, name: &str) -> String {
+    format!("round(coalesce(sum({seconds} * price), 0) / {PER_HOUR}, {SUM_SCALE}) AS {name}")
+}
 
 /// The joins that price rows aliased `row`, which have `project_id`, `contract_id`, `month`
 /// (the first day of a ledger month) and, for rows no contract prices, `gpu_model` and
@@ -82,16 +90,9 @@ impl PriceJoin {
     }
 
     /// The price per GPU-hour in the project's currency; null where the row is unrated.
+    /// Select it once as `price`, for [`summed_money`].
     pub fn price(&self) -> &str {
         &self.price
-    }
-
-    /// The money of `seconds` (card-seconds of the row), zero where the row is unrated.
-    pub fn money(&self, seconds: &str) -> String {
-        format!(
-            "coalesce({seconds} * ({price}) / {PER_HOUR}, 0)",
-            price = self.price
-        )
     }
 
     /// Why the row is unrated, or null.

@@ -6,11 +6,10 @@ use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
-use crate::domain::figures::SUM_SCALE;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
-use crate::store::prices::PriceJoin;
+use crate::store::prices::{PriceJoin, summed_money};
 
 /// A record on whole GPUs (no MIG profile) with some of its time in the period.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -61,12 +60,11 @@ pub async fn whole_gpu_records(
                 r.gpu_count, r.gpu_seconds_held, r.gpu_seconds_busy, r.outcome, r.sm_active, \
                 r.memory_peak_gib, s.cost, s.unrated_segments \
          FROM ( \
-           SELECT task_id, attempt, round(coalesce(sum(cost), 0), {SUM_SCALE}) AS cost, \
-                  sum(unrated_segments)::bigint AS unrated_segments \
+           SELECT task_id, attempt, {cost}, \
+                  sum(CASE WHEN price IS NULL THEN segments ELSE 0 END)::bigint \
+                      AS unrated_segments \
            FROM ( \
-             SELECT g.task_id, g.attempt, {cost} AS cost, \
-                    CASE WHEN ({priced}) IS NULL THEN g.segments ELSE 0 END \
-                        AS unrated_segments \
+             SELECT g.task_id, g.attempt, g.segments, g.card_seconds, {priced} AS price \
              FROM ( \
                SELECT project_id, task_id, attempt, contract_id, \
                       date_trunc('month', hour AT TIME ZONE {zone})::date AS month, \
@@ -81,7 +79,7 @@ pub async fn whole_gpu_records(
            ON r.project_id = {project} AND r.task_id = s.task_id AND r.attempt = s.attempt \
          WHERE r.mig_profile IS NULL \
          ORDER BY workload, r.gpu_model, r.task_id, r.attempt",
-        cost = price.money("g.card_seconds"),
+        cost = summed_money("card_seconds", "cost"),
         priced = price.price(),
         joins = price.joins(),
     );

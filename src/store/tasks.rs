@@ -26,7 +26,7 @@ use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
-use crate::store::prices::PriceJoin;
+use crate::store::prices::{PER_HOUR, PriceJoin, summed_money};
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
 use crate::store::rollups::{Level, PRICED_SUMS, PeriodSplit, TASK_SUMS};
 
@@ -319,11 +319,10 @@ impl TaskRow {
 /// row set `f` holding one row per task (`output` as `output_units` and
 /// `output_quantities`).
 fn figure_columns() -> String {
+    let money = ["productive", "idle", "unmeasured", "failed"]
+        .into_iter()
+        .map(|column| format!("round(f.{column} / {PER_HOUR}, {SUM_SCALE}) AS {column}"));
     let rounded = [
-        "productive",
-        "idle",
-        "unmeasured",
-        "failed",
         "gpu_seconds_held",
         "gpu_seconds_busy",
         "unrated_gpu_seconds",
@@ -340,7 +339,8 @@ fn figure_columns() -> String {
     ]
     .into_iter()
     .map(|column| format!("f.{column}::bigint AS {column}"));
-    rounded
+    money
+        .chain(rounded)
         .chain(counted)
         .chain([
             "f.output_units".to_owned(),
@@ -366,36 +366,19 @@ fn unpriced_columns(prefix: &str) -> String {
 
 /// CTEs ending in `f`: one row per `group` (`task_id`, or `task_id, month`) of the task rows
 /// `rows` (SQL of [`unpriced_columns`]), holding the sums of their figures, the card-seconds
-/// priced per contract and ledger month as `what_if` says.
+/// priced per contract and ledger month as `what_if` says. Money is summed as Σ seconds ×
+/// price, 3600 times the money, and divided once where a row is shown ([`figure_columns`]):
+/// it sorts tasks as the money does.
 fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -> String {
     let price = PriceJoin::new(binder, what_if, "r");
     let money = PRICED_SUMS
         .iter()
-        .map(|(seconds, money)| format!("{} AS {money}", price.money(&format!("r.{seconds}"))))
+        .map(|(seconds, money)| format!("coalesce(sum({seconds} * price), 0) AS {money}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let carried = [
+    let counted = [
         "gpu_seconds_held",
         "gpu_seconds_busy",
-        "output",
-        "attempts",
-        "failed_attempts",
-        "retries",
-        "failures",
-        "queue_wait_seconds",
-        "queue_waits",
-    ]
-    .map(|column| format!("r.{column}"))
-    .join(", ");
-    let summed = [
-        "cost",
-        "productive",
-        "idle",
-        "unmeasured",
-        "failed",
-        "gpu_seconds_held",
-        "gpu_seconds_busy",
-        "unrated_gpu_seconds",
         "attempts",
         "failed_attempts",
         "retries",
@@ -407,10 +390,7 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
     .join(", ");
     format!(
         "rows AS ( \
-           SELECT {group_of_r}, {money}, {carried}, \
-                  CASE WHEN ({price}) IS NULL THEN r.gpu_seconds_held ELSE 0 END \
-                      AS unrated_gpu_seconds \
-           FROM ({rows}) AS r {joins}), \
+           SELECT r.*, {price} AS price FROM ({rows}) AS r {joins}), \
          outputs AS ( \
            SELECT {group}, array_agg(unit ORDER BY unit) AS units, \
                   array_agg(quantity ORDER BY unit) AS quantities \
@@ -419,15 +399,13 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
                  GROUP BY {group}, o.unit HAVING sum(o.quantity::numeric) <> 0) AS units \
            GROUP BY {group}), \
          f AS ( \
-           SELECT {group}, {summed}, coalesce(min(outputs.units), '{{}}') AS output_units, \
+           SELECT {group}, {money}, {counted}, \
+                  sum(CASE WHEN price IS NULL THEN gpu_seconds_held ELSE 0 END) \
+                      AS unrated_gpu_seconds, \
+                  coalesce(min(outputs.units), '{{}}') AS output_units, \
                   coalesce(min(outputs.quantities), '{{}}') AS output_quantities \
            FROM rows LEFT JOIN outputs USING ({group}) \
            GROUP BY {group})",
-        group_of_r = group
-            .split(", ")
-            .map(|column| format!("r.{column}"))
-            .collect::<Vec<_>>()
-            .join(", "),
         price = price.price(),
         joins = price.joins(),
     )
@@ -735,19 +713,19 @@ pub async fn attempt_pricing(
     let price = PriceJoin::new(&mut binder, &WhatIf::default(), "g");
     let money = PRICED_SUMS
         .iter()
-        .map(|(seconds, money)| format!("{} AS {money}", price.money(&format!("g.{seconds}"))))
+        .map(|(seconds, money)| summed_money(seconds, money))
         .collect::<Vec<_>>()
         .join(", ");
     let rounded = |column: &str| format!("round(sum({column}), {SUM_SCALE}) AS {column}");
     let sql = format!(
         "SELECT attempt, contract_id, contract_name, price_per_gpu_hour, contract_currency, \
-                unrated_reason, sum(segments)::bigint AS segments, {held}, {busy}, {cost}, \
-                {productive}, {idle}, {unmeasured}, {failed} \
+                unrated_reason, sum(segments)::bigint AS segments, {held}, {busy}, {money} \
          FROM ( \
            SELECT g.attempt, g.contract_id, pc.name AS contract_name, \
                   pc.price_per_gpu_hour, pc.currency::text AS contract_currency, \
                   {reason} AS unrated_reason, g.first_hour, g.segments, g.gpu_seconds_held, \
-                  g.gpu_seconds_busy, {money} \
+                  g.gpu_seconds_busy, g.card_seconds, g.productive_seconds, g.idle_seconds, \
+                  g.unmeasured_seconds, g.failed_seconds, {price} AS price \
            FROM ( \
              SELECT s.project_id, s.attempt, s.contract_id, \
                     date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, \
@@ -768,11 +746,7 @@ pub async fn attempt_pricing(
          ORDER BY attempt, min(first_hour), contract_id, unrated_reason",
         held = rounded("gpu_seconds_held"),
         busy = rounded("gpu_seconds_busy"),
-        cost = rounded("cost"),
-        productive = rounded("productive"),
-        idle = rounded("idle"),
-        unmeasured = rounded("unmeasured"),
-        failed = rounded("failed"),
+        price = price.price(),
         reason = price.unrated_reason(),
         joins = price.joins(),
     );
