@@ -20,7 +20,7 @@ use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::numeric::Numeric;
-use crate::store::prices::{PriceJoin, summed_money};
+use crate::store::prices::{PriceJoin, UNRATED_MODEL, UNRATED_REASON, summed_money};
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Whose figures a query reads, and how they are grouped.
@@ -295,25 +295,19 @@ pub async fn cost_sums(
         .map(|(seconds, money)| summed_money(seconds, money))
         .collect::<Vec<_>>()
         .join(", ");
+    // Pricing is linear, so the rows are priced as they come, each once, and summed by what
+    // a figure tells apart; every money figure is divided by 3600 once.
     let sql = format!(
-        "SELECT key, completed, unrated_reason, gpu_model, output_unit, {rounded}, {money} \
+        "SELECT key, completed, {UNRATED_REASON} AS unrated_reason, {UNRATED_MODEL} AS gpu_model, \
+                output_unit, {rounded}, {money} \
          FROM ( \
-           SELECT g.key, g.completed, {reason} AS unrated_reason, {model} AS gpu_model, \
-                  g.output_unit, g.segments, g.gpu_seconds_held, g.gpu_seconds_busy, \
-                  g.card_seconds, g.productive_seconds, g.idle_seconds, g.unmeasured_seconds, \
-                  g.failed_seconds, g.output_quantity, {price} AS price \
-           FROM ( \
-             SELECT key, project_id, month, completed, contract_id, gpu_model, billing_mode, \
-                    output_unit, {summed} \
-             FROM ({rows}) AS rows \
-             GROUP BY 1, 2, 3, 4, 5, 6, 7, 8) AS g \
-           {joins}) AS priced \
+           SELECT g.key, g.completed, g.output_unit, g.segments, g.gpu_seconds_held, \
+                  g.gpu_seconds_busy, g.card_seconds, g.productive_seconds, g.idle_seconds, \
+                  g.unmeasured_seconds, g.failed_seconds, g.output_quantity, {columns} \
+           FROM ({rows}) AS g {joins}) AS priced \
          GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
         rounded = rounded_sums(["gpu_seconds_held", "gpu_seconds_busy", "output_quantity"]),
-        reason = price.unrated_reason(),
-        model = price.unrated_model(),
-        price = price.price(),
-        summed = rollups::summed(&rollups::COST_KIND_SUMS),
+        columns = price.columns(),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await
@@ -635,10 +629,7 @@ pub async fn util_sums(
         "SELECT key, {rounded}, {looks_busy}, {unused_memory} FROM ( \
            SELECT g.key, g.segments, {metrics}, g.looks_busy_seconds, g.unused_memory_seconds, \
                   {price} AS price \
-           FROM ( \
-             SELECT key, project_id, month, contract_id, gpu_model, billing_mode, {summed} \
-             FROM ({rows}) AS rows GROUP BY 1, 2, 3, 4, 5, 6) AS g \
-           {joins}) AS priced \
+           FROM ({rows}) AS g {joins}) AS priced \
          GROUP BY 1 HAVING sum(segments) > 0",
         rounded = rounded_sums(metrics.iter().copied()),
         metrics = metrics
@@ -649,7 +640,6 @@ pub async fn util_sums(
         looks_busy = summed_money("looks_busy_seconds", "looks_busy_cost"),
         unused_memory = summed_money("unused_memory_seconds", "unused_memory_cost"),
         price = price.price(),
-        summed = rollups::summed(&UTIL_SUMS),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await

@@ -11,7 +11,7 @@ use crate::domain::figures::SUM_SCALE;
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::contracts::ContractRow;
-use crate::store::prices::{PriceJoin, summed_money};
+use crate::store::prices::{PriceJoin, UNRATED_REASON, summed_money};
 use crate::store::rollups::PeriodSplit;
 
 /// GPU time of one project under one contract in a period: rated (no `unrated_reason`), or
@@ -66,17 +66,17 @@ pub async fn usage_by_contract(
                     round(sum(gpu_seconds_held), {SUM_SCALE}) AS gpu_seconds_held, \
                     round(sum(gpu_seconds_busy), {SUM_SCALE}) AS gpu_seconds_busy, {cost} \
              FROM ( \
-               SELECT g.project_id, g.gpu_model, g.billing_mode, g.contract_id, \
-                      {reason} AS unrated_reason, g.gpu_seconds_held, g.gpu_seconds_busy, \
-                      g.card_seconds, {price} AS price \
-               FROM ( \
+               SELECT project_id, gpu_model, billing_mode, contract_id, \
+                      {UNRATED_REASON} AS unrated_reason, gpu_seconds_held, gpu_seconds_busy, \
+                      card_seconds, price \
+               FROM (SELECT g.*, {columns} FROM ( \
                  SELECT project_id, month, gpu_model, billing_mode, contract_id, \
                         sum(segments) AS segments, sum(gpu_seconds_held) AS gpu_seconds_held, \
                         sum(gpu_seconds_busy) AS gpu_seconds_busy, \
                         sum(card_seconds) AS card_seconds \
                  FROM ({rows}) AS rows \
                  GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0) AS g \
-               {joins}) AS priced \
+               {joins}) AS with_prices) AS priced \
              GROUP BY 1, 2, 3, 4, 5 \
          ), tasks AS ( \
              SELECT project_id, gpu_model, billing_mode, contract_id, \
@@ -94,9 +94,8 @@ pub async fn usage_by_contract(
               AND t.billing_mode = u.billing_mode \
               AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
          ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode",
-        reason = price.unrated_reason(),
         cost = summed_money("card_seconds", "cost"),
-        price = price.price(),
+        columns = price.columns(),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await

@@ -95,21 +95,22 @@ impl PriceJoin {
         &self.price
     }
 
-    /// Why the row is unrated, or null.
-    pub fn unrated_reason(&self) -> String {
+    /// The columns a priced row set selects from its row and the joins: `price`,
+    /// `priced_by_contract` and `priced_model`, which [`UNRATED_REASON`] and
+    /// [`UNRATED_MODEL`] read. The price is worked out once a row.
+    pub fn columns(&self) -> String {
         format!(
-            "CASE WHEN ({price}) IS NOT NULL THEN NULL \
-                  WHEN pc.id IS NULL THEN 'no_contract' ELSE 'no_fx_rate' END",
-            price = self.price
-        )
-    }
-
-    /// The GPU model of an unrated row, or null.
-    pub fn unrated_model(&self) -> String {
-        format!(
-            "CASE WHEN ({price}) IS NULL THEN coalesce(pc.gpu_model, {row}.gpu_model) END",
+            "{price} AS price, pc.id IS NOT NULL AS priced_by_contract, \
+             coalesce(pc.gpu_model, {row}.gpu_model) AS priced_model",
             price = self.price,
             row = self.row,
         )
     }
 }
+
+/// Why a priced row (of [`PriceJoin::columns`]) is unrated, or null.
+pub const UNRATED_REASON: &str = "CASE WHEN price IS NOT NULL THEN NULL \
+     WHEN priced_by_contract THEN 'no_fx_rate' ELSE 'no_contract' END";
+
+/// The GPU model of an unrated priced row, or null.
+pub const UNRATED_MODEL: &str = "CASE WHEN price IS NULL THEN priced_model END";

@@ -26,7 +26,7 @@ use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
-use crate::store::prices::{PER_HOUR, PriceJoin, summed_money};
+use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_money};
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
 use crate::store::rollups::{Level, PRICED_SUMS, PeriodSplit, TASK_SUMS};
 
@@ -721,33 +721,34 @@ pub async fn attempt_pricing(
         "SELECT attempt, contract_id, contract_name, price_per_gpu_hour, contract_currency, \
                 unrated_reason, sum(segments)::bigint AS segments, {held}, {busy}, {money} \
          FROM ( \
-           SELECT g.attempt, g.contract_id, pc.name AS contract_name, \
-                  pc.price_per_gpu_hour, pc.currency::text AS contract_currency, \
-                  {reason} AS unrated_reason, g.first_hour, g.segments, g.gpu_seconds_held, \
-                  g.gpu_seconds_busy, g.card_seconds, g.productive_seconds, g.idle_seconds, \
-                  g.unmeasured_seconds, g.failed_seconds, {price} AS price \
+           SELECT attempt, contract_id, contract_name, price_per_gpu_hour, contract_currency, \
+                  {UNRATED_REASON} AS unrated_reason, first_hour, segments, gpu_seconds_held, \
+                  gpu_seconds_busy, card_seconds, productive_seconds, idle_seconds, \
+                  unmeasured_seconds, failed_seconds, price \
            FROM ( \
-             SELECT s.project_id, s.attempt, s.contract_id, \
-                    date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, \
-                    NULL::text AS gpu_model, NULL::text AS billing_mode, \
-                    min(s.hour) AS first_hour, count(*) AS segments, \
-                    sum(s.gpu_seconds_held) AS gpu_seconds_held, \
-                    sum(coalesce(s.gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
-                    sum(coalesce(s.card_seconds, 0)) AS card_seconds, \
-                    sum(s.productive_seconds) AS productive_seconds, \
-                    sum(s.idle_seconds) AS idle_seconds, \
-                    sum(s.unmeasured_seconds) AS unmeasured_seconds, \
-                    sum(s.failed_seconds) AS failed_seconds \
-             FROM rated_segments AS s \
-             WHERE s.project_id = {project} AND s.task_id = {task} \
-             GROUP BY 1, 2, 3, 4) AS g \
-           {joins}) AS priced \
+             SELECT g.*, pc.name AS contract_name, pc.price_per_gpu_hour, \
+                    pc.currency::text AS contract_currency, {columns} \
+             FROM ( \
+               SELECT s.project_id, s.attempt, s.contract_id, \
+                      date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, \
+                      NULL::text AS gpu_model, NULL::text AS billing_mode, \
+                      min(s.hour) AS first_hour, count(*) AS segments, \
+                      sum(s.gpu_seconds_held) AS gpu_seconds_held, \
+                      sum(coalesce(s.gpu_seconds_busy, 0)) AS gpu_seconds_busy, \
+                      sum(coalesce(s.card_seconds, 0)) AS card_seconds, \
+                      sum(s.productive_seconds) AS productive_seconds, \
+                      sum(s.idle_seconds) AS idle_seconds, \
+                      sum(s.unmeasured_seconds) AS unmeasured_seconds, \
+                      sum(s.failed_seconds) AS failed_seconds \
+               FROM rated_segments AS s \
+               WHERE s.project_id = {project} AND s.task_id = {task} \
+               GROUP BY 1, 2, 3, 4) AS g \
+             {joins}) AS with_prices) AS priced \
          GROUP BY 1, 2, 3, 4, 5, 6 \
          ORDER BY attempt, min(first_hour), contract_id, unrated_reason",
         held = rounded("gpu_seconds_held"),
         busy = rounded("gpu_seconds_busy"),
-        price = price.price(),
-        reason = price.unrated_reason(),
+        columns = price.columns(),
         joins = price.joins(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await
