@@ -223,16 +223,8 @@ pub fn rate_record(
 /// applied when a figure is read (COST_MODEL §1.7). Only `no_contract` can leave a segment
 /// unrated here; whether an FX rate is missing is known when it is read.
 pub fn assign_record(record: &RecordToRate, contracts: &[Contract], tz: Tz) -> Vec<Segment> {
+    type NoRates = fn(NaiveDate, &str, &str) -> Option<Decimal>;
     cut_record(record, contracts, None::<&NoRates>, tz)
-}
-
-/// Rates nothing: [`assign_record`] prices no segment.
-struct NoRates;
-
-impl FxRates for NoRates {
-    fn rate(&self, _: NaiveDate, _: &str, _: &str) -> Option<Decimal> {
-        None
-    }
 }
 
 fn cut_record<F: FxRates>(
@@ -449,28 +441,14 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             None => amount,
         };
         let card_seconds = card(share.held);
-        let seconds = self.split.parts(card_seconds);
+        // Without an FX table a contract is only assigned: its price applies when read.
         let price = match (contract, self.fx) {
-            (None, _) => Err(UnratedReason::NoContract),
-            (Some(contract), Some(fx)) => self.price_per_gpu_hour(fx, contract, hour.month),
-            (Some(_), None) => {
-                return Segment {
-                    start,
-                    end,
-                    hour: hour.start,
-                    month: hour.month,
-                    gpu_seconds_held: share.held,
-                    gpu_seconds_busy: share.busy,
-                    contract_id: contract.map(|contract| contract.id),
-                    card_seconds,
-                    seconds,
-                    cost: None,
-                    unrated: None,
-                    parts: Parts::default(),
-                };
-            }
+            (None, _) => Some(Err(UnratedReason::NoContract)),
+            (Some(contract), Some(fx)) => Some(self.price_per_gpu_hour(fx, contract, hour.month)),
+            (Some(_), None) => None,
         };
-        let cost = price.map(|price| card(share.held * price) / SECONDS_PER_HOUR);
+        let cost =
+            price.map(|price| price.map(|price| card(share.held * price) / SECONDS_PER_HOUR));
         Segment {
             start,
             end,
@@ -480,10 +458,13 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             gpu_seconds_busy: share.busy,
             contract_id: contract.map(|contract| contract.id),
             card_seconds,
-            seconds,
-            cost: cost.ok(),
-            unrated: cost.err(),
-            parts: cost.map_or_else(|_| Parts::default(), |cost| self.split.parts(cost)),
+            seconds: self.split.parts(card_seconds),
+            cost: cost.and_then(Result::ok),
+            unrated: cost.and_then(Result::err),
+            parts: match cost {
+                Some(Ok(cost)) => self.split.parts(cost),
+                _ => Parts::default(),
+            },
         }
     }
 

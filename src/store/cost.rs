@@ -362,21 +362,6 @@ pub async fn record_sums(
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
-/// The group key of a job record by its `started_at`; the ledger time zone or the label key
-/// is `$4`.
-fn start_key(grouping: &Grouping) -> &'static str {
-    match grouping {
-        Grouping::Whole => "NULL::text",
-        Grouping::Day => "to_char(started_at AT TIME ZONE $4, 'YYYY-MM-DD')",
-        Grouping::Month => "to_char(started_at AT TIME ZONE $4, 'YYYY-MM')",
-        Grouping::GpuModel => "gpu_model",
-        Grouping::BillingMode => "billing_mode",
-        Grouping::GpuModelAndBillingMode => "gpu_model || '/' || billing_mode",
-        Grouping::Outcome => "outcome",
-        Grouping::Label(_) => "labels ->> $4",
-    }
-}
-
 /// Queue wait of the attempts of `project` that started in `[from, to)` and reported
 /// `queued_at`, by group and for the whole period (the row marked `whole`); percentiles are
 /// PostgreSQL's `percentile_disc`, exact and by nearest rank. Groups, and the whole, where no
@@ -394,8 +379,13 @@ pub async fn queue_waits(
         Grouping::Whole => ("NULL::text", "true", "()"),
         _ => ("key", "grouping(key) = 1", "(key), ()"),
     };
+    let mut binder = Binder::new();
+    let project = binder.bind(project.to_owned());
+    let (from, to) = (binder.bind(from), binder.bind(to));
+    let (_, extra) = key_parameters(&mut binder, grouping, tz);
     // Waits are sorted and summed as intervals, which compare faster than numeric seconds;
     // `extract` then gives the exact numeric seconds (to the microsecond) of the results.
+    // An attempt belongs to the group holding its start.
     let sql = format!(
         "SELECT {key_column} AS key, {whole} AS whole, count(*) AS attempts, \
                 extract(epoch FROM percentile_disc(0.5) WITHIN GROUP (ORDER BY wait)) \
@@ -403,27 +393,14 @@ pub async fn queue_waits(
                 extract(epoch FROM percentile_disc(0.95) WITHIN GROUP (ORDER BY wait)) \
                     AS p95_seconds, \
                 extract(epoch FROM sum(wait)) AS total_seconds \
-         FROM (SELECT {key} AS key, started_at - queued_at AS wait \
-               FROM job_records \
-               WHERE project_id = $1 AND started_at >= $2 AND started_at < $3 \
-                 AND queued_at IS NOT NULL) AS waits \
+         FROM (SELECT {key} AS key, r.started_at - r.queued_at AS wait \
+               FROM job_records r \
+               WHERE r.project_id = {project} AND r.started_at >= {from} \
+                 AND r.started_at < {to} AND r.queued_at IS NOT NULL) AS waits \
          GROUP BY GROUPING SETS ({sets}) HAVING count(*) > 0",
-        key = start_key(grouping),
+        key = key_expression(grouping, "started_at", "r.", &extra),
     );
-    let query = sqlx::query_as::<_, QueueWaitSums>(&sql)
-        .bind(project)
-        .bind(from)
-        .bind(to);
-    let query = match grouping {
-        Grouping::Day | Grouping::Month => query.bind(tz.name().to_owned()),
-        Grouping::Label(key) => query.bind(key.clone()),
-        Grouping::Whole
-        | Grouping::GpuModel
-        | Grouping::BillingMode
-        | Grouping::GpuModelAndBillingMode
-        | Grouping::Outcome => query,
-    };
-    query.fetch_all(conn).await
+    binder.query_as(&sql)?.fetch_all(conn).await
 }
 
 /// GPU-seconds each of `contracts` rated, per ledger hour of `[from, to)`, in hour order and

@@ -114,10 +114,9 @@ pub async fn hold_contract_sets(
         false => "pg_advisory_xact_lock_shared",
     };
     sqlx::query(&format!(
-        "SELECT {function}({CONTRACT_SETS}, hashtext(kind)) \
-         FROM (SELECT DISTINCT hashtext(name) AS key, name AS kind FROM UNNEST($1::text[]) \
-               AS n(name)) AS k \
-         ORDER BY key, kind"
+        "SELECT {function}({CONTRACT_SETS}, key) \
+         FROM (SELECT DISTINCT hashtext(name) AS key FROM UNNEST($1::text[]) AS n(name)) AS k \
+         ORDER BY key"
     ))
     .bind(&names)
     .execute(conn)

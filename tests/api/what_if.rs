@@ -19,6 +19,18 @@ async fn app_in_december() -> TestApp {
     .await
 }
 
+async fn close_october(app: &TestApp, finance: &str) {
+    let closed = app
+        .call(
+            Method::POST,
+            "/v1/reports/monthly/2026-10/close",
+            Some(finance),
+            None,
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+}
+
 fn get_ok(response: crate::common::TestResponse) -> Value {
     assert_eq!(response.status, StatusCode::OK, "{}", response.text());
     response.json()
@@ -121,15 +133,7 @@ async fn tasks_and_the_report_answer_at_what_if_prices() {
     assert_money(&report["shared"][0]["unused_commitment"], "2860");
 
     // A closed month answers what-if prices from its rated data, and stays frozen.
-    let closed = app
-        .call(
-            Method::POST,
-            "/v1/reports/monthly/2026-10/close",
-            Some(&finance),
-            None,
-        )
-        .await;
-    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+    close_october(&app, &finance).await;
     let frozen = get_ok(app.get("/v1/reports/monthly/2026-10", &finance).await);
     let what_if = get_ok(
         app.get(
@@ -151,15 +155,7 @@ async fn a_price_change_after_close_is_booked_as_an_adjustment() {
     let app = app_in_december().await;
     let [c1, ..] = worked_example(&app).await;
     let finance = app.token("finance", &[]).await;
-    let closed = app
-        .call(
-            Method::POST,
-            "/v1/reports/monthly/2026-10/close",
-            Some(&finance),
-            None,
-        )
-        .await;
-    assert_eq!(closed.status, StatusCode::OK, "{}", closed.text());
+    close_october(&app, &finance).await;
     // R6's October half, 2 GPU-hours, moves from 2.50 to 3.00 an hour.
     let patched = app
         .patch(
