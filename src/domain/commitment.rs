@@ -71,6 +71,8 @@ pub struct LedgerWindow {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
     pub hours: Vec<LedgerHour>,
+    /// The length of each of `hours`, in whole seconds and nanoseconds.
+    lengths: Vec<TimeDelta>,
     /// The index of each ledger day's first hour in `hours`, in order.
     day_starts: Vec<usize>,
 }
@@ -87,10 +89,12 @@ impl LedgerWindow {
                 last_day = Some(day);
             }
         }
+        let lengths = hours.iter().map(|hour| hour.end - hour.start).collect();
         Self {
             from,
             to,
             hours,
+            lengths,
             day_starts,
         }
     }
@@ -157,29 +161,38 @@ fn netted_hours<'a>(
         )
     };
     let hours = &window.hours[first..last];
+    let lengths = &window.lengths[first..last];
     let first_used = hours.first().map_or(0, |hour| {
         used_gpu_seconds_by_hour.partition_point(|(at, _)| *at < hour.start)
     });
     let mut used = used_gpu_seconds_by_hour[first_used..].iter().peekable();
-    // Whole hours commit the same GPU-seconds, so they are worked out once per length.
+    // Hours inside the validity commit the same GPU-seconds per length, so they are worked
+    // out once per length; only the hours its edges cut are measured.
     let mut committed_of: Option<(TimeDelta, Decimal)> = None;
-    hours.iter().enumerate().map(move |(offset, hour)| {
-        let (from, to) = (hour.start.max(start), hour.end.min(end));
-        let committed = match committed_of {
-            Some((length, committed)) if length == to - from => committed,
-            _ => {
-                let committed = committed_gpus * seconds_between(from, to);
-                committed_of = Some((to - from, committed));
-                committed
-            }
-        };
-        while used.next_if(|(at, _)| *at < hour.start).is_some() {}
-        let used_seconds = used
-            .next_if(|(at, _)| *at == hour.start)
-            .map_or(Decimal::ZERO, |(_, seconds)| *seconds);
-        let unused = (committed - used_seconds).max(Decimal::ZERO);
-        (first + offset, hour, NettedSeconds { committed, unused })
-    })
+    hours
+        .iter()
+        .zip(lengths)
+        .enumerate()
+        .map(move |(offset, (hour, &length))| {
+            let committed = if hour.start >= start && hour.end <= end {
+                match committed_of {
+                    Some((whole, committed)) if whole == length => committed,
+                    _ => {
+                        let committed = committed_gpus * seconds_between(hour.start, hour.end);
+                        committed_of = Some((length, committed));
+                        committed
+                    }
+                }
+            } else {
+                committed_gpus * seconds_between(hour.start.max(start), hour.end.min(end))
+            };
+            while used.next_if(|(at, _)| *at < hour.start).is_some() {}
+            let used_seconds = used
+                .next_if(|(at, _)| *at == hour.start)
+                .map_or(Decimal::ZERO, |(_, seconds)| *seconds);
+            let unused = (committed - used_seconds).max(Decimal::ZERO);
+            (first + offset, hour, NettedSeconds { committed, unused })
+        })
 }
 
 /// [`unused_commitment`] over the ledger hours of `window`, summed per ledger day: one entry

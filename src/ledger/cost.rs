@@ -262,22 +262,40 @@ pub async fn month_cost(
     period_figures(conn, of, &query, tz).await
 }
 
-/// Every project's money figures over a whole ledger month, with the unused commitment of
-/// `commitments` (every contract's, accrued up to `as_of`, as [`month_commitments`] reads
-/// them): for each of `projects` (every project there is), in their order, what
-/// [`month_cost`] gives it without a grouping, read for all of them in a fixed number of
-/// statements.
-pub async fn month_figures_of_projects(
+/// Every project's sums over a whole ledger month, by project, before unused commitment is
+/// added ([`figures_of_projects`]): read for all of them in a fixed number of statements.
+pub async fn month_sums_of_projects(
     conn: &mut sqlx::PgConnection,
-    projects: &[CostOf<'_>],
     month: NaiveDate,
-    commitments: &Commitments,
     tz: Tz,
     what_if: &WhatIf,
+) -> LedgerResult<ProjectSums> {
+    let groups = rollup_sums(
+        conn,
+        Scope::EveryProject,
+        month_bounds(month, tz),
+        tz,
+        what_if,
+    )
+    .await?;
+    Ok(ProjectSums(groups))
+}
+
+/// Every project's sums of a period, keyed by project, as [`month_sums_of_projects`] reads
+/// them.
+pub struct ProjectSums(BTreeMap<Option<String>, FigureSums>);
+
+/// Every project's money figures over a whole ledger month: for each of `projects` (every
+/// project there is), in their order, what [`month_cost`] gives it without a grouping, from
+/// its `sums` and the unused commitment of `commitments` (every contract's, accrued up to
+/// `as_of`, as [`month_commitments`] reads them).
+pub async fn figures_of_projects(
+    conn: &mut sqlx::PgConnection,
+    projects: &[CostOf<'_>],
+    ProjectSums(mut groups): ProjectSums,
+    commitments: &Commitments,
+    tz: Tz,
 ) -> LedgerResult<Vec<Figures>> {
-    let period = month_bounds(month, tz);
-    let scope = Scope::EveryProject;
-    let mut groups = rollup_sums(conn, scope, period, tz, what_if).await?;
     let currencies: BTreeMap<String, String> = projects
         .iter()
         .map(|of| (of.project.to_owned(), of.currency.to_owned()))

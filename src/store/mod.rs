@@ -34,6 +34,42 @@ pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgr
     Ok(tx)
 }
 
+/// How long [`snapshot_aside`] waits for a connection when none is idle.
+const ASIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// When the pool has a connection to spare, a second read-only transaction on the snapshot
+/// of `snapshot` (a [`snapshot`]; `pg_export_snapshot`), so that two statements of one report
+/// can run at the same time and still see the same data. When no connection comes within
+/// [`ASIDE_WAIT`], `None`: the caller runs on its snapshot alone rather than wait for one.
+pub async fn snapshot_aside(
+    pool: &PgPool,
+    snapshot: &mut Transaction<'static, Postgres>,
+) -> sqlx::Result<Option<Transaction<'static, Postgres>>> {
+    let spare = match pool.try_acquire() {
+        Some(idle) => idle,
+        None => match tokio::time::timeout(ASIDE_WAIT, pool.acquire()).await {
+            Ok(acquired) => acquired?,
+            Err(_) => return Ok(None),
+        },
+    };
+    let id: String = sqlx::query_scalar("SELECT pg_export_snapshot()")
+        .fetch_one(&mut **snapshot)
+        .await?;
+    // SET TRANSACTION SNAPSHOT takes no parameter; the identifier is the server's own, made of
+    // hex digits and dashes.
+    if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(sqlx::Error::Protocol(format!(
+            "unexpected snapshot identifier {id:?}"
+        )));
+    }
+    let begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+    let mut aside = Transaction::begin(spare, Some(begin.into())).await?;
+    sqlx::query(&format!("SET TRANSACTION SNAPSHOT '{id}'"))
+        .execute(&mut *aside)
+        .await?;
+    Ok(Some(aside))
+}
+
 /// Whether a database error is a violation of the named constraint.
 pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {
     match error {

@@ -419,3 +419,53 @@ async fn the_report_command_prints_the_same_report() {
         );
     }
 }
+
+/// The report reads its commitments on a second connection while the projects' sums are read
+/// on the first: both must see one snapshot, whatever commits in between, and a pool with no
+/// connection to spare leaves the report on its first connection alone.
+#[tokio::test]
+async fn the_second_connection_of_a_report_sees_the_first_ones_snapshot() {
+    let app = app_in_december().await;
+    worked_example(&app).await;
+    let count = "SELECT count(*) FROM job_records";
+    let mut snapshot = taskledger::store::snapshot(&app.pool).await.unwrap();
+    let before: i64 = sqlx::query_scalar(count)
+        .fetch_one(&mut *snapshot)
+        .await
+        .unwrap();
+    let mut aside = taskledger::store::snapshot_aside(&app.pool, &mut snapshot)
+        .await
+        .unwrap()
+        .expect("the pool has a connection to spare");
+    let late = record("late", "2026-11-20T00:00:00Z", "2026-11-20T01:00:00Z");
+    let stored = app.post("/v1/job-records", &app.admin, json!([late])).await;
+    assert_eq!(stored.status, StatusCode::OK, "{}", stored.text());
+    let now: i64 = sqlx::query_scalar(count)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(now, before + 1, "the record was stored");
+    let seen: i64 = sqlx::query_scalar(count)
+        .fetch_one(&mut *aside)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen, before,
+        "the second connection reads the first one's snapshot"
+    );
+    drop(aside);
+
+    // Every other connection of the pool taken: no second connection, and no wait for one.
+    let mut taken = Vec::new();
+    while let Ok(Ok(conn)) =
+        tokio::time::timeout(std::time::Duration::from_millis(200), app.pool.acquire()).await
+    {
+        taken.push(conn);
+    }
+    let aside = taskledger::store::snapshot_aside(&app.pool, &mut snapshot)
+        .await
+        .unwrap();
+    assert!(aside.is_none());
+    drop(taken);
+    snapshot.commit().await.unwrap();
+}

@@ -21,6 +21,7 @@ use crate::store::closes::CloseRow;
 /// closed months already booked for it.
 pub(super) async fn adjustments(
     conn: &mut PgConnection,
+    mut aside: Option<&mut PgConnection>,
     month: Month,
     closes: &[CloseRow],
     what_if: &WhatIf,
@@ -33,7 +34,8 @@ pub(super) async fn adjustments(
         if booking_month(closed_month, &closed) != month {
             continue;
         }
-        let now = current_amounts(conn, closed_month, what_if, settings).await?;
+        let now =
+            current_amounts(conn, aside.as_deref_mut(), closed_month, what_if, settings).await?;
         let then = amounts_by_line(&report.projects, &report.shared);
         let later = frozen.range(closed_month.next()..month).map(|(_, r)| r);
         let booked = already_booked(closed_month, later);

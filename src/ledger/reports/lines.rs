@@ -18,7 +18,7 @@ use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
 use crate::ledger::commitments::{Accrued, Commitments};
 use crate::ledger::cost::{
-    CostOf, GroupView, month_commitments, month_cost, month_figures_of_projects,
+    CostOf, GroupView, figures_of_projects, month_commitments, month_cost, month_sums_of_projects,
 };
 use crate::store;
 
@@ -33,9 +33,12 @@ pub(super) struct MonthLines {
 }
 
 /// The project lines, shared lines and commitment lines of a month. Every reserved
-/// contract's usage is read and netted once, for all three.
+/// contract's usage is read and netted once, for all three. With `aside`, a second
+/// connection on the same snapshot, the commitments are read and netted there while the
+/// projects' sums are read on `conn`.
 pub(super) async fn month_lines(
     conn: &mut PgConnection,
+    aside: Option<&mut PgConnection>,
     month: Month,
     grouping: Grouping,
     as_of: DateTime<Utc>,
@@ -51,23 +54,38 @@ pub(super) async fn month_lines(
             currency: &project.currency,
         })
         .collect();
-    let commitments = month_commitments(conn, month.first_day(), as_of, tz, what_if).await?;
-    // Without groups, every project's figures are read at once.
-    let costs: Vec<(Figures, Vec<GroupView>)> = match grouping {
+    let first_day = month.first_day();
+    let (commitments, costs): (_, Vec<(Figures, Vec<GroupView>)>) = match grouping {
+        // Without groups, every project's figures are read at once.
         Grouping::Whole => {
-            month_figures_of_projects(conn, &of, month.first_day(), &commitments, tz, what_if)
-                .await?
+            let (commitments, sums) = match aside {
+                Some(aside) => {
+                    let (commitments, sums) = tokio::join!(
+                        month_commitments(aside, first_day, as_of, tz, what_if),
+                        month_sums_of_projects(conn, first_day, tz, what_if),
+                    );
+                    (commitments?, sums?)
+                }
+                None => (
+                    month_commitments(conn, first_day, as_of, tz, what_if).await?,
+                    month_sums_of_projects(conn, first_day, tz, what_if).await?,
+                ),
+            };
+            let figures = figures_of_projects(conn, &of, sums, &commitments, tz).await?;
+            let costs = figures
                 .into_iter()
                 .map(|figures| (figures, Vec::new()))
-                .collect()
+                .collect();
+            (commitments, costs)
         }
         _ => {
+            let commitments = month_commitments(conn, first_day, as_of, tz, what_if).await?;
             let mut costs = Vec::with_capacity(of.len());
             for &project in &of {
                 let cost = month_cost(
                     conn,
                     project,
-                    month.first_day(),
+                    first_day,
                     grouping.clone(),
                     as_of,
                     tz,
@@ -76,7 +94,7 @@ pub(super) async fn month_lines(
                 .await?;
                 costs.push((cost.figures, cost.groups));
             }
-            costs
+            (commitments, costs)
         }
     };
     let own_budgets = store::projects::own_budgets(conn, month.first_day()).await?;
@@ -180,12 +198,13 @@ fn commitment_lines(commitments: &Commitments) -> Vec<CommitmentLine> {
 /// The amounts of every line of a month as the rated data says now.
 pub(super) async fn current_amounts(
     conn: &mut PgConnection,
+    aside: Option<&mut PgConnection>,
     month: Month,
     what_if: &WhatIf,
     settings: &Settings,
 ) -> LedgerResult<BTreeMap<LineKey, Amounts>> {
     let (_, end) = month_bounds(month.first_day(), settings.timezone);
-    let lines = month_lines(conn, month, Grouping::Whole, end, what_if, settings).await?;
+    let lines = month_lines(conn, aside, month, Grouping::Whole, end, what_if, settings).await?;
     Ok(amounts_by_line(&lines.projects, &lines.shared))
 }
 

@@ -41,8 +41,16 @@ pub async fn report(
     let mut snapshot = store::snapshot(pool).await?;
     let closes = store::closes::all(&mut snapshot).await?;
     if !what_if.is_empty() {
-        let mut report =
-            live_report(&mut snapshot, month, grouping, what_if, settings, &closes).await?;
+        let mut aside = store::snapshot_aside(pool, &mut snapshot).await?;
+        let mut report = live_report(
+            (&mut snapshot, aside.as_deref_mut()),
+            month,
+            grouping,
+            what_if,
+            settings,
+            &closes,
+        )
+        .await?;
         snapshot.commit().await?;
         report.hypothetical = true;
         report.overrides = what_if.overrides();
@@ -56,8 +64,9 @@ pub async fn report(
         }
         return Ok(Report::Frozen(close.report_json.clone()));
     }
+    let mut aside = store::snapshot_aside(pool, &mut snapshot).await?;
     let report = live_report(
-        &mut snapshot,
+        (&mut snapshot, aside.as_deref_mut()),
         month,
         grouping,
         &WhatIf::default(),
@@ -89,8 +98,9 @@ pub async fn close(
     if closes.iter().any(|c| c.month == month.first_day()) {
         return Err(LedgerError::conflict(format!("{month} is already closed")));
     }
+    let mut aside = store::snapshot_aside(pool, &mut snapshot).await?;
     let mut report = live_report(
-        &mut snapshot,
+        (&mut snapshot, aside.as_deref_mut()),
         month,
         Grouping::Whole,
         &WhatIf::default(),
@@ -109,8 +119,10 @@ pub async fn close(
     Ok(json)
 }
 
+/// The report of an open month, read on `conn` and, where two statements can run at once,
+/// on `aside` too (the same snapshot).
 async fn live_report(
-    conn: &mut PgConnection,
+    (conn, mut aside): (&mut PgConnection, Option<&mut PgConnection>),
     month: Month,
     grouping: Grouping,
     what_if: &WhatIf,
@@ -124,8 +136,18 @@ async fn live_report(
         projects,
         shared,
         commitments,
-    } = lines::month_lines(conn, month, grouping, as_of, what_if, settings).await?;
-    let adjustments = adjustments::adjustments(conn, month, closes, what_if, settings).await?;
+    } = lines::month_lines(
+        conn,
+        aside.as_deref_mut(),
+        month,
+        grouping,
+        as_of,
+        what_if,
+        settings,
+    )
+    .await?;
+    let adjustments =
+        adjustments::adjustments(conn, aside, month, closes, what_if, settings).await?;
     let totals = totals(&projects, &shared, &adjustments);
     Ok(MonthlyReport {
         month,
