@@ -316,8 +316,8 @@ impl TaskRow {
 }
 
 /// Columns of the figures a task row is read with, rounded to [`SUM_SCALE`] places, from a
-/// row set `f` holding one row per task (`output` as `output_units` and
-/// `output_quantities`).
+/// row set `f` holding one row per task joined to its `outputs` ([`outputs_cte`]; `output`
+/// as `output_units` and `output_quantities`).
 fn figure_columns() -> String {
     let money = ["productive", "idle", "unmeasured", "failed"]
         .into_iter()
@@ -343,8 +343,8 @@ fn figure_columns() -> String {
         .chain(rounded)
         .chain(counted)
         .chain([
-            "f.output_units".to_owned(),
-            "f.output_quantities".to_owned(),
+            "coalesce(outputs.units, '{}') AS output_units".to_owned(),
+            "coalesce(outputs.quantities, '{}') AS output_quantities".to_owned(),
         ])
         .collect::<Vec<_>>()
         .join(", ")
@@ -364,11 +364,12 @@ fn unpriced_columns(prefix: &str) -> String {
     )
 }
 
-/// CTEs ending in `f`: one row per `group` (`task_id`, or `task_id, month`) of the task rows
-/// `rows` (SQL of [`unpriced_columns`]), holding the sums of their figures, the card-seconds
-/// priced per contract and ledger month as `what_if` says. Money is summed as Σ seconds ×
-/// price, 3600 times the money, and divided once where a row is shown ([`figure_columns`]):
-/// it sorts tasks as the money does.
+/// CTEs `rows` (the task rows `rows`, SQL of [`unpriced_columns`], each with its price) and
+/// `f`: one row per `group` (`task_id`, or `task_id, month`) of them, holding the sums of
+/// their figures, the card-seconds priced per contract and ledger month as `what_if` says.
+/// Money is summed as Σ seconds × price, 3600 times the money, and divided once where a row
+/// is shown ([`figure_columns`]): it sorts tasks as the money does. Outputs are summed apart
+/// ([`outputs_cte`]), for the groups that are shown.
 fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -> String {
     let price = PriceJoin::new(binder, what_if, "r");
     let money = PRICED_SUMS
@@ -391,23 +392,40 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
     format!(
         "rows AS ( \
            SELECT r.*, {price} AS price FROM ({rows}) AS r {joins}), \
-         outputs AS ( \
-           SELECT {group}, array_agg(unit ORDER BY unit) AS units, \
-                  array_agg(quantity ORDER BY unit) AS quantities \
-           FROM (SELECT {group}, o.unit, round(sum(o.quantity::numeric), {SUM_SCALE}) AS quantity \
-                 FROM rows, jsonb_each_text(rows.output) AS o(unit, quantity) \
-                 GROUP BY {group}, o.unit HAVING sum(o.quantity::numeric) <> 0) AS units \
-           GROUP BY {group}), \
          f AS ( \
            SELECT {group}, {money}, {counted}, \
                   sum(CASE WHEN price IS NULL THEN gpu_seconds_held ELSE 0 END) \
-                      AS unrated_gpu_seconds, \
-                  coalesce(min(outputs.units), '{{}}') AS output_units, \
-                  coalesce(min(outputs.quantities), '{{}}') AS output_quantities \
-           FROM rows LEFT JOIN outputs USING ({group}) \
+                      AS unrated_gpu_seconds \
+           FROM rows \
            GROUP BY {group})",
         price = price.price(),
         joins = price.joins(),
+    )
+}
+
+/// The CTE `outputs`: per `group` of the CTE `rows` ([`priced_ctes`]) among the groups of
+/// `shown` (a CTE or table with the `group` columns), its output units and quantities, each
+/// unit's quantities summed.
+fn outputs_cte(group: &str, shown: &str) -> String {
+    let columns: Vec<&str> = group.split(", ").collect();
+    let qualified = |of: &str| {
+        columns
+            .iter()
+            .map(|column| format!("{of}.{column}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "outputs AS ( \
+           SELECT {group}, array_agg(unit ORDER BY unit) AS units, \
+                  array_agg(quantity ORDER BY unit) AS quantities \
+           FROM (SELECT {rows_group}, o.unit, \
+                        round(sum(o.quantity::numeric), {SUM_SCALE}) AS quantity \
+                 FROM rows JOIN {shown} USING ({group}), \
+                      jsonb_each_text(rows.output) AS o(unit, quantity) \
+                 GROUP BY {rows_group}, o.unit HAVING sum(o.quantity::numeric) <> 0) AS units \
+           GROUP BY {group})",
+        rows_group = qualified("rows"),
     )
 }
 
@@ -446,8 +464,11 @@ pub async fn period_figures(
     let mut binder = Binder::new();
     let split = PeriodSplit::new(period, tz, true);
     let sql = format!(
-        "WITH {ctes} SELECT f.task_id, {columns} FROM f ORDER BY f.task_id",
+        "WITH {ctes}, {outputs} \
+         SELECT f.task_id, {columns} FROM f LEFT JOIN outputs USING (task_id) \
+         ORDER BY f.task_id",
         ctes = period_ctes(&mut binder, project, &split, tz, &WhatIf::default()),
+        outputs = outputs_cte("task_id", "f"),
         columns = figure_columns(),
     );
     let rows = binder.query_as::<TaskRow>(&sql)?.fetch_all(conn).await?;
@@ -570,20 +591,22 @@ pub async fn list(
         ));
     }
     let limit = binder.bind(query.limit);
+    // The page is cut before the outputs of its tasks are summed.
     let sql = format!(
-        "WITH {ctes} \
-         SELECT f.task_id, {columns}, t.status, t.completed_at, t.first_started_at, \
-                t.last_ended_at, t.gpu_models, ({value})::text AS sort_key \
-         FROM f \
-         CROSS JOIN LATERAL ( \
-             SELECT t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
-                    t.gpu_models \
-             FROM tasks AS t \
-             WHERE (t.project_id, t.task_id) = ({project}, f.task_id) AND {filters} \
-             LIMIT 1) AS t \
-         WHERE {conditions} \
-         ORDER BY {value} {order}, f.task_id {tie_order} \
-         LIMIT {limit}",
+        "WITH {ctes}, \
+         page AS ( \
+           SELECT f.*, t.status, t.completed_at, t.first_started_at, t.last_ended_at, \
+                  t.gpu_models, {value} AS sort_value \
+           FROM f JOIN tasks AS t ON t.project_id = {project} AND t.task_id = f.task_id \
+           WHERE {filters} AND {conditions} \
+           ORDER BY {value} {order}, f.task_id {tie_order} \
+           LIMIT {limit}), \
+         {outputs} \
+         SELECT f.task_id, {columns}, f.status, f.completed_at, f.first_started_at, \
+                f.last_ended_at, f.gpu_models, f.sort_value::text AS sort_key \
+         FROM page AS f LEFT JOIN outputs USING (task_id) \
+         ORDER BY f.sort_value {order}, f.task_id {tie_order}",
+        outputs = outputs_cte("task_id", "page"),
         columns = figure_columns(),
         filters = filters.join(" AND "),
         conditions = conditions.join(" AND "),
@@ -624,8 +647,11 @@ pub async fn monthly_figures(
         columns = unpriced_columns("m.").replace("{month}", "m.month"),
     );
     let sql = format!(
-        "WITH {ctes} SELECT f.task_id, f.month, {columns} FROM f ORDER BY f.task_id, f.month",
+        "WITH {ctes}, {outputs} \
+         SELECT f.task_id, f.month, {columns} FROM f LEFT JOIN outputs USING (task_id, month) \
+         ORDER BY f.task_id, f.month",
         ctes = priced_ctes(&mut binder, what_if, &rows, "task_id, month"),
+        outputs = outputs_cte("task_id, month", "f"),
         columns = figure_columns(),
     );
     let rows = binder.query_as::<MonthRow>(&sql)?.fetch_all(conn).await?;
