@@ -422,6 +422,12 @@ async fn run_service(
                 .unwrap_or(workers::compaction::DEFAULT_INTERVAL),
             stopping(),
         )),
+        tokio::spawn(workers::reassignment::run(
+            database.pool.clone(),
+            settings.timezone,
+            workers::reassignment::DEFAULT_INTERVAL,
+            stopping(),
+        )),
         tokio::spawn(workers::burn_tick::run(
             database.pool.clone(),
             settings,
@@ -444,7 +450,7 @@ async fn run_service(
 
 /// Waits for the workers, told to stop, to finish their turn; cuts off those that take longer
 /// than `WORKER_STOP_TIMEOUT` (their transactions roll back, so nothing is half done).
-async fn stop_workers(workers: [tokio::task::JoinHandle<()>; 3]) {
+async fn stop_workers(workers: [tokio::task::JoinHandle<()>; 4]) {
     let aborts: Vec<_> = workers.iter().map(|worker| worker.abort_handle()).collect();
     let all = async {
         for worker in workers {

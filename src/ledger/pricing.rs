@@ -43,7 +43,7 @@ async fn commit_and_reassign(
 ) -> LedgerResult<()> {
     tx.commit().await?;
     for job in &jobs {
-        rating::run_job(pool, job, settings.timezone).await?;
+        rating::run_job(pool, job.id, settings.timezone, true).await?;
     }
     alerting::evaluate_current_month(pool, settings).await;
     Ok(())

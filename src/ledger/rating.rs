@@ -24,13 +24,16 @@
 //!   contracts. Every writer of a task holds the task's row, so two ratings of one record
 //!   never interleave. No interleaving leaves a record assigned by a contract set that no
 //!   longer holds; the job's progress is stored with each page, and a job a stopped service
-//!   leaves is finished at the next start.
+//!   leaves, or whose run failed, is finished at the next start and by the re-assignment
+//!   worker (`workers::reassignment`). Whoever runs a job holds its lock, so two
+//!   replicas never run one job at once.
 
 use std::collections::{HashMap, HashSet};
 
 use anyhow::Context;
 use chrono_tz::Tz;
 use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
 use crate::domain::rating::{BillingMode, assign_record};
 use crate::domain::record::RecordKey;
@@ -227,11 +230,20 @@ pub async fn rate_in_bounded_calls(
     Ok(())
 }
 
-/// Runs a re-assignment job to its end: the records it names, page by page, each call of at
-/// most [`SEGMENTS_PER_REASSIGNMENT`] segments in a transaction of its own that takes the
-/// kind's contract-set lock shared, as ingest does, and notes the job's progress; then the
-/// job is removed. Returns how many records it re-assigned.
-pub async fn run_job(pool: &PgPool, job: &ReratingJob, tz: Tz) -> anyhow::Result<usize> {
+/// Runs re-assignment job `id` to its end, holding the job's lock so that no other replica
+/// runs it at the same time: waiting for whoever holds it when `wait` (a change that must
+/// return with its records re-assigned), else leaving it to them. The records it names are
+/// re-assigned page by page from where it stood, each call of at most
+/// [`SEGMENTS_PER_REASSIGNMENT`] segments in a transaction of its own that takes the kind's
+/// contract-set lock shared, as ingest does, and notes the job's progress; then the job is
+/// removed. Returns how many records it re-assigned, or `None` when it was left to another
+/// runner or already done.
+pub async fn run_job(pool: &PgPool, id: Uuid, tz: Tz, wait: bool) -> anyhow::Result<Option<usize>> {
+    // The lock is the holding transaction's: it goes with it however the run ends.
+    let mut holder = pool.begin().await?;
+    let Some(job) = store::rating::claim_job(&mut holder, id, wait).await? else {
+        return Ok(None);
+    };
     let rating = Rating::start(RatingCause::Contract);
     let kind = (job.of.gpu_model.clone(), job.of.billing_mode);
     let mut after = job.after.clone();
@@ -259,19 +271,23 @@ pub async fn run_job(pool: &PgPool, job: &ReratingJob, tz: Tz) -> anyhow::Result
         }
         after = Some(last);
     }
-    store::rating::finish_job(&mut *pool.acquire().await?, job.id).await?;
+    store::rating::finish_job(&mut holder, job.id).await?;
+    holder.commit().await?;
     rating.finished(rerated);
-    Ok(rerated)
+    Ok(Some(rerated))
 }
 
-/// Finishes every re-assignment job left by a stopped service (or still running elsewhere:
-/// running one twice rates the same records the same way). Returns how many it ran.
+/// Runs every re-assignment job still owed that no other replica is running: those a stopped
+/// service left, and those whose run failed. Returns how many it ran.
 pub async fn finish_pending_jobs(pool: &PgPool, tz: Tz) -> anyhow::Result<usize> {
     let jobs = store::rating::pending_jobs(&mut *pool.acquire().await?).await?;
+    let mut ran = 0;
     for job in &jobs {
-        run_job(pool, job, tz).await?;
+        if run_job(pool, job.id, tz, false).await?.is_some() {
+            ran += 1;
+        }
     }
-    Ok(jobs.len())
+    Ok(ran)
 }
 
 /// The records of `of` a contract change re-assigns, for the change's transaction to store

@@ -709,13 +709,56 @@ pub async fn insert_job(conn: &mut PgConnection, of: &KindSpan) -> sqlx::Result<
     })
 }
 
+/// The advisory lock namespace of re-assignment jobs: whoever runs a job holds the job's
+/// lock, so two replicas never run one job at once.
+const JOBS: i32 = 0x6a6f_6273;
+
+/// The columns a [`JobRow`] is read from.
+const JOB_COLUMNS: &str = "id, gpu_model, billing_mode, project_id, span_from, span_until, \
+                           after_project, after_task, after_attempt";
+
+/// Takes the lock of job `id` for the rest of the transaction of `conn` (waiting for whoever
+/// holds it when `wait`, else giving up at once), and reads the job as it stands then: `None`
+/// when it was not taken, or when the job is already done.
+pub async fn claim_job(
+    conn: &mut PgConnection,
+    id: Uuid,
+    wait: bool,
+) -> sqlx::Result<Option<ReratingJob>> {
+    let taken: bool =
+        match wait {
+            true => sqlx::query_scalar(&format!(
+                "SELECT true FROM (SELECT pg_advisory_xact_lock({JOBS}, hashtext($1::text))) AS l"
+            ))
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?,
+            false => {
+                sqlx::query_scalar(&format!(
+                    "SELECT pg_try_advisory_xact_lock({JOBS}, hashtext($1::text))"
+                ))
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await?
+            }
+        };
+    if !taken {
+        return Ok(None);
+    }
+    let row: Option<JobRow> = sqlx::query_as(&format!(
+        "SELECT {JOB_COLUMNS} FROM rerating_jobs WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(ReratingJob::from))
+}
+
 /// Every job still owed, oldest first.
 pub async fn pending_jobs(conn: &mut PgConnection) -> sqlx::Result<Vec<ReratingJob>> {
-    let rows: Vec<JobRow> = sqlx::query_as(
-        "SELECT id, gpu_model, billing_mode, project_id, span_from, span_until, after_project, \
-                after_task, after_attempt \
-         FROM rerating_jobs ORDER BY created_at, id",
-    )
+    let rows: Vec<JobRow> = sqlx::query_as(&format!(
+        "SELECT {JOB_COLUMNS} FROM rerating_jobs ORDER BY created_at, id"
+    ))
     .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().map(ReratingJob::from).collect())

@@ -1,9 +1,11 @@
-//! Background work: alert delivery, the periodic re-evaluation of budget burn and rollup
-//! compaction. Every replica on a database runs all three; they share the work through the
-//! database (row locks on the outbox, an advisory lock per periodic job).
+//! Background work: alert delivery, the periodic re-evaluation of budget burn, rollup
+//! compaction and the re-assignments contract changes still owe. Every replica on a database
+//! runs all four; they share the work through the database (row locks on the outbox, an
+//! advisory lock per periodic job and per re-assignment).
 
 pub mod burn_tick;
 pub mod compaction;
+pub mod reassignment;
 pub mod webhooks;
 
 /// What one turn of a periodic job did on this replica.

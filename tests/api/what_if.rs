@@ -1,5 +1,5 @@
 //! What-if prices (COST_MODEL §12) on the worked example, prices that apply when read after
-//! a month was closed, and re-assignments a stopped service left owing.
+//! a month was closed, and re-assignments a stopped service or a failed run left owing.
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -9,7 +9,7 @@ use taskledger::domain::rating::BillingMode;
 use taskledger::store::rating::KindSpan;
 
 use crate::common::{TestApp, assert_money, cost};
-use crate::fixtures::{NOVEMBER, contract, record, worked_example};
+use crate::fixtures::{NOVEMBER, record, worked_example};
 
 async fn app_in_december() -> TestApp {
     TestApp::spawn_with(Settings {
@@ -174,19 +174,13 @@ async fn a_price_change_after_close_is_booked_as_an_adjustment() {
     assert_money(&adjustments[0]["total"], "1");
 }
 
-#[tokio::test]
-async fn a_reassignment_left_owing_is_finished_at_the_next_start() {
-    let app = TestApp::spawn().await;
+/// An app with 2 H100 GPUs over two hours of November, and a 3.00 contract for them stored
+/// with the re-assignment it owes, as a change does, by a service stopped before it ran it:
+/// the hours are still unrated. Returns the job's id.
+async fn owing_a_reassignment(app: &TestApp) -> uuid::Uuid {
     app.create_project("vision", "USD").await;
     app.ingest([record("t", "2026-11-03T00:00:00Z", "2026-11-03T02:00:00Z").gpu_count(2)])
         .await;
-    // A contract stored with its job, as a change does, by a service stopped before it ran.
-    let id = contract("H100", "on_demand", "2.00").create(&app).await;
-    sqlx::query("DELETE FROM contracts WHERE id = $1::uuid")
-        .bind(&id)
-        .execute(&app.pool)
-        .await
-        .unwrap();
     let mut tx = app.pool.begin().await.unwrap();
     sqlx::query(
         "INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
@@ -203,12 +197,26 @@ async fn a_reassignment_left_owing_is_finished_at_the_next_start() {
         project: None,
         span: ("2026-01-01T00:00:00Z".parse().unwrap(), None),
     };
-    taskledger::ledger::rating::owe_reassignment(&mut tx, &of)
+    let job = taskledger::ledger::rating::owe_reassignment(&mut tx, &of)
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let owing = cost(&app, NOVEMBER).await;
+    let owing = cost(app, NOVEMBER).await;
     assert_money(&owing["unrated_gpu_seconds"], "14400");
+    job.id
+}
+
+async fn jobs_owed(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM rerating_jobs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_reassignment_left_owing_is_finished_at_the_next_start() {
+    let app = TestApp::spawn().await;
+    owing_a_reassignment(&app).await;
 
     taskledger::ledger::setup::prepare(&app.pool, chrono_tz::UTC)
         .await
@@ -216,9 +224,49 @@ async fn a_reassignment_left_owing_is_finished_at_the_next_start() {
     let done = cost(&app, NOVEMBER).await;
     assert_money(&done["total"], "12");
     assert_money(&done["unrated_gpu_seconds"], "0");
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM rerating_jobs")
-        .fetch_one(&app.pool)
+    assert_eq!(jobs_owed(&app).await, 0);
+}
+
+#[tokio::test]
+async fn a_reassignment_runs_on_one_replica_at_a_time_and_the_worker_finishes_it() {
+    let app = TestApp::spawn().await;
+    let job = owing_a_reassignment(&app).await;
+
+    // Another replica is running the job: a turn here leaves it to that one.
+    let mut elsewhere = app.pool.begin().await.unwrap();
+    let claimed = taskledger::store::rating::claim_job(&mut elsewhere, job, false)
         .await
         .unwrap();
-    assert_eq!(left, 0);
+    assert!(claimed.is_some());
+    let ran = taskledger::ledger::rating::finish_pending_jobs(&app.pool, chrono_tz::UTC)
+        .await
+        .unwrap();
+    assert_eq!(ran, 0);
+    assert_eq!(jobs_owed(&app).await, 1);
+    assert_money(&cost(&app, NOVEMBER).await["unrated_gpu_seconds"], "14400");
+
+    // That replica stops without finishing it: the worker of this one does.
+    elsewhere.rollback().await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(taskledger::workers::reassignment::run(
+        app.pool.clone(),
+        chrono_tz::UTC,
+        std::time::Duration::from_millis(20),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while jobs_owed(&app).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker did not finish the job"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    worker.await.unwrap();
+    let done = cost(&app, NOVEMBER).await;
+    assert_money(&done["total"], "12");
+    assert_money(&done["unrated_gpu_seconds"], "0");
 }
