@@ -725,23 +725,22 @@ pub async fn claim_job(
     id: Uuid,
     wait: bool,
 ) -> sqlx::Result<Option<ReratingJob>> {
-    let taken: bool =
-        match wait {
-            true => sqlx::query_scalar(&format!(
-                "SELECT true FROM (SELECT pg_advisory_xact_lock({JOBS}, hashtext($1::text))) AS l"
-            ))
-            .bind(id)
-            .fetch_one(&mut *conn)
-            .await?,
-            false => {
-                sqlx::query_scalar(&format!(
-                    "SELECT pg_try_advisory_xact_lock({JOBS}, hashtext($1::text))"
-                ))
+    let lock = format!("({JOBS}, hashtext($1::text))");
+    let taken = match wait {
+        true => {
+            sqlx::query(&format!("SELECT pg_advisory_xact_lock{lock}"))
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            true
+        }
+        false => {
+            sqlx::query_scalar(&format!("SELECT pg_try_advisory_xact_lock{lock}"))
                 .bind(id)
                 .fetch_one(&mut *conn)
                 .await?
-            }
-        };
+        }
+    };
     if !taken {
         return Ok(None);
     }

@@ -28,7 +28,7 @@ use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_money};
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
-use crate::store::rollups::{Level, PRICED_SUMS, PeriodSplit, TASK_SUMS};
+use crate::store::rollups::{Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, summed};
 
 /// The summed columns filled from segments, with the expression over a segment change
 /// (`sign` and the `rated_segments` columns, with the figures of an old segment negated)
@@ -377,7 +377,7 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
         .map(|(seconds, money)| format!("coalesce(sum({seconds} * price), 0) AS {money}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let counted = [
+    let counted = summed(&[
         "gpu_seconds_held",
         "gpu_seconds_busy",
         "attempts",
@@ -386,9 +386,7 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
         "failures",
         "queue_wait_seconds",
         "queue_waits",
-    ]
-    .map(|column| format!("sum({column}) AS {column}"))
-    .join(", ");
+    ]);
     format!(
         "rows AS ( \
            SELECT r.*, {price} AS price FROM ({rows}) AS r {joins}), \
