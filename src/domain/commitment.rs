@@ -45,9 +45,17 @@ pub fn unused_commitment(
     tz: Tz,
 ) -> Vec<UnusedCommitment> {
     let window = LedgerWindow::new(from, to, tz);
-    netted_hours(contract, used_gpu_seconds_by_hour, &window)
-        .map(|(_, hour, seconds)| seconds.charge(hour.start, hour.month, contract))
-        .collect()
+    let Some(span) = Span::of(contract, &window) else {
+        return Vec::new();
+    };
+    netted_hours(
+        &span,
+        used_gpu_seconds_by_hour,
+        &window,
+        span.first..span.last,
+    )
+    .map(|(_, hour, seconds)| seconds.charge(hour.start, hour.month, contract))
+    .collect()
 }
 
 /// The ledger hours that hold some of `[from, to)`, in order.
@@ -75,18 +83,31 @@ pub struct LedgerWindow {
     lengths: Vec<TimeDelta>,
     /// The index of each ledger day's first hour in `hours`, in order.
     day_starts: Vec<usize>,
+    /// The ledger date of each of `day_starts`.
+    days: Vec<NaiveDate>,
+}
+
+/// The ledger days, from `first` to `last`, whose every hour lies inside a reservation's
+/// validity and the window and lasts a whole hour (`LedgerWindow::whole_days`): each hour of
+/// them commits `hour_seconds`, so netting such a day needs only its hours' usage, each
+/// capped at `hour_seconds`, summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeDays {
+    pub first: NaiveDate,
+    pub last: NaiveDate,
+    pub hour_seconds: Decimal,
 }
 
 impl LedgerWindow {
     pub fn new(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Self {
         let hours = ledger_hours(from, to, tz);
         let mut day_starts = Vec::new();
-        let mut last_day = None;
+        let mut days = Vec::new();
         for (index, hour) in hours.iter().enumerate() {
             let day = hour.start.with_timezone(&tz).date_naive();
-            if last_day != Some(day) {
+            if days.last() != Some(&day) {
                 day_starts.push(index);
-                last_day = Some(day);
+                days.push(day);
             }
         }
         let lengths = hours.iter().map(|hour| hour.end - hour.start).collect();
@@ -96,7 +117,13 @@ impl LedgerWindow {
             hours,
             lengths,
             day_starts,
+            days,
         }
+    }
+
+    /// The position in `day_starts` of the ledger day holding hour `index`.
+    fn day_of(&self, index: usize) -> usize {
+        self.day_starts.partition_point(|&start| start <= index) - 1
     }
 
     /// The index in `hours` of the first hour of the ledger day after the one holding hour
@@ -107,6 +134,95 @@ impl LedgerWindow {
             .get(day)
             .copied()
             .unwrap_or(self.hours.len())
+    }
+
+    /// The ledger days of the window whose every hour is a whole hour long (all of them but
+    /// where a time zone's offset moves by less than an hour), each with where its hours in
+    /// the window begin and end.
+    pub fn regular_days(&self) -> Vec<(NaiveDate, DateTime<Utc>, DateTime<Utc>)> {
+        let whole = TimeDelta::seconds(WHOLE_HOUR);
+        self.day_starts
+            .iter()
+            .enumerate()
+            .filter_map(|(day, &first)| {
+                let end = self
+                    .day_starts
+                    .get(day + 1)
+                    .copied()
+                    .unwrap_or(self.hours.len());
+                self.lengths[first..end]
+                    .iter()
+                    .all(|length| *length == whole)
+                    .then(|| {
+                        (
+                            self.days[day],
+                            self.hours[first].start,
+                            self.hours[end - 1].end,
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    /// The days of the window `contract` commits whole (see [`WholeDays`]), irregular days
+    /// included (see [`Self::regular_days`]); `None` when it commits no whole day of it.
+    pub fn whole_days(&self, contract: &Contract) -> Option<WholeDays> {
+        let span = Span::of(contract, self)?;
+        let mut whole = self.day_starts.iter().enumerate().filter(|&(day, &first)| {
+            let end = self
+                .day_starts
+                .get(day + 1)
+                .copied()
+                .unwrap_or(self.hours.len());
+            first >= span.first
+                && end <= span.last
+                && self.hours[first].start >= span.start
+                && self.hours[end - 1].end <= span.end
+        });
+        let (first, _) = whole.next()?;
+        let last = whole.next_back().map_or(first, |(day, _)| day);
+        Some(WholeDays {
+            first: self.days[first],
+            last: self.days[last],
+            hour_seconds: span.committed_gpus * SECONDS_PER_HOUR,
+        })
+    }
+}
+
+const WHOLE_HOUR: i64 = 3600;
+
+/// The part of a window a reservation commits GPUs in: `[start, end)`, the window's hours
+/// `first..last` holding it.
+struct Span {
+    committed_gpus: Decimal,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    first: usize,
+    last: usize,
+}
+
+impl Span {
+    /// `None` for a contract that commits no reserved GPUs in the window.
+    fn of(contract: &Contract, window: &LedgerWindow) -> Option<Self> {
+        let committed_gpus = contract
+            .committed_gpus
+            .filter(|gpus| contract.billing_mode == BillingMode::Reserved && !gpus.is_zero())?;
+        let start = window.from.max(contract.valid_from);
+        let end = contract
+            .valid_until
+            .map_or(window.to, |until| until.min(window.to));
+        if start >= end {
+            return None;
+        }
+        // The hours from the one holding `start` to the one holding the last instant before
+        // `end`.
+        Some(Self {
+            committed_gpus,
+            start,
+            end,
+            first: window.hours.partition_point(|hour| hour.end <= start),
+            last: window.hours.partition_point(|hour| hour.start < end),
+        })
     }
 }
 
@@ -134,34 +250,17 @@ impl NettedSeconds {
     }
 }
 
-/// Each ledger hour of `window` inside the contract's validity, with its index in the
-/// window's hours and the GPU-seconds it commits and leaves unused; nothing for a contract
-/// that commits no reserved GPUs.
+/// The window's hours `range` (inside the span), each with its index in the window's hours
+/// and the GPU-seconds it commits and leaves unused.
 fn netted_hours<'a>(
-    contract: &Contract,
+    span: &'a Span,
     used_gpu_seconds_by_hour: &'a HourlyUsage,
     window: &'a LedgerWindow,
+    range: std::ops::Range<usize>,
 ) -> impl Iterator<Item = (usize, &'a LedgerHour, NettedSeconds)> + 'a {
-    let committed_gpus = contract
-        .committed_gpus
-        .filter(|_| contract.billing_mode == BillingMode::Reserved)
-        .unwrap_or_default();
-    let start = window.from.max(contract.valid_from);
-    let end = contract
-        .valid_until
-        .map_or(window.to, |until| until.min(window.to));
-    let (first, last) = if committed_gpus.is_zero() || start >= end {
-        (0, 0)
-    } else {
-        // The hours from the one holding `start` to the one holding the last instant before
-        // `end`.
-        (
-            window.hours.partition_point(|hour| hour.end <= start),
-            window.hours.partition_point(|hour| hour.start < end),
-        )
-    };
-    let hours = &window.hours[first..last];
-    let lengths = &window.lengths[first..last];
+    let first = range.start;
+    let hours = &window.hours[range.clone()];
+    let lengths = &window.lengths[range];
     let first_used = hours.first().map_or(0, |hour| {
         used_gpu_seconds_by_hour.partition_point(|(at, _)| *at < hour.start)
     });
@@ -174,17 +273,18 @@ fn netted_hours<'a>(
         .zip(lengths)
         .enumerate()
         .map(move |(offset, (hour, &length))| {
-            let committed = if hour.start >= start && hour.end <= end {
+            let committed = if hour.start >= span.start && hour.end <= span.end {
                 match committed_of {
                     Some((whole, committed)) if whole == length => committed,
                     _ => {
-                        let committed = committed_gpus * seconds_between(hour.start, hour.end);
+                        let committed = span.committed_gpus * seconds_between(hour.start, hour.end);
                         committed_of = Some((length, committed));
                         committed
                     }
                 }
             } else {
-                committed_gpus * seconds_between(hour.start.max(start), hour.end.min(end))
+                span.committed_gpus
+                    * seconds_between(hour.start.max(span.start), hour.end.min(span.end))
             };
             while used.next_if(|(at, _)| *at < hour.start).is_some() {}
             let used_seconds = used
@@ -201,29 +301,48 @@ fn netted_hours<'a>(
 /// reservation's hours costs a few dozen divisions rather than one per hour; a day lies in one
 /// ledger month, so every figure grouped by day or coarser sums these exactly as it would the
 /// hours.
+///
+/// `capped_days` gives, in day order, for some of the contract's whole days
+/// ([`LedgerWindow::whole_days`]) that are regular ([`LedgerWindow::regular_days`]), the sum over the day's hours of
+/// their usage capped at [`WholeDays::hour_seconds`]: such a day leaves
+/// `its hours × hour_seconds` less that sum unused, and `used_gpu_seconds_by_hour` need not
+/// hold its hours. Every other day is netted hour by hour.
 pub fn unused_commitment_by_day(
     contract: &Contract,
     used_gpu_seconds_by_hour: &HourlyUsage,
+    capped_days: &[(NaiveDate, Decimal)],
     window: &LedgerWindow,
 ) -> Vec<UnusedCommitment> {
+    let Some(span) = Span::of(contract, window) else {
+        return Vec::new();
+    };
+    let hour_seconds = span.committed_gpus * SECONDS_PER_HOUR;
+    let mut capped = capped_days.iter().peekable();
     let mut days = Vec::new();
-    let mut day: Option<(&LedgerHour, usize, NettedSeconds)> = None;
-    for (index, hour, seconds) in netted_hours(contract, used_gpu_seconds_by_hour, window) {
-        match &mut day {
-            Some((_, next_day, sums)) if index < *next_day => {
-                sums.committed += seconds.committed;
-                sums.unused += seconds.unused;
-            }
-            _ => {
-                if let Some((first, _, sums)) = day.take() {
-                    days.push(sums.charge(first.start, first.month, contract));
+    let mut index = span.first;
+    while index < span.last {
+        let end = window.next_day_start(index).min(span.last);
+        let day = window.days[window.day_of(index)];
+        while capped.next_if(|(at, _)| *at < day).is_some() {}
+        let sums = match capped.next_if(|(at, _)| *at == day) {
+            Some((_, capped)) => {
+                let committed = hour_seconds * Decimal::from(end - index);
+                NettedSeconds {
+                    committed,
+                    unused: committed - capped,
                 }
-                day = Some((hour, window.next_day_start(index), seconds));
             }
-        }
-    }
-    if let Some((first, _, sums)) = day {
+            None => netted_hours(&span, used_gpu_seconds_by_hour, window, index..end).fold(
+                NettedSeconds::default(),
+                |sums, (_, _, seconds)| NettedSeconds {
+                    committed: sums.committed + seconds.committed,
+                    unused: sums.unused + seconds.unused,
+                },
+            ),
+        };
+        let first = &window.hours[index];
         days.push(sums.charge(first.start, first.month, contract));
+        index = end;
     }
     days
 }
@@ -368,7 +487,7 @@ mod tests {
         let october = NaiveDate::from_ymd_opt(2026, 10, 1).unwrap();
         assert!(charges.iter().all(|c| c.month == october));
         assert_eq!(
-            unused_commitment_by_day(&contract, &used, &ledger),
+            unused_commitment_by_day(&contract, &used, &[], &ledger),
             [UnusedCommitment {
                 hour: utc("2026-10-25T00:00:00Z"),
                 month: october,
@@ -393,8 +512,12 @@ mod tests {
             })
             .collect();
         let hours = unused_commitment(&contract, &used, window.0, window.1, tz);
-        let days =
-            unused_commitment_by_day(&contract, &used, &LedgerWindow::new(window.0, window.1, tz));
+        let days = unused_commitment_by_day(
+            &contract,
+            &used,
+            &[],
+            &LedgerWindow::new(window.0, window.1, tz),
+        );
         assert_eq!(
             days.iter().map(|d| d.hour).collect::<Vec<_>>(),
             [utc("2026-11-01T12:30:00Z"), utc("2026-11-01T18:30:00Z")]
@@ -413,6 +536,92 @@ mod tests {
         }
         assert_eq!(hours.len(), 30);
         assert!(hours.iter().all(|h| h.month == days[0].month));
+    }
+
+    type CappedDays = Vec<(NaiveDate, Decimal)>;
+
+    /// Each whole, regular day of `contract` in `window` with its hours' usage capped at the
+    /// hour's commitment and summed, as the database sums them, and the usage without those
+    /// days' hours.
+    fn capped(
+        contract: &Contract,
+        used: &[(DateTime<Utc>, Decimal)],
+        window: &LedgerWindow,
+        tz: Tz,
+    ) -> (CappedDays, Vec<(DateTime<Utc>, Decimal)>) {
+        let whole = window.whole_days(contract).unwrap();
+        let regular: Vec<NaiveDate> = window.regular_days().iter().map(|d| d.0).collect();
+        let is_capped = |hour: &DateTime<Utc>| {
+            let day = hour.with_timezone(&tz).date_naive();
+            (whole.first..=whole.last).contains(&day) && regular.contains(&day)
+        };
+        let mut days: Vec<(NaiveDate, Decimal)> = Vec::new();
+        for (hour, seconds) in used.iter().filter(|(hour, _)| is_capped(hour)) {
+            let day = hour.with_timezone(&tz).date_naive();
+            let capped = (*seconds).min(whole.hour_seconds);
+            match days.last_mut() {
+                Some((last, sum)) if *last == day => *sum += capped,
+                _ => days.push((day, capped)),
+            }
+        }
+        let rest = used.iter().filter(|(hour, _)| !is_capped(hour)).copied();
+        (days, rest.collect())
+    }
+
+    #[test]
+    fn whole_days_netted_from_capped_sums_equal_the_hours_netted_one_by_one() {
+        // Lord Howe moves its clocks by half an hour on 4 October 2026, Berlin by an hour on
+        // 25 October; the contract starts and ends mid-day.
+        for tz in [
+            UTC,
+            Asia::Kolkata,
+            chrono_tz::Europe::Berlin,
+            chrono_tz::Australia::Lord_Howe,
+        ] {
+            let (from, to) = (utc("2026-09-30T00:00:00Z"), utc("2026-11-02T00:00:00Z"));
+            let window = LedgerWindow::new(from, to, tz);
+            let contract = Contract {
+                valid_from: utc("2026-10-01T05:45:00Z"),
+                valid_until: Some(utc("2026-10-30T17:20:00Z")),
+                ..reserved(Some(Decimal::new(25, 1)))
+            };
+            let used: Vec<_> = window
+                .hours
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % 7 != 3)
+                .map(|(i, hour)| (hour.start, Decimal::new((i as i64 * 7919) % 12000, 1)))
+                .collect();
+            let whole = window.whole_days(&contract).unwrap();
+            assert_eq!(whole.hour_seconds, Decimal::from(9000));
+            let local_day = |at: DateTime<Utc>| at.with_timezone(&tz).date_naive();
+            assert_eq!(
+                whole.first,
+                local_day(contract.valid_from).succ_opt().unwrap()
+            );
+            let until = contract.valid_until.unwrap();
+            assert_eq!(whole.last, local_day(until).pred_opt().unwrap(), "{tz}");
+            let regular = window.regular_days();
+            let irregular: Vec<NaiveDate> = window
+                .days
+                .iter()
+                .filter(|day| !regular.iter().any(|r| r.0 == **day))
+                .copied()
+                .collect();
+            let expected_irregular: &[NaiveDate] = if tz == chrono_tz::Australia::Lord_Howe {
+                &[NaiveDate::from_ymd_opt(2026, 10, 4).unwrap()]
+            } else {
+                &[]
+            };
+            assert_eq!(irregular, expected_irregular, "{tz}");
+            let (days, rest) = capped(&contract, &used, &window, tz);
+            assert!(days.len() > 25, "{tz}: {}", days.len());
+            assert_eq!(
+                unused_commitment_by_day(&contract, &rest, &days, &window),
+                unused_commitment_by_day(&contract, &used, &[], &window),
+                "{tz}"
+            );
+        }
     }
 
     #[test]

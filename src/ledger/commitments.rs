@@ -83,13 +83,21 @@ impl Commitments {
             return Ok(commitments);
         }
         let ids: Vec<_> = rows.iter().map(|c| c.id).collect();
-        // An hour cut by the window's end has its usage read whole: usage has no finer grain.
-        let mut usage = store::cost::contract_usage(conn, (from, to), &ids).await?;
         let window = LedgerWindow::new(from, to, tz);
+        let contracts: Vec<Contract> = rows.iter().map(ContractRow::to_domain).collect();
+        // The days a contract commits whole are netted in the database, a number per day.
+        let whole: Vec<_> = contracts
+            .iter()
+            .filter_map(|contract| Some((contract.id, window.whole_days(contract)?)))
+            .collect();
+        // An hour cut by the window's end has its usage read whole: usage has no finer grain.
+        let mut usage =
+            store::cost::contract_usage(conn, (from, to), &ids, tz, &whole, &window.regular_days())
+                .await?;
         commitments.accrued = rows
             .into_iter()
-            .map(|row| {
-                let mut contract = row.to_domain();
+            .zip(contracts)
+            .map(|(row, mut contract)| {
                 if let Some(price) =
                     what_if.contract_price(contract.id, &contract.gpu_model, contract.billing_mode)
                 {
@@ -99,7 +107,8 @@ impl Commitments {
                     };
                 }
                 let used = usage.remove(&row.id).unwrap_or_default();
-                let charges = unused_commitment_by_day(&contract, &used, &window);
+                let charges =
+                    unused_commitment_by_day(&contract, &used.hours, &used.capped_days, &window);
                 let mut accrued = Accrued {
                     row,
                     contract,

@@ -47,7 +47,11 @@ async fn month_data(
         Some(window) => {
             let commitments = store::exports::commitments(conn, window).await?;
             let ids: Vec<Uuid> = commitments.iter().map(|c| c.contract.id).collect();
-            let used = store::cost::contract_usage(conn, window, &ids).await?;
+            let used = store::cost::contract_usage(conn, window, &ids, period.tz, &[], &[])
+                .await?
+                .into_iter()
+                .map(|(id, usage)| (id, usage.hours))
+                .collect();
             let commitments = commitments
                 .into_iter()
                 .map(committed_contract)

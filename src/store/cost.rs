@@ -15,6 +15,7 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::domain::commitment::WholeDays;
 use crate::domain::figures::{Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums};
 use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
@@ -403,48 +404,119 @@ pub async fn queue_waits(
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
+/// A reservation's usage over a window, as [`contract_usage`] reads it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ContractUsage {
+    /// GPU-seconds rated per ledger hour, in hour order, without the hours of `capped_days`.
+    pub hours: Vec<(DateTime<Utc>, Decimal)>,
+    /// For some of the contract's whole days, in day order: the sum over the day's hours of
+    /// their GPU-seconds, each capped at the hour's commitment (see
+    /// `domain::commitment::unused_commitment_by_day`).
+    pub capped_days: Vec<(NaiveDate, Decimal)>,
+}
+
 /// GPU-seconds each of `contracts` rated, per ledger hour of `[from, to)`, in hour order and
 /// without hours whose segments are all gone. A month of a thousand reservations is hundreds
-/// of thousands of hours, so they are read from the compacted rows of whole UTC days, whose
-/// hours come as arrays (migration 0012), and the delta rows compaction has not folded in yet
-/// are added hour by hour. Usage is summed over projects: a project-scoped contract only
-/// rates its own project's records.
+/// of thousands of hours, so they are read from the compacted rows of whole ledger days,
+/// whose hours come as arrays (migrations 0012 and 0015), and the delta rows compaction has
+/// not folded in yet are added hour by hour. Usage is summed over projects: a
+/// project-scoped contract only rates its own project's records.
+///
+/// The days `whole` names for a contract that are among `regular_days` (each a ledger day
+/// whose hours are all whole, with where they begin and end) come as one capped sum each,
+/// worked out in the database from the day's sorted usage, instead of hour by hour; unless
+/// the day has delta rows yet to fold, or its row holds hours outside it (rows compacted for
+/// another time zone than `tz`).
 pub async fn contract_usage(
     conn: &mut PgConnection,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     contracts: &[Uuid],
-) -> sqlx::Result<BTreeMap<Uuid, Vec<(DateTime<Utc>, Decimal)>>> {
+    tz: Tz,
+    whole: &[(Uuid, WholeDays)],
+    regular_days: &[(NaiveDate, DateTime<Utc>, DateTime<Utc>)],
+) -> sqlx::Result<BTreeMap<Uuid, ContractUsage>> {
     // One statement, so that both come from one snapshot whatever compaction commits. The
-    // delta rows come as one row per contract, without a day.
+    // delta rows come as one row per contract, without a day; a capped day comes without
+    // hours.
     type Row = (
         Uuid,
         Option<NaiveDate>,
-        Vec<DateTime<Utc>>,
-        Vec<i64>,
-        Vec<Numeric>,
+        Option<Vec<DateTime<Utc>>>,
+        Option<Vec<i64>>,
+        Option<Vec<Numeric>>,
+        Option<Numeric>,
     );
     type Hours = Vec<(DateTime<Utc>, i64, Decimal)>;
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT contract_id, day, hours, segments, used \
-         FROM contract_usage_daily \
-         WHERE contract_id = ANY($3) \
-           AND day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date \
-         UNION ALL \
-         SELECT contract_id, NULL, array_agg(hour ORDER BY hour), \
-                array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour) \
-         FROM ( \
+    let ledger_day = |at: DateTime<Utc>| at.with_timezone(&tz).date_naive();
+    let mut binder = Binder::new();
+    let (from_at, to_at) = (binder.bind(from), binder.bind(to));
+    let ids = binder.bind(contracts.to_vec());
+    let zone = binder.bind(tz.name());
+    // A day either side, for rows compacted for another time zone; hours outside the window
+    // are left out below.
+    let first_day = binder.bind(ledger_day(from).pred_opt().unwrap_or(NaiveDate::MIN));
+    let last_day = binder.bind(
+        ledger_day(to - chrono::Duration::microseconds(1))
+            .succ_opt()
+            .unwrap_or(NaiveDate::MAX),
+    );
+    let whole_ids = binder.bind(whole.iter().map(|(id, _)| *id).collect::<Vec<_>>());
+    let whole_firsts = binder.bind(whole.iter().map(|(_, d)| d.first).collect::<Vec<_>>());
+    let whole_lasts = binder.bind(whole.iter().map(|(_, d)| d.last).collect::<Vec<_>>());
+    let caps = binder.bind(
+        whole
+            .iter()
+            .map(|(_, d)| d.hour_seconds)
+            .collect::<Vec<_>>(),
+    );
+    let regular = (
+        binder.bind(regular_days.iter().map(|d| d.0).collect::<Vec<_>>()),
+        binder.bind(regular_days.iter().map(|d| d.1).collect::<Vec<_>>()),
+        binder.bind(regular_days.iter().map(|d| d.2).collect::<Vec<_>>()),
+    );
+    let sql = format!(
+        "WITH pending AS ( \
            SELECT contract_id, hour, sum(segments)::bigint AS segments, \
                   sum(gpu_seconds_held) AS used \
            FROM contract_usage_hourly \
-           WHERE contract_id = ANY($3) AND hour >= $1 AND hour < $2 \
-           GROUP BY contract_id, hour) AS deltas \
-         GROUP BY contract_id",
-    )
-    .bind(from)
-    .bind(to)
-    .bind(contracts)
-    .fetch_all(&mut *conn)
-    .await?;
+           WHERE contract_id = ANY({ids}) AND hour >= {from_at} AND hour < {to_at} \
+           GROUP BY contract_id, hour), \
+         pending_days AS ( \
+           SELECT DISTINCT contract_id, (hour AT TIME ZONE {zone})::date AS day FROM pending), \
+         whole AS ( \
+           SELECT * FROM unnest({whole_ids}::uuid[], {whole_firsts}::date[], \
+                                {whole_lasts}::date[], {caps}::numeric[]) \
+             AS w(contract_id, first_day, last_day, hour_seconds)), \
+         regular AS ( \
+           SELECT * FROM unnest({regular_days}::date[], {regular_starts}::timestamptz[], \
+                                {regular_ends}::timestamptz[]) AS r(day, starts, ends)) \
+         SELECT d.contract_id, d.day, \
+                CASE WHEN NOT c.capped THEN d.hours END, \
+                CASE WHEN NOT c.capped THEN d.segments END, \
+                CASE WHEN NOT c.capped THEN d.used END, \
+                CASE WHEN c.capped THEN \
+                  coalesce(d.running_used[b.at_most], 0) \
+                  + w.hour_seconds * (cardinality(d.sorted_used) - b.at_most) END \
+         FROM contract_usage_daily d \
+         LEFT JOIN whole w ON w.contract_id = d.contract_id \
+         LEFT JOIN regular r ON r.day = d.day \
+         CROSS JOIN LATERAL (SELECT coalesce( \
+             d.day BETWEEN w.first_day AND w.last_day \
+             AND d.hours[1] >= r.starts AND d.hours[cardinality(d.hours)] < r.ends \
+             AND NOT EXISTS (SELECT FROM pending_days p \
+                             WHERE p.contract_id = d.contract_id AND p.day = d.day), \
+             false) AS capped) AS c \
+         CROSS JOIN LATERAL (SELECT width_bucket(w.hour_seconds, d.sorted_used) AS at_most) AS b \
+         WHERE d.contract_id = ANY({ids}) AND d.day >= {first_day} AND d.day <= {last_day} \
+         UNION ALL \
+         SELECT contract_id, NULL, array_agg(hour ORDER BY hour), \
+                array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour), NULL \
+         FROM pending GROUP BY contract_id",
+        regular_days = regular.0,
+        regular_starts = regular.1,
+        regular_ends = regular.2,
+    );
+    let rows: Vec<Row> = binder.query_as(&sql)?.fetch_all(&mut *conn).await?;
     let in_window = |hours: Vec<DateTime<Utc>>, segments: Vec<i64>, used: Vec<Numeric>| {
         hours
             .into_iter()
@@ -458,18 +530,33 @@ pub async fn contract_usage(
     type Day = (NaiveDate, Vec<DateTime<Utc>>, Vec<i64>, Vec<Numeric>);
     let mut days: BTreeMap<Uuid, Vec<Day>> = BTreeMap::new();
     let mut pending: BTreeMap<Uuid, Hours> = BTreeMap::new();
-    for (contract, day, hours, segments, used) in rows {
-        match day {
-            Some(day) => days
+    let mut usage: BTreeMap<Uuid, ContractUsage> = BTreeMap::new();
+    for (contract, day, hours, segments, used, capped) in rows {
+        match (day, capped) {
+            (Some(day), Some(Numeric(capped))) => usage
                 .entry(contract)
                 .or_default()
-                .push((day, hours, segments, used)),
-            None => {
-                pending.insert(contract, in_window(hours, segments, used).collect());
+                .capped_days
+                .push((day, capped)),
+            (Some(day), None) => days.entry(contract).or_default().push((
+                day,
+                hours.unwrap_or_default(),
+                segments.unwrap_or_default(),
+                used.unwrap_or_default(),
+            )),
+            (None, _) => {
+                pending.insert(
+                    contract,
+                    in_window(
+                        hours.unwrap_or_default(),
+                        segments.unwrap_or_default(),
+                        used.unwrap_or_default(),
+                    )
+                    .collect(),
+                );
             }
         }
     }
-    let mut usage = BTreeMap::new();
     for (contract, mut rows) in days {
         rows.sort_unstable_by_key(|row| row.0);
         let compacted: Hours = rows
@@ -477,12 +564,15 @@ pub async fn contract_usage(
             .flat_map(|(_, hours, segments, used)| in_window(hours, segments, used))
             .collect();
         let pending = pending.remove(&contract).unwrap_or_default();
-        usage.insert(contract, merge_hours(compacted, pending));
+        usage.entry(contract).or_default().hours = merge_hours(compacted, pending);
     }
     for (contract, hours) in pending {
-        usage.insert(contract, merge_hours(Vec::new(), hours));
+        usage.entry(contract).or_default().hours = merge_hours(Vec::new(), hours);
     }
-    usage.retain(|_, hours: &mut Vec<_>| !hours.is_empty());
+    for contract in usage.values_mut() {
+        contract.capped_days.sort_unstable_by_key(|(day, _)| *day);
+    }
+    usage.retain(|_, usage| !usage.hours.is_empty() || !usage.capped_days.is_empty());
     Ok(usage)
 }
 

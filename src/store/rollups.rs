@@ -337,36 +337,60 @@ fn delta_tables() -> Vec<String> {
     tables
 }
 
-/// Folds every committed delta row of the reservations' usage into its UTC day's row
-/// (migration 0012): the day's hours and the delta rows' hours are summed per hour, summed
-/// over projects, and written back as the day's arrays, in hour order, without hours whose
-/// segments are all gone. Returns how many delta rows it folded and how many day rows were
-/// left with no hour, which are removed.
-const FOLD_CONTRACT_USAGE: &str = "\
-    WITH moved AS ( \
-      DELETE FROM contract_usage_hourly WHERE delta <> 0 \
-      RETURNING contract_id, hour, segments, gpu_seconds_held AS used), \
-    days AS (SELECT DISTINCT contract_id, (hour AT TIME ZONE 'UTC')::date AS day FROM moved), \
-    old AS ( \
-      DELETE FROM contract_usage_daily d USING days \
-      WHERE d.contract_id = days.contract_id AND d.day = days.day \
-      RETURNING d.*), \
-    entries AS ( \
-      SELECT contract_id, hour, segments, used FROM moved \
-      UNION ALL \
-      SELECT old.contract_id, e.hour, e.segments, e.used \
-      FROM old, unnest(old.hours, old.segments, old.used) AS e(hour, segments, used)), \
-    per_hour AS ( \
-      SELECT contract_id, hour, sum(segments) AS segments, sum(used) AS used \
-      FROM entries GROUP BY contract_id, hour HAVING sum(segments) <> 0), \
-    folded AS ( \
-      INSERT INTO contract_usage_daily (contract_id, day, hours, segments, used) \
-      SELECT contract_id, (hour AT TIME ZONE 'UTC')::date, array_agg(hour ORDER BY hour), \
-             array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour) \
-      FROM per_hour GROUP BY 1, 2 ORDER BY 1, 2 \
-      RETURNING contract_id, day) \
-    SELECT (SELECT count(*) FROM moved), \
-           (SELECT count(*) FROM old WHERE (contract_id, day) NOT IN (SELECT * FROM folded))";
+/// The rows of `contract_usage_daily` (migration 0015) for the hours of `source` (rows of
+/// `contract_id`, `hour`, `segments`, `used`, at most one per contract and hour): one per
+/// contract and ledger day in the time zone `zone`, its hours in order and their usage also
+/// sorted with running sums, without hours whose segments are all gone.
+fn usage_days_sql(source: &str, zone: &str) -> String {
+    format!(
+        "INSERT INTO contract_usage_daily \
+           (contract_id, day, hours, segments, used, sorted_used, running_used) \
+         SELECT contract_id, day, hours, segments, used, usage_sorted(used), \
+                usage_running_sums(used) \
+         FROM ( \
+           SELECT contract_id, (hour AT TIME ZONE {zone})::date AS day, \
+                  array_agg(hour ORDER BY hour) AS hours, \
+                  array_agg(segments ORDER BY hour) AS segments, \
+                  array_agg(used ORDER BY hour) AS used \
+           FROM {source} WHERE segments <> 0 GROUP BY 1, 2) AS days \
+         ORDER BY 1, 2"
+    )
+}
+
+/// The ledger time zone the rollups were built for, as SQL.
+const ROLLUP_ZONE: &str =
+    "coalesce((SELECT value FROM settings WHERE key = 'rollup_timezone'), 'UTC')";
+
+/// Folds every committed delta row of the reservations' usage into its ledger day's row
+/// (migration 0015): the day's hours and the delta rows' hours are summed per hour, summed
+/// over projects, and written back as the day's row. Returns how many delta rows it folded
+/// and how many day rows were left with no hour, which are removed.
+fn fold_contract_usage_sql() -> String {
+    format!(
+        "WITH moved AS ( \
+           DELETE FROM contract_usage_hourly WHERE delta <> 0 \
+           RETURNING contract_id, hour, segments, gpu_seconds_held AS used), \
+         days AS ( \
+           SELECT DISTINCT contract_id, (hour AT TIME ZONE {ROLLUP_ZONE})::date AS day \
+           FROM moved), \
+         old AS ( \
+           DELETE FROM contract_usage_daily d USING days \
+           WHERE d.contract_id = days.contract_id AND d.day = days.day \
+           RETURNING d.*), \
+         entries AS ( \
+           SELECT contract_id, hour, segments, used FROM moved \
+           UNION ALL \
+           SELECT old.contract_id, e.hour, e.segments, e.used \
+           FROM old, unnest(old.hours, old.segments, old.used) AS e(hour, segments, used)), \
+         per_hour AS ( \
+           SELECT contract_id, hour, sum(segments) AS segments, sum(used) AS used \
+           FROM entries GROUP BY contract_id, hour), \
+         folded AS ({insert} RETURNING contract_id, day) \
+         SELECT (SELECT count(*) FROM moved), \
+                (SELECT count(*) FROM old WHERE (contract_id, day) NOT IN (SELECT * FROM folded))",
+        insert = usage_days_sql("per_hour", ROLLUP_ZONE),
+    )
+}
 
 const SETTING_TIMEZONE: &str = "rollup_timezone";
 
@@ -454,7 +478,7 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
         done.delta_rows += moved;
         done.emptied_rows += emptied.len() + emptied_also.len();
     }
-    let (moved, emptied): (i64, i64) = sqlx::query_as(FOLD_CONTRACT_USAGE)
+    let (moved, emptied): (i64, i64) = sqlx::query_as(&fold_contract_usage_sql())
         .fetch_one(&mut *tx)
         .await
         .context("compacting contract_usage_hourly")?;
@@ -478,9 +502,10 @@ pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
 }
 
 /// Rebuilds the daily and monthly rollups from the hourly ones, and the per-task months from
-/// the rated segments and records (see [`rebuild_tasks`]), when they were built for another
-/// ledger time zone than `tz` (or never recorded one), so that their days and months are
-/// those of the ledger. Returns whether it rebuilt them.
+/// the rated segments and records (see [`rebuild_tasks`]), and regroups the reservations'
+/// usage by day, when they were built for another ledger time zone than `tz` (or never
+/// recorded one), so that their days and months are those of the ledger. Returns whether it
+/// rebuilt them.
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
@@ -527,6 +552,18 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     .await
     .context("rebuilding cost_monthly_kinds")?;
     rebuild_tasks(&mut tx, tz).await?;
+    sqlx::query(&format!(
+        "WITH old AS (DELETE FROM contract_usage_daily RETURNING *), \
+         hours AS ( \
+           SELECT old.contract_id, e.hour, e.segments, e.used \
+           FROM old, unnest(old.hours, old.segments, old.used) AS e(hour, segments, used)) \
+         {}",
+        usage_days_sql("hours", "$1")
+    ))
+    .bind(tz.name())
+    .execute(&mut *tx)
+    .await
+    .context("rebuilding contract_usage_daily")?;
     sqlx::query(
         "INSERT INTO settings (key, value) VALUES ($1, $2) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

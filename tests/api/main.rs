@@ -3,6 +3,7 @@
 mod alerts;
 mod browser;
 mod burn;
+mod commitments;
 mod common;
 mod contracts;
 mod cost;
