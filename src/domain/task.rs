@@ -246,11 +246,64 @@ pub struct TaskKeyset {
     pub task_id: String,
 }
 
+/// The longest sort value a keyset may carry: far more digits than any figure has.
+const KEYSET_VALUE_MAX_LEN: usize = 200;
+
+impl TaskKeyset {
+    /// Whether `value` is what a list writes: a finite decimal number in plain notation
+    /// (`-12.5`, `0`, `3600.000001`), never `NaN`, an infinity, an exponent, a hexadecimal
+    /// number or digits with separators, which a cursor altered by hand could carry.
+    pub fn value_is_a_number(&self) -> bool {
+        let digits = self.value.strip_prefix('-').unwrap_or(&self.value);
+        let (whole, fraction) = digits.split_once('.').unwrap_or((digits, "0"));
+        let all_digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+        self.value.len() <= KEYSET_VALUE_MAX_LEN && all_digits(whole) && all_digits(fraction)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_keyset_carries_a_plain_finite_decimal() {
+        let keyset = |value: &str| TaskKeyset {
+            value: value.to_owned(),
+            task_id: "t1".to_owned(),
+        };
+        for good in [
+            "0",
+            "-12.5",
+            "3600.000001",
+            "1774915200",
+            "0.33333333333333333333",
+        ] {
+            assert!(keyset(good).value_is_a_number(), "{good}");
+        }
+        let too_long = "9".repeat(KEYSET_VALUE_MAX_LEN + 1);
+        for bad in [
+            "abc",
+            "",
+            "0x10",
+            "1_000",
+            "NaN",
+            "inf",
+            "-Infinity",
+            "1e400",
+            "1.",
+            ".5",
+            "-",
+            "+1",
+            " 1",
+            "1 ",
+            "１",
+            &too_long,
+        ] {
+            assert!(!keyset(bad).value_is_a_number(), "{bad:?}");
+        }
+    }
 
     fn attempts() -> impl Strategy<Value = Vec<AttemptEnd>> {
         prop::collection::vec(

@@ -214,6 +214,12 @@ fn parse_list(
                 "this cursor continues a list of another period or other filters",
             ));
         }
+        Some(cursor) if !cursor.after.value_is_a_number() => {
+            return Err(ApiError::invalid(
+                "query:cursor",
+                "not a cursor this list returned: its position is not a number",
+            ));
+        }
         Some(cursor) => Some(cursor.after),
     };
     Ok((

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use axum::http::StatusCode;
+use base64::Engine;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
@@ -481,6 +482,44 @@ async fn bad_queries_name_the_parameter() {
         .await;
     assert_eq!(next.status, StatusCode::OK);
     assert_eq!(ids(next.json()["items"].as_array().unwrap()), ["t3", "t5"]);
+
+    // A cursor whose position was altered is refused, whatever the list is sorted by, and
+    // so is one whose position is not a plain finite number.
+    for sort in ["cost", "waste", "gpu_hours", "queue_wait", "started_at"] {
+        let first = app
+            .get(&format!("{base}&sort={sort}&limit=1"), &app.admin)
+            .await
+            .json();
+        let cursor = first["next_cursor"].as_str().unwrap();
+        let mut decoded: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(cursor)
+                .unwrap(),
+        )
+        .unwrap();
+        for bad in [
+            "abc",
+            "",
+            "0x10",
+            "1_000",
+            "NaN",
+            "inf",
+            "1e400",
+            "-Infinity",
+        ] {
+            decoded["after"]["value"] = json!(bad);
+            let altered = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(serde_json::to_vec(&decoded).unwrap());
+            let response = app
+                .get(
+                    &format!("{base}&sort={sort}&limit=1&cursor={altered}"),
+                    &app.admin,
+                )
+                .await;
+            response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(response.pointers(), ["query:cursor"], "{sort}: {bad:?}");
+        }
+    }
 
     // A reader of another project sees neither the list nor a task.
     let reader = app.token("reader", &["other"]).await;
