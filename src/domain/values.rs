@@ -242,6 +242,30 @@ pub fn masked_url(raw: &str) -> String {
     }
 }
 
+/// `text` with every `http://` or `https://` URL in it masked as [`masked_url`] masks one: a
+/// URL runs to the first whitespace, quote, parenthesis or angle bracket.
+pub fn masked_urls_in(text: &str) -> String {
+    // ASCII lowercasing keeps every byte where it was.
+    let lower = text.to_ascii_lowercase();
+    let mut masked = String::with_capacity(text.len());
+    let mut from = 0;
+    while let Some(found) = ["http://", "https://"]
+        .iter()
+        .filter_map(|scheme| lower[from..].find(scheme))
+        .min()
+    {
+        let start = from + found;
+        masked.push_str(&text[from..start]);
+        let end = text[start..]
+            .find(|c: char| c.is_whitespace() || "\"'()<>".contains(c))
+            .map_or(text.len(), |length| start + length);
+        masked.push_str(&masked_url(&text[start..end]));
+        from = end;
+    }
+    masked.push_str(&text[from..]);
+    masked
+}
+
 fn truncate_for_message(raw: &str) -> String {
     raw.chars().take(64).collect()
 }
@@ -249,6 +273,23 @@ fn truncate_for_message(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_in_a_text_keep_their_scheme_and_host_only() {
+        let text = "request failed: error sending request for url \
+                    (https://hooks.example.com/services/T0/B1/secret?token=abc): closed; \
+                    was HTTP://Old.Example:8443/x?k=v and \"http://h/p\" and http://";
+        let masked = masked_urls_in(text);
+        for secret in ["services", "secret", "token", "abc", "/x", "k=v", "/p"] {
+            assert!(!masked.contains(secret), "{secret} in {masked}");
+        }
+        assert_eq!(
+            masked,
+            "request failed: error sending request for url (https://hooks.example.com/…): \
+             closed; was http://old.example/… and \"http://h/…\" and …"
+        );
+        assert_eq!(masked_urls_in("no address here"), "no address here");
+    }
 
     #[test]
     fn project_ids_are_lowercase_slugs() {

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::domain::access::{Principal, Role};
 use crate::domain::validation::Violations;
-use crate::domain::values::{Month, masked_url, parse_instant};
+use crate::domain::values::{Month, masked_url, masked_urls_in, parse_instant};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
@@ -153,7 +153,10 @@ fn view(
                 attempt: a.attempt,
                 attempted_at: a.attempted_at,
                 status_code: a.status_code,
-                error: a.error.clone(),
+                error: match whole_urls {
+                    true => a.error.clone(),
+                    false => a.error.as_deref().map(masked_urls_in),
+                },
                 duration_ms: a.duration_ms,
             })
             .collect(),

@@ -144,7 +144,7 @@ impl Webhooks {
                 Some(i32::from(response.status().as_u16())),
                 Some(format!("the receiver answered {}", response.status())),
             ),
-            Err(error) => (None, Some(describe(&error))),
+            Err(error) => (None, Some(describe(error))),
         };
         let next = if error.is_none() {
             NextStep::Delivered
@@ -200,14 +200,23 @@ impl Webhooks {
     }
 }
 
-fn describe(error: &reqwest::Error) -> String {
+/// What went wrong with a request, for the delivery's record, which readers of the project
+/// see: never the receiver's URL, whose path or query often carries a secret.
+fn describe(error: reqwest::Error) -> String {
     if error.is_timeout() {
-        "the receiver did not answer in time".to_owned()
-    } else if error.is_connect() {
-        "cannot connect to the receiver".to_owned()
-    } else {
-        format!("request failed: {error}")
+        return "the receiver did not answer in time".to_owned();
     }
+    if error.is_connect() {
+        return "cannot connect to the receiver".to_owned();
+    }
+    let error = error.without_url();
+    let mut text = format!("request failed: {error}");
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -276,3 +276,59 @@ async fn alerts_are_listed_only_to_those_who_may_read_the_project() {
     bad.problem(StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(bad.pointers(), vec!["query:month"]);
 }
+
+#[tokio::test]
+async fn a_receiver_that_hangs_up_leaves_no_part_of_the_url_for_readers() {
+    // Chat webhooks carry their secret in the path and query. A receiver that accepts the
+    // connection and closes it makes the HTTP client fail with the URL in its message.
+    let app = TestApp::spawn().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let hang_up = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            drop(stream);
+        }
+    });
+    let url = format!("http://{address}/services/T0SECRET/B1SECRET/xyzSECRET?token=SECRET");
+    let project = project_with_webhook(&app, &url).await;
+    fire(&app, &project, 500).await;
+    let webhooks = Webhooks::new(app.pool.clone(), SECRET.to_owned(), quick_policy()).unwrap();
+    assert_eq!(webhooks.deliver_due().await.unwrap(), 1);
+    hang_up.abort();
+
+    let stored: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT error FROM alert_delivery_attempts")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    let error = stored[0].clone().expect("the attempt failed");
+    assert!(error.starts_with("request failed"), "{error}");
+    assert!(!error.contains("SECRET"), "stored: {error}");
+
+    // A message stored before, with the URL in it, is masked when shown to non-admins too.
+    sqlx::query("UPDATE alert_delivery_attempts SET error = $1")
+        .bind(format!("error sending request for url ({url}): closed"))
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let reader = app.token("reader", &["vision"]).await;
+    let finance = app.token("finance", &[]).await;
+    for token in [&reader, &finance] {
+        let listed = app.get("/v1/alerts?project=vision", token).await;
+        assert_eq!(listed.status, StatusCode::OK, "{}", listed.text());
+        let text = listed.text();
+        assert!(!text.contains("SECRET"), "{text}");
+        let alert = &listed.json()["items"][0];
+        assert_eq!(
+            alert["deliveries"][0]["error"],
+            format!(
+                "error sending request for url (http://{}/…): closed",
+                address.ip()
+            )
+        );
+        assert_eq!(alert["webhook_url"], format!("http://{}/…", address.ip()));
+    }
+    let admin = app.get("/v1/alerts?project=vision", &app.admin).await;
+    assert_eq!(admin.json()["items"][0]["webhook_url"], url);
+}
