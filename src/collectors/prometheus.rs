@@ -18,6 +18,7 @@ use crate::domain::kubernetes::promql::{self, PodQueries, Sample, TaskSource};
 use crate::domain::kubernetes::telemetry::Dcgm;
 use crate::domain::kubernetes::{self, Horizon, Mapping, Measured};
 use crate::domain::source::SourceBatch;
+use crate::domain::values::redacted_url;
 
 /// How many per-pod DCGM queries are in flight at once.
 const PARALLEL_QUERIES: usize = 8;
@@ -169,7 +170,10 @@ impl PrometheusCollector {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        let failed = |what: String| anyhow::anyhow!("{endpoint}: {what}; the query was: {promql}");
+        // The URL may carry a password: messages name it without one, and the HTTP client's
+        // errors, which would print it, are shown without it.
+        let shown = redacted_url(endpoint.as_str());
+        let failed = |what: String| anyhow::anyhow!("{shown}: {what}; the query was: {promql}");
         let response = request.send().await.map_err(|error| {
             if error.is_timeout() {
                 failed(format!(
@@ -177,14 +181,14 @@ impl PrometheusCollector {
                     self.client_timeout().as_secs()
                 ))
             } else {
-                failed(format!("cannot reach Prometheus ({error})"))
+                failed(format!("cannot reach Prometheus ({})", error.without_url()))
             }
         })?;
         let status = response.status();
         let body = response
             .bytes()
             .await
-            .map_err(|error| failed(format!("the answer broke off ({error})")))?;
+            .map_err(|error| failed(format!("the answer broke off ({})", error.without_url())))?;
         match promql::vector(&body) {
             Ok(samples) if status.is_success() => Ok(samples),
             Ok(_) => Err(failed(format!("answered {status}"))),
@@ -200,6 +204,9 @@ impl PrometheusCollector {
     }
 
     fn unreadable(&self, error: String) -> anyhow::Error {
-        anyhow::anyhow!("{}: an answer cannot be read: {error}", self.url)
+        anyhow::anyhow!(
+            "{}: an answer cannot be read: {error}",
+            redacted_url(self.url.as_str())
+        )
     }
 }

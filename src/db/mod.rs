@@ -12,6 +12,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+use crate::domain::values::redacted_url;
 use embedded::{EmbeddedError, EmbeddedOptions, EmbeddedPostgres};
 use supervisor::{ClusterStatus, Supervisor};
 
@@ -115,11 +116,11 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
         .map_err(|_| {
             anyhow::anyhow!(
                 "cannot connect to PostgreSQL at {}: no answer within {} s",
-                redact(url),
+                redacted_url(url),
                 FIRST_CONNECT_TIMEOUT.as_secs()
             )
         })?
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redacted_url(url)))?
         .close()
         .await?;
     PgPoolOptions::new()
@@ -136,7 +137,7 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
         })
         .connect_with(options)
         .await
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redacted_url(url)))
 }
 
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
@@ -181,38 +182,9 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the first connection of a start may take before the start fails.
 const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The URL without its password, in the user part or as a `password` parameter, for
-/// messages.
-fn redact(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return "(an unparsable URL)".to_owned();
-    };
-    if parsed.password().is_some() {
-        let _ = parsed.set_password(Some("***"));
-    }
-    let hides_password = parsed
-        .query_pairs()
-        .any(|(name, _)| name.eq_ignore_ascii_case("password"));
-    if hides_password {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(name, value)| {
-                let value = if name.eq_ignore_ascii_case("password") {
-                    "***".to_owned()
-                } else {
-                    value.into_owned()
-                };
-                (name.into_owned(), value)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    parsed.to_string()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use crate::domain::values::redacted_url as redact;
 
     #[test]
     fn passwords_never_reach_a_message() {

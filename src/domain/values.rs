@@ -242,6 +242,35 @@ pub fn masked_url(raw: &str) -> String {
     }
 }
 
+/// The URL without its password, in the user part or as a `password` parameter, for
+/// messages.
+pub fn redacted_url(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "(an unparsable URL)".to_owned();
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    let hides_password = parsed
+        .query_pairs()
+        .any(|(name, _)| name.eq_ignore_ascii_case("password"));
+    if hides_password {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if name.eq_ignore_ascii_case("password") {
+                    "***".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
 /// `text` with every `http://` or `https://` URL in it masked as [`masked_url`] masks one: a
 /// URL runs to the first whitespace, quote, parenthesis or angle bracket.
 pub fn masked_urls_in(text: &str) -> String {

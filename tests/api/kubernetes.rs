@@ -1023,6 +1023,8 @@ async fn collect_prometheus_fails_clearly_and_keeps_its_state_when_prometheus_do
             "is a `matrix`, not an instant vector",
         ),
     ] {
+        // A password in the URL is never printed.
+        let url = url.replacen("http://", "http://admin:hunter2@", 1);
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskledger"));
         command
             .env_remove("TASKLEDGER_SERVER")
@@ -1041,6 +1043,8 @@ async fn collect_prometheus_fails_clearly_and_keeps_its_state_when_prometheus_do
         assert!(!output.status.success(), "{url}: {stderr}");
         assert!(stderr.contains(expected), "{url}: {stderr}");
         assert!(stderr.contains("the query was: "), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+        assert!(stderr.contains("admin:***@"), "{url}: {stderr}");
         assert_eq!(std::fs::read_to_string(&state).unwrap(), kept, "{url}");
         assert_eq!(record_count(&app).await, 0, "{url}");
     }
