@@ -160,13 +160,15 @@ SELECT project_id, date_trunc('month', day)::date, gpu_model, billing_mode, outc
 FROM records_daily GROUP BY 1, 2, 3, 4, 5;
 
 INSERT INTO contract_usage_daily
-SELECT contract_id, (hour AT TIME ZONE 'UTC')::date, array_agg(hour ORDER BY hour),
-       array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour)
+SELECT contract_id, day, hours, segments, used, usage_sorted(used), usage_running_sums(used)
 FROM (
-  SELECT contract_id, hour, sum(segments) AS segments, sum(gpu_seconds_held) AS used
-  FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
-  GROUP BY contract_id, hour) AS hours
-GROUP BY 1, 2;
+  SELECT contract_id, (hour AT TIME ZONE 'UTC')::date AS day, array_agg(hour ORDER BY hour) AS hours,
+         array_agg(segments ORDER BY hour) AS segments, array_agg(used ORDER BY hour) AS used
+  FROM (
+    SELECT contract_id, hour, sum(segments) AS segments, sum(gpu_seconds_held) AS used
+    FROM cost_hourly WHERE contract_id IS NOT NULL AND billing_mode = 'reserved'
+    GROUP BY contract_id, hour) AS hours
+  GROUP BY 1, 2) AS days;
 
 INSERT INTO tasks (project_id, task_id, status, completed_at, first_started_at, last_ended_at,
                    gpu_models)

@@ -85,11 +85,16 @@ impl Commitments {
         let ids: Vec<_> = rows.iter().map(|c| c.id).collect();
         let window = LedgerWindow::new(from, to, tz);
         let contracts: Vec<Contract> = rows.iter().map(ContractRow::to_domain).collect();
-        // The days a contract commits whole are netted in the database, a number per day.
-        let whole: Vec<_> = contracts
-            .iter()
-            .filter_map(|contract| Some((contract.id, window.whole_days(contract)?)))
-            .collect();
+        // Over every reservation, the days a contract commits whole are netted in the
+        // database, a number per day; a project's few are read hour by hour, which costs
+        // less than planning that statement anew (see `store::cost::contract_usage`).
+        let whole: Vec<_> = match project {
+            Some(_) => Vec::new(),
+            None => contracts
+                .iter()
+                .filter_map(|contract| Some((contract.id, window.whole_days(contract)?)))
+                .collect(),
+        };
         // An hour cut by the window's end has its usage read whole: usage has no finer grain.
         let mut usage =
             store::cost::contract_usage(conn, (from, to), &ids, tz, &whole, &window.regular_days())

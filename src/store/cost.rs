@@ -451,7 +451,6 @@ pub async fn contract_usage(
     let mut binder = Binder::new();
     let (from_at, to_at) = (binder.bind(from), binder.bind(to));
     let ids = binder.bind(contracts.to_vec());
-    let zone = binder.bind(tz.name());
     // A day either side, for rows compacted for another time zone; hours outside the window
     // are left out below.
     let first_day = binder.bind(ledger_day(from).pred_opt().unwrap_or(NaiveDate::MIN));
@@ -460,63 +459,86 @@ pub async fn contract_usage(
             .succ_opt()
             .unwrap_or(NaiveDate::MAX),
     );
-    let whole_ids = binder.bind(whole.iter().map(|(id, _)| *id).collect::<Vec<_>>());
-    let whole_firsts = binder.bind(whole.iter().map(|(_, d)| d.first).collect::<Vec<_>>());
-    let whole_lasts = binder.bind(whole.iter().map(|(_, d)| d.last).collect::<Vec<_>>());
-    let caps = binder.bind(
-        whole
-            .iter()
-            .map(|(_, d)| d.hour_seconds)
-            .collect::<Vec<_>>(),
-    );
-    let regular = (
-        binder.bind(regular_days.iter().map(|d| d.0).collect::<Vec<_>>()),
-        binder.bind(regular_days.iter().map(|d| d.1).collect::<Vec<_>>()),
-        binder.bind(regular_days.iter().map(|d| d.2).collect::<Vec<_>>()),
-    );
-    let sql = format!(
-        "WITH pending AS ( \
+    let pending = format!(
+        "pending AS ( \
            SELECT contract_id, hour, sum(segments)::bigint AS segments, \
                   sum(gpu_seconds_held) AS used \
            FROM contract_usage_hourly \
            WHERE contract_id = ANY({ids}) AND hour >= {from_at} AND hour < {to_at} \
-           GROUP BY contract_id, hour), \
-         pending_days AS ( \
-           SELECT DISTINCT contract_id, (hour AT TIME ZONE {zone})::date AS day FROM pending), \
-         whole AS ( \
-           SELECT * FROM unnest({whole_ids}::uuid[], {whole_firsts}::date[], \
-                                {whole_lasts}::date[], {caps}::numeric[]) \
-             AS w(contract_id, first_day, last_day, hour_seconds)), \
-         regular AS ( \
-           SELECT * FROM unnest({regular_days}::date[], {regular_starts}::timestamptz[], \
-                                {regular_ends}::timestamptz[]) AS r(day, starts, ends)) \
-         SELECT d.contract_id, d.day, \
-                CASE WHEN NOT c.capped THEN d.hours END, \
-                CASE WHEN NOT c.capped THEN d.segments END, \
-                CASE WHEN NOT c.capped THEN d.used END, \
-                CASE WHEN c.capped THEN \
-                  coalesce(d.running_used[b.at_most], 0) \
-                  + w.hour_seconds * (cardinality(d.sorted_used) - b.at_most) END \
-         FROM contract_usage_daily d \
-         LEFT JOIN whole w ON w.contract_id = d.contract_id \
-         LEFT JOIN regular r ON r.day = d.day \
-         CROSS JOIN LATERAL (SELECT coalesce( \
-             d.day BETWEEN w.first_day AND w.last_day \
-             AND d.hours[1] >= r.starts AND d.hours[cardinality(d.hours)] < r.ends \
-             AND NOT EXISTS (SELECT FROM pending_days p \
-                             WHERE p.contract_id = d.contract_id AND p.day = d.day), \
-             false) AS capped) AS c \
-         CROSS JOIN LATERAL (SELECT width_bucket(w.hour_seconds, d.sorted_used) AS at_most) AS b \
-         WHERE d.contract_id = ANY({ids}) AND d.day >= {first_day} AND d.day <= {last_day} \
-         UNION ALL \
-         SELECT contract_id, NULL, array_agg(hour ORDER BY hour), \
-                array_agg(segments ORDER BY hour), array_agg(used ORDER BY hour), NULL \
-         FROM pending GROUP BY contract_id",
-        regular_days = regular.0,
-        regular_starts = regular.1,
-        regular_ends = regular.2,
+           GROUP BY contract_id, hour)"
     );
-    let rows: Vec<Row> = binder.query_as(&sql)?.fetch_all(&mut *conn).await?;
+    let pending_rows = "SELECT contract_id, NULL, array_agg(hour ORDER BY hour), \
+                               array_agg(segments ORDER BY hour), \
+                               array_agg(used ORDER BY hour), NULL \
+                        FROM pending GROUP BY contract_id";
+    let days_wanted =
+        format!("d.contract_id = ANY({ids}) AND d.day >= {first_day} AND d.day <= {last_day}");
+    let sql = if whole.is_empty() {
+        format!(
+            "WITH {pending} \
+             SELECT d.contract_id, d.day, d.hours, d.segments, d.used, NULL::numeric \
+             FROM contract_usage_daily d WHERE {days_wanted} \
+             UNION ALL {pending_rows}"
+        )
+    } else {
+        let whole_ids = binder.bind(whole.iter().map(|(id, _)| *id).collect::<Vec<_>>());
+        let whole_firsts = binder.bind(whole.iter().map(|(_, d)| d.first).collect::<Vec<_>>());
+        let whole_lasts = binder.bind(whole.iter().map(|(_, d)| d.last).collect::<Vec<_>>());
+        let caps = binder.bind(
+            whole
+                .iter()
+                .map(|(_, d)| d.hour_seconds)
+                .collect::<Vec<_>>(),
+        );
+        let zone = binder.bind(tz.name());
+        let (regular_days, regular_starts, regular_ends) = (
+            binder.bind(regular_days.iter().map(|d| d.0).collect::<Vec<_>>()),
+            binder.bind(regular_days.iter().map(|d| d.1).collect::<Vec<_>>()),
+            binder.bind(regular_days.iter().map(|d| d.2).collect::<Vec<_>>()),
+        );
+        format!(
+            "WITH {pending}, \
+             pending_days AS ( \
+               SELECT DISTINCT contract_id, (hour AT TIME ZONE {zone})::date AS day \
+               FROM pending), \
+             whole AS ( \
+               SELECT * FROM unnest({whole_ids}::uuid[], {whole_firsts}::date[], \
+                                    {whole_lasts}::date[], {caps}::numeric[]) \
+                 AS w(contract_id, first_day, last_day, hour_seconds)), \
+             regular AS ( \
+               SELECT * FROM unnest({regular_days}::date[], {regular_starts}::timestamptz[], \
+                                    {regular_ends}::timestamptz[]) AS r(day, starts, ends)) \
+             SELECT d.contract_id, d.day, \
+                    CASE WHEN NOT c.capped THEN d.hours END, \
+                    CASE WHEN NOT c.capped THEN d.segments END, \
+                    CASE WHEN NOT c.capped THEN d.used END, \
+                    CASE WHEN c.capped THEN \
+                      coalesce(d.running_used[b.at_most], 0) \
+                      + w.hour_seconds * (cardinality(d.sorted_used) - b.at_most) END \
+             FROM contract_usage_daily d \
+             LEFT JOIN whole w ON w.contract_id = d.contract_id \
+             LEFT JOIN regular r ON r.day = d.day \
+             CROSS JOIN LATERAL (SELECT coalesce( \
+                 d.day BETWEEN w.first_day AND w.last_day \
+                 AND d.hours[1] >= r.starts AND d.hours[cardinality(d.hours)] < r.ends \
+                 AND NOT EXISTS (SELECT FROM pending_days p \
+                                 WHERE p.contract_id = d.contract_id AND p.day = d.day), \
+                 false) AS capped) AS c \
+             CROSS JOIN LATERAL (SELECT width_bucket(w.hour_seconds, d.sorted_used) AS at_most) \
+               AS b \
+             WHERE {days_wanted} \
+             UNION ALL {pending_rows}"
+        )
+    };
+    // Netting days, the statement is planned for its parameters on every run: the generic
+    // plan PostgreSQL turns to after a prepared statement's fifth run cannot see how many
+    // contracts and days the arrays hold, and read a month of a thousand reservations in
+    // 2.5 s instead of 0.1 s.
+    let rows: Vec<Row> = binder
+        .query_as(&sql)?
+        .persistent(whole.is_empty())
+        .fetch_all(&mut *conn)
+        .await?;
     let in_window = |hours: Vec<DateTime<Utc>>, segments: Vec<i64>, used: Vec<Numeric>| {
         hours
             .into_iter()
