@@ -220,6 +220,11 @@ pub fn bounded_text(raw: &str, max_chars: usize) -> Result<String, String> {
 
 /// An absolute `http` or `https` URL for webhooks.
 pub fn webhook_url(raw: &str) -> Result<String, String> {
+    // A URL parser drops some control characters and percent-encodes others, so the URL
+    // stored would not be the one given.
+    if raw.chars().any(char::is_control) {
+        return Err("must not contain control characters".to_owned());
+    }
     let url = url::Url::parse(raw).map_err(|e| format!("not a valid URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err("must be an absolute http or https URL".to_owned());
@@ -302,6 +307,24 @@ fn truncate_for_message(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_webhook_url_with_a_control_character_is_refused() {
+        assert!(webhook_url("https://hooks.example.com/x?token=1").is_ok());
+        for bad in [
+            "https://hooks.example.com/x\u{0}y",
+            "https://hooks.example.com/x\ty",
+            "https://hooks.example.com/x\ny",
+            "\u{1f}https://hooks.example.com/",
+            "https://hooks.example.com/\u{7f}",
+        ] {
+            assert_eq!(
+                webhook_url(bad),
+                Err("must not contain control characters".to_owned()),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn urls_in_a_text_keep_their_scheme_and_host_only() {

@@ -82,6 +82,37 @@ async fn a_nul_byte_in_a_label_value_is_refused_with_its_pointer() {
 const SLACK_HOOK: &str = "https://hooks.slack.com/services/T0001/B0001/s3cr3tT0k3n";
 
 #[tokio::test]
+async fn a_webhook_url_with_a_control_character_is_refused_not_rewritten() {
+    let app = TestApp::spawn().await;
+    for bad in [
+        "https://hooks.example.com/a\u{0}b",
+        "https://hooks.example.com/a\tb",
+    ] {
+        let response = app
+            .post(
+                "/v1/projects",
+                &app.admin,
+                json!({"id": "vision", "name": "Vision", "currency": "USD", "webhook_url": bad}),
+            )
+            .await;
+        response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(response.pointers(), ["/webhook_url"], "{bad:?}");
+    }
+    app.create_project("vision", "USD").await;
+    let response = app
+        .patch(
+            "/v1/projects/vision",
+            &app.admin,
+            json!({"webhook_url": "https://hooks.example.com/a\u{0}b"}),
+        )
+        .await;
+    response.problem(StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(response.pointers(), ["/webhook_url"]);
+    let project = app.get("/v1/projects/vision", &app.admin).await.json();
+    assert_eq!(project["webhook_url"], serde_json::Value::Null);
+}
+
+#[tokio::test]
 async fn only_admins_see_a_webhook_url_whole() {
     let app = TestApp::spawn().await;
     let created = app

@@ -1081,5 +1081,9 @@ async fn collect_every_keeps_running_past_a_failed_run_until_sigterm() {
         stderr.matches("error: ").count() >= 2,
         "each run failed and the next one ran: {stderr}"
     );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no colour codes when not written to a terminal: {stderr}"
+    );
     assert_eq!(std::fs::read_to_string(&state).unwrap(), kept);
 }
