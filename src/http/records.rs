@@ -17,13 +17,12 @@ use uuid::Uuid;
 use crate::domain::access::{Principal, Role};
 use crate::domain::rating::Outcome;
 use crate::domain::record::{JobRecord, RecordKey};
-use crate::domain::validation::{FieldError, Violations};
+use crate::domain::validation::{FieldError, Violations, repeated_key};
 use crate::domain::values::parse_day_or_instant;
 use crate::http::auth::project_not_found;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{
-    ApiJson, ApiPath, ApiQuery, body_rejection, classify_json_error, repeated_key,
-    require_json_content_type,
+    ApiJson, ApiPath, ApiQuery, body_rejection, classify_json_error, require_json_content_type,
 };
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::job::{SlurmJob, State};
 use super::tres::{self, GpuTres, GpuUsage};
 use crate::domain::source::Problem;
+use crate::domain::validation::repeated_key;
 
 /// Reads a whole `sacct --json` document named `name`; the jobs it could read, and a problem
 /// for each it could not (or one for the document when it is not JSON).
@@ -25,6 +26,17 @@ pub fn read(name: &str, text: &str) -> (Vec<SlurmJob>, Vec<Problem>) {
             );
         }
     };
+    // The API refuses a key given twice, whose first value serde_json would drop; so does
+    // an import.
+    if let Some(pointer) = repeated_key(text.as_bytes()) {
+        return (
+            Vec::new(),
+            vec![Problem::new(
+                format!("{name}: {pointer}"),
+                "this key appears more than once",
+            )],
+        );
+    }
     let Some(jobs) = document.get("jobs").and_then(Value::as_array) else {
         return (
             Vec::new(),
@@ -216,6 +228,21 @@ fn usage_of(max: &Value) -> Result<GpuUsage, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_given_twice_is_refused_as_the_api_refuses_it() {
+        let real = include_str!("../../../tests/fixtures/slurm/slurm_23_11_5.json");
+        let (jobs, problems) = read("real.json", real);
+        assert!(!jobs.is_empty() && problems.is_empty(), "{problems:?}");
+        // The first job's array id given twice: serde_json would keep the second silently.
+        let twice = real.replacen("\"job_id\":", "\"job_id\": 999999, \"job_id\":", 1);
+        assert_ne!(twice, real);
+        let (jobs, problems) = read("twice.json", &twice);
+        assert!(jobs.is_empty());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].location, "twice.json: /jobs/0/array/job_id");
+        assert_eq!(problems[0].reason, "this key appears more than once");
+    }
 
     #[test]
     fn a_truncated_document_is_one_problem_with_its_line() {
