@@ -24,12 +24,19 @@ impl GpuTres {
             .unwrap_or_else(|| self.typed.values().copied().sum())
     }
 
+    /// Takes one entry. An entry named a second time is skipped, as Slurm reads a TRES list:
+    /// its `slurmdb_tres_list_from_string` keeps the first count of a TRES and skips the
+    /// entries repeating it unless asked to replace them (`TRES_STR_FLAG_REPLACE`, see the
+    /// flags in `src/common/slurmdb_defs.h`); it never adds them up. So `gres/gpu=2,gres/gpu=4`
+    /// is 2 GPUs.
     pub fn add(&mut self, name: &str, count: u64) {
         match name.strip_prefix("gpu:") {
             Some(kind) if !kind.is_empty() => {
-                *self.typed.entry(kind.to_owned()).or_default() += count;
+                self.typed.entry(kind.to_owned()).or_insert(count);
             }
-            _ => *self.untyped.get_or_insert(0) += count,
+            _ => {
+                self.untyped.get_or_insert(count);
+            }
         }
     }
 }
@@ -205,6 +212,16 @@ mod tests {
         assert_eq!(typed_only.count(), 5);
         assert_eq!(gpus_of_text("cpu=4,mem=16G").unwrap().count(), 0);
         assert_eq!(gpus_of_text("").unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_entry_named_twice_keeps_its_first_count_as_slurm_reads_it() {
+        assert_eq!(gpus_of_text("gres/gpu=2,gres/gpu=4").unwrap().count(), 2);
+        let typed = gpus_of_text("cpu=8,gres/gpu:a100=1,gres/gpu:a100=3,gres/gpu:h100=2").unwrap();
+        assert_eq!(typed.untyped, None);
+        assert_eq!(typed.count(), 3);
+        let both = gpus_of_text("gres/gpu=4,gres/gpu:a100=4,gres/gpu=8").unwrap();
+        assert_eq!(both.count(), 4);
     }
 
     #[test]
