@@ -10,7 +10,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::figures::{FigureSums, Figures, Grouping, QueueWait, SUM_SCALE};
+use crate::domain::figures::{FigureSums, Figures, Grouping, QueueWait, RecordCounts, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::domain::what_if::{PriceOverride, WhatIf};
@@ -209,20 +209,54 @@ async fn rollup_sums(
     tz: Tz,
     what_if: &WhatIf,
 ) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
+    let mut groups = priced_sums(conn, scope, period, tz, what_if).await?;
+    RecordCountsOf(record_counts(conn, scope, period, tz).await?).add_to(&mut groups);
+    Ok(groups)
+}
+
+/// The sums of a period that prices apply to: segments and utilisation.
+async fn priced_sums(
+    conn: &mut sqlx::PgConnection,
+    scope: Scope<'_>,
+    period: (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+    what_if: &WhatIf,
+) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
     let mut groups: BTreeMap<Option<String>, FigureSums> = BTreeMap::new();
     for row in store::cost::cost_sums(conn, scope, period, tz, what_if).await? {
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_segments(&sums);
-    }
-    for row in store::cost::record_sums(conn, scope, period, tz).await? {
-        let (key, counts) = row.into_parts();
-        groups.entry(key).or_default().add_records(&counts);
     }
     for row in store::cost::util_sums(conn, scope, period, tz, what_if).await? {
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_util(&sums);
     }
     Ok(groups)
+}
+
+/// The record counts of a period, by group.
+async fn record_counts(
+    conn: &mut sqlx::PgConnection,
+    scope: Scope<'_>,
+    period: (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> LedgerResult<Vec<(Option<String>, RecordCounts)>> {
+    Ok(store::cost::record_sums(conn, scope, period, tz)
+        .await?
+        .into_iter()
+        .map(|row| row.into_parts())
+        .collect())
+}
+
+/// Record counts by group, read apart from the priced sums they are added to.
+pub struct RecordCountsOf(Vec<(Option<String>, RecordCounts)>);
+
+impl RecordCountsOf {
+    fn add_to(self, groups: &mut BTreeMap<Option<String>, FigureSums>) {
+        for (key, counts) in self.0 {
+            groups.entry(key).or_default().add_records(&counts);
+        }
+    }
 }
 
 fn merged(groups: &BTreeMap<Option<String>, FigureSums>) -> FigureSums {
@@ -281,9 +315,41 @@ pub async fn month_sums_of_projects(
     Ok(ProjectSums(groups))
 }
 
+/// [`month_sums_of_projects`] without the record counts, which
+/// [`month_record_counts_of_projects`] reads (on another connection of the same snapshot,
+/// say) and [`ProjectSums::add_record_counts`] adds.
+pub async fn month_priced_sums_of_projects(
+    conn: &mut sqlx::PgConnection,
+    month: NaiveDate,
+    tz: Tz,
+    what_if: &WhatIf,
+) -> LedgerResult<ProjectSums> {
+    let period = month_bounds(month, tz);
+    let groups = priced_sums(conn, Scope::EveryProject, period, tz, what_if).await?;
+    Ok(ProjectSums(groups))
+}
+
+/// Every project's record counts over a whole ledger month.
+pub async fn month_record_counts_of_projects(
+    conn: &mut sqlx::PgConnection,
+    month: NaiveDate,
+    tz: Tz,
+) -> LedgerResult<RecordCountsOf> {
+    let period = month_bounds(month, tz);
+    Ok(RecordCountsOf(
+        record_counts(conn, Scope::EveryProject, period, tz).await?,
+    ))
+}
+
 /// Every project's sums of a period, keyed by project, as [`month_sums_of_projects`] reads
 /// them.
 pub struct ProjectSums(BTreeMap<Option<String>, FigureSums>);
+
+impl ProjectSums {
+    pub fn add_record_counts(&mut self, counts: RecordCountsOf) {
+        counts.add_to(&mut self.0);
+    }
+}
 
 /// Every project's money figures over a whole ledger month: for each of `projects` (every
 /// project there is), in their order, what [`month_cost`] gives it without a grouping, from

@@ -18,7 +18,8 @@ use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
 use crate::ledger::commitments::{Accrued, Commitments};
 use crate::ledger::cost::{
-    CostOf, GroupView, figures_of_projects, month_commitments, month_cost, month_sums_of_projects,
+    CostOf, GroupView, figures_of_projects, month_commitments, month_cost,
+    month_priced_sums_of_projects, month_record_counts_of_projects, month_sums_of_projects,
 };
 use crate::store;
 
@@ -59,12 +60,23 @@ pub(super) async fn month_lines(
         // Without groups, every project's figures are read at once.
         Grouping::Whole => {
             let (commitments, sums) = match aside {
+                // The priced sums take longest: the usage netted and the record counts are
+                // read one after the other beside them.
                 Some(aside) => {
-                    let (commitments, sums) = tokio::join!(
-                        month_commitments(aside, first_day, as_of, tz, what_if),
-                        month_sums_of_projects(conn, first_day, tz, what_if),
+                    let beside = async {
+                        let commitments =
+                            month_commitments(&mut *aside, first_day, as_of, tz, what_if).await?;
+                        let counts = month_record_counts_of_projects(aside, first_day, tz).await?;
+                        LedgerResult::Ok((commitments, counts))
+                    };
+                    let (beside, sums) = tokio::join!(
+                        beside,
+                        month_priced_sums_of_projects(conn, first_day, tz, what_if),
                     );
-                    (commitments?, sums?)
+                    let (commitments, counts) = beside?;
+                    let mut sums = sums?;
+                    sums.add_record_counts(counts);
+                    (commitments, sums)
                 }
                 None => (
                     month_commitments(conn, first_day, as_of, tz, what_if).await?,
