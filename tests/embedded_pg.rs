@@ -803,6 +803,23 @@ async fn post_a_project_and_a_record(project_via: &Service, record_via: &Service
     assert_eq!(ingested.status, 200, "{}", ingested.body);
 }
 
+/// `/healthz` once it says the embedded database runs, or after 5 s: queries may be
+/// answered by a restarted postmaster a moment before the supervisor, still checking it,
+/// says it runs.
+async fn health_once_running(service: &Service) -> serde_json::Value {
+    let mut health = serde_json::Value::Null;
+    for _ in 0..100 {
+        let healthz = service.get("/healthz").await;
+        assert_eq!(healthz.status, 200, "{}", healthz.body);
+        health = healthz_json(&healthz);
+        if health["embedded_database"]["state"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    health
+}
+
 #[tokio::test]
 async fn serve_restarts_its_embedded_database_after_kill_9() {
     let dir = data_dir();
@@ -820,18 +837,7 @@ async fn serve_restarts_its_embedded_database_after_kill_9() {
         Some('Z'),
         "the killed postmaster is left a zombie"
     );
-    // Queries may be answered by the new postmaster a moment before the supervisor, which
-    // is still checking it, says it runs.
-    let mut health = serde_json::Value::Null;
-    for _ in 0..100 {
-        let healthz = service.get("/healthz").await;
-        assert_eq!(healthz.status, 200, "{}", healthz.body);
-        health = healthz_json(&healthz);
-        if health["embedded_database"]["state"] == "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let health = health_once_running(&service).await;
     assert_eq!(health["embedded_database"]["state"], "running", "{health}");
     assert_eq!(health["embedded_database"]["restarts"], 1, "{health}");
     assert_eq!(service.get("/readyz").await.status, 200);
@@ -906,7 +912,7 @@ async fn serve_keeps_restarting_a_cluster_that_cannot_start() {
         wait_for_recovery(&service, RECORD_PATH, postmaster, restored).await;
     eprintln!("cluster restored: the API answered 200 again after {recovered_after:?}");
     assert_eq!(body, stored);
-    let health = healthz_json(&service.get("/healthz").await);
+    let health = health_once_running(&service).await;
     assert_eq!(health["embedded_database"]["state"], "running", "{health}");
     assert_eq!(health["embedded_database"]["restarts"], 1, "{health}");
     assert_ne!(process_state(postmaster), Some('Z'));
