@@ -88,17 +88,19 @@ impl Commitments {
         // Over every reservation, the days a contract commits whole are netted in the
         // database, a number per day; a project's few are read hour by hour, which costs
         // less than planning that statement anew (see `store::cost::contract_usage`).
-        let whole: Vec<_> = match project {
-            Some(_) => Vec::new(),
-            None => contracts
-                .iter()
-                .filter_map(|contract| Some((contract.id, window.whole_days(contract)?)))
-                .collect(),
+        let (whole, regular_days): (Vec<_>, _) = match project {
+            Some(_) => (Vec::new(), Vec::new()),
+            None => (
+                contracts
+                    .iter()
+                    .filter_map(|contract| Some((contract.id, window.whole_days(contract)?)))
+                    .collect(),
+                window.regular_days(),
+            ),
         };
         // An hour cut by the window's end has its usage read whole: usage has no finer grain.
         let mut usage =
-            store::cost::contract_usage(conn, (from, to), &ids, tz, &whole, &window.regular_days())
-                .await?;
+            store::cost::contract_usage(conn, (from, to), &ids, tz, &whole, &regular_days).await?;
         commitments.accrued = rows
             .into_iter()
             .zip(contracts)

@@ -210,7 +210,9 @@ async fn rollup_sums(
     what_if: &WhatIf,
 ) -> LedgerResult<BTreeMap<Option<String>, FigureSums>> {
     let mut groups = priced_sums(conn, scope, period, tz, what_if).await?;
-    RecordCountsOf(record_counts(conn, scope, period, tz).await?).add_to(&mut groups);
+    record_counts(conn, scope, period, tz)
+        .await?
+        .add_to(&mut groups);
     Ok(groups)
 }
 
@@ -240,12 +242,14 @@ async fn record_counts(
     scope: Scope<'_>,
     period: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
-) -> LedgerResult<Vec<(Option<String>, RecordCounts)>> {
-    Ok(store::cost::record_sums(conn, scope, period, tz)
-        .await?
-        .into_iter()
-        .map(|row| row.into_parts())
-        .collect())
+) -> LedgerResult<RecordCountsOf> {
+    Ok(RecordCountsOf(
+        store::cost::record_sums(conn, scope, period, tz)
+            .await?
+            .into_iter()
+            .map(|row| row.into_parts())
+            .collect(),
+    ))
 }
 
 /// Record counts by group, read apart from the priced sums they are added to.
@@ -335,10 +339,7 @@ pub async fn month_record_counts_of_projects(
     month: NaiveDate,
     tz: Tz,
 ) -> LedgerResult<RecordCountsOf> {
-    let period = month_bounds(month, tz);
-    Ok(RecordCountsOf(
-        record_counts(conn, Scope::EveryProject, period, tz).await?,
-    ))
+    record_counts(conn, Scope::EveryProject, month_bounds(month, tz), tz).await
 }
 
 /// Every project's sums of a period, keyed by project, as [`month_sums_of_projects`] reads
