@@ -162,3 +162,83 @@ async fn whole_days_netted_in_the_database_leave_what_their_hours_leave() {
     );
     assert!(unused > Decimal::from(500), "{unused}");
 }
+
+#[tokio::test]
+async fn netting_stays_exact_while_compaction_races_ingest_on_a_reservation() {
+    // Four writers post a reservation's records while compaction folds them into the sorted
+    // day rows; then the database's netting must equal netting recomputed from the segments.
+    let tz = chrono_tz::UTC;
+    let app = TestApp::spawn().await;
+    assert!(rollups::align_to_time_zone(&app.pool, tz).await.unwrap());
+    app.create_project("vision", "USD").await;
+    let (valid_from, valid_until) = ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z");
+    let id = contract("A100", "reserved", "1.50")
+        .project("vision")
+        .valid_from(valid_from)
+        .valid_until(valid_until)
+        .committed_gpus(3)
+        .create(&app)
+        .await;
+    let reservation = reservation(&id, valid_from, valid_until);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let compactor = {
+        let (pool, done) = (app.pool.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut runs = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if rollups::compact(&pool).await.unwrap().is_some() {
+                    runs += 1;
+                }
+            }
+            runs
+        })
+    };
+    let posts = (0..16).map(|batch| {
+        let app = &app;
+        async move {
+            let records: Vec<_> = (0..25)
+                .map(|i| {
+                    let start = utc("2026-11-02T00:00:00Z")
+                        + Duration::minutes((batch * 25 + i) * 211 % 40_000);
+                    let end = start + Duration::minutes(30 + i * 37 % 240);
+                    record(
+                        &format!("b{batch}-{i}"),
+                        &start.to_rfc3339(),
+                        &end.to_rfc3339(),
+                    )
+                    .gpu_model("A100")
+                    .billing_mode("reserved")
+                    .gpu_count(1 + i % 4)
+                })
+                .collect();
+            app.ingest(records).await;
+        }
+    });
+    futures::StreamExt::collect::<Vec<_>>(futures::StreamExt::buffer_unordered(
+        futures::stream::iter(posts),
+        4,
+    ))
+    .await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(compactor.await.unwrap() > 0);
+    rollups::compact(&app.pool).await.unwrap().unwrap();
+
+    let month = (utc(valid_from), utc(valid_until));
+    let (netted, _, capped) = netted_both_ways(&app, &reservation, month, tz).await;
+    assert!(capped >= 20, "{capped} days netted in the database");
+    // From scratch: each hour's GPU-seconds summed straight from the rated segments.
+    let hours: Vec<(DateTime<Utc>, Decimal)> = sqlx::query_as(
+        "SELECT hour, sum(gpu_seconds_held) FROM rated_segments \
+         WHERE contract_id = $1 GROUP BY hour ORDER BY hour",
+    )
+    .bind(reservation.id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert!(hours.len() > 300, "{} hours used", hours.len());
+    let window = LedgerWindow::new(month.0, month.1, tz);
+    assert_eq!(
+        netted,
+        unused_commitment_by_day(&reservation, &hours, &[], &window)
+    );
+}
