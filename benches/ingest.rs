@@ -566,6 +566,7 @@ impl Generator {
             output,
             labels,
             telemetry: Telemetry::default(),
+            nodes: Vec::new(),
         }
     }
 

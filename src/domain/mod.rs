@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod burn;
+pub mod capacity;
 pub mod commitment;
 pub mod csv_cell;
 pub mod demo;

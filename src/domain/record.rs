@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::gpu;
 use super::rating::{BillingMode, Outcome};
 use super::validation::{Violations, escape_pointer_token};
-use super::values::ProjectId;
+use super::values::{self, ProjectId};
 
 pub const MAX_TASK_ID_CHARS: usize = 256;
 pub const MAX_NAME_CHARS: usize = 64;
@@ -38,7 +38,10 @@ pub fn label_value(raw: &str) -> Option<String> {
     (!value.trim().is_empty()).then_some(value)
 }
 
-const FIELDS: [&str; 25] = [
+/// The most nodes one record may name.
+pub const MAX_NODES: usize = 256;
+
+const FIELDS: [&str; 26] = [
     "project",
     "task_id",
     "attempt",
@@ -64,6 +67,7 @@ const FIELDS: [&str; 25] = [
     "memory_peak_gib",
     "memory_total_gib",
     "mig_profile",
+    "nodes",
 ];
 
 /// The largest memory one GPU or slice may report, in GiB; beyond it a value is a unit
@@ -184,6 +188,9 @@ pub struct JobRecord {
     pub output: Option<Output>,
     pub labels: BTreeMap<String, String>,
     pub telemetry: Telemetry,
+    /// The nodes the attempt ran on, sorted, each once; empty when it named none. Its held
+    /// time is spread evenly over them (COST_MODEL §9).
+    pub nodes: Vec<String>,
 }
 
 /// What DCGM measured of a record, each optional: time-averages over the held time, per
@@ -296,6 +303,7 @@ impl JobRecord {
         let output = fields.output();
         let labels = fields.labels();
         let telemetry = fields.telemetry(gpu_model.as_deref());
+        let nodes = fields.nodes();
 
         let at = |name: &str| format!("{pointer}/{name}");
         if let (Some(started), Some(ended)) = (started_at, ended_at)
@@ -387,6 +395,7 @@ impl JobRecord {
             output,
             labels,
             telemetry,
+            nodes,
         ) {
             (
                 Some(project),
@@ -407,6 +416,7 @@ impl JobRecord {
                 Some(output),
                 Some(labels),
                 Some(telemetry),
+                Some(nodes),
             ) => Ok(JobRecord {
                 key: RecordKey {
                     project,
@@ -429,6 +439,7 @@ impl JobRecord {
                 output,
                 labels,
                 telemetry,
+                nodes,
             }),
             _ => unreachable!("every field either parsed or was reported"),
         }
@@ -463,6 +474,7 @@ impl JobRecord {
             memory_peak_gib: canonical_decimal(self.telemetry.memory_peak_gib),
             memory_total_gib: canonical_decimal(self.telemetry.memory_total_gib),
             mig_profile: self.telemetry.mig_profile.as_deref(),
+            nodes: (!self.nodes.is_empty()).then_some(&self.nodes),
             outcome: self.outcome.as_str(),
             output: self.output.as_ref().map(|o| CanonicalOutput {
                 quantity: o.quantity.normalize().to_string(),
@@ -510,6 +522,8 @@ struct Canonical<'a> {
     memory_total_gib: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mig_profile: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nodes: Option<&'a Vec<String>>,
     outcome: &'static str,
     output: Option<CanonicalOutput<'a>>,
     project: &'a str,
@@ -554,34 +568,42 @@ fn bounded_positive(value: Decimal, max: Decimal) -> Result<Decimal, String> {
     }
 }
 
-/// Reads the fields of one record object, recording each problem under its pointer.
-struct Fields<'a> {
+/// Reads the fields of one JSON object, recording each problem under its pointer.
+pub(crate) struct Fields<'a> {
     object: &'a Map<String, Value>,
     pointer: &'a str,
     v: &'a mut Violations,
 }
 
 impl<'a> Fields<'a> {
+    pub(crate) fn new(
+        object: &'a Map<String, Value>,
+        pointer: &'a str,
+        v: &'a mut Violations,
+    ) -> Self {
+        Self { object, pointer, v }
+    }
+
     fn at(&self, name: &str) -> String {
         format!("{}/{name}", self.pointer)
     }
 
-    fn check<T>(&mut self, name: &str, parsed: Result<T, String>) -> Option<T> {
+    pub(crate) fn check<T>(&mut self, name: &str, parsed: Result<T, String>) -> Option<T> {
         let pointer = self.at(name);
         self.v.check(&pointer, parsed)
     }
 
-    fn missing(&mut self, name: &str) {
+    pub(crate) fn missing(&mut self, name: &str) {
         let pointer = self.at(name);
         self.v.push(pointer, "is required");
     }
 
     /// `None` when absent or null; `Some(None)` when present but invalid.
-    fn present(&self, name: &str) -> Option<&'a Value> {
+    pub(crate) fn present(&self, name: &str) -> Option<&'a Value> {
         self.object.get(name).filter(|value| !value.is_null())
     }
 
-    fn text(&mut self, name: &str, max: usize) -> Option<Option<String>> {
+    pub(crate) fn text(&mut self, name: &str, max: usize) -> Option<Option<String>> {
         let value = self.present(name)?;
         let parsed = match value.as_str() {
             Some(text) => text_within(text, max),
@@ -590,7 +612,7 @@ impl<'a> Fields<'a> {
         Some(self.check(name, parsed))
     }
 
-    fn required_text(&mut self, name: &str, max: usize) -> Option<String> {
+    pub(crate) fn required_text(&mut self, name: &str, max: usize) -> Option<String> {
         self.text(name, max).unwrap_or_else(|| {
             self.missing(name);
             None
@@ -598,7 +620,7 @@ impl<'a> Fields<'a> {
     }
 
     /// `Some(None)` (absent) is a valid empty value; `None` means invalid.
-    fn optional_text(&mut self, name: &str, max: usize) -> Option<Option<String>> {
+    pub(crate) fn optional_text(&mut self, name: &str, max: usize) -> Option<Option<String>> {
         match self.text(name, max) {
             None => Some(None),
             Some(Some(text)) => Some(Some(text)),
@@ -624,7 +646,7 @@ impl<'a> Fields<'a> {
     }
 
     /// `None` when absent (the caller applies the default).
-    fn integer(&mut self, name: &str, min: i64, max: i64) -> Option<Option<i64>> {
+    pub(crate) fn integer(&mut self, name: &str, min: i64, max: i64) -> Option<Option<i64>> {
         let value = self.present(name)?;
         let parsed = parse_integer(value).and_then(|n| {
             if (min..=max).contains(&n) {
@@ -636,7 +658,7 @@ impl<'a> Fields<'a> {
         Some(self.check(name, parsed))
     }
 
-    fn choice<T>(
+    pub(crate) fn choice<T>(
         &mut self,
         name: &str,
         parse: impl Fn(&str) -> Option<T>,
@@ -655,14 +677,14 @@ impl<'a> Fields<'a> {
         Some(self.check(name, parse_time(value)))
     }
 
-    fn required_time(&mut self, name: &str) -> Option<DateTime<Utc>> {
+    pub(crate) fn required_time(&mut self, name: &str) -> Option<DateTime<Utc>> {
         self.time(name).unwrap_or_else(|| {
             self.missing(name);
             None
         })
     }
 
-    fn optional_time(&mut self, name: &str) -> Option<Option<DateTime<Utc>>> {
+    pub(crate) fn optional_time(&mut self, name: &str) -> Option<Option<DateTime<Utc>>> {
         match self.time(name) {
             None => Some(None),
             Some(Some(time)) => Some(Some(time)),
@@ -820,7 +842,48 @@ impl<'a> Fields<'a> {
         })
     }
 
-    fn labels(&mut self) -> Option<BTreeMap<String, String>> {
+    /// `nodes`: the names of the nodes a record ran on, sorted; empty when absent.
+    fn nodes(&mut self) -> Option<Vec<String>> {
+        let Some(value) = self.present("nodes") else {
+            return Some(Vec::new());
+        };
+        let Some(items) = value.as_array() else {
+            self.check::<()>("nodes", Err("must be an array of node names".to_owned()));
+            return None;
+        };
+        if items.is_empty() || items.len() > MAX_NODES {
+            self.check::<()>(
+                "nodes",
+                Err(format!("must name 1 to {MAX_NODES} nodes, or be left out")),
+            );
+            return None;
+        }
+        let mut nodes = Vec::with_capacity(items.len());
+        let mut valid = true;
+        for (index, item) in items.iter().enumerate() {
+            let pointer = format!("{}/nodes/{index}", self.pointer);
+            let parsed = match item.as_str() {
+                Some(name) => values::node_name(name),
+                None => Err("must be a string".to_owned()),
+            };
+            match parsed {
+                Ok(name) if nodes.contains(&name) => {
+                    self.v
+                        .push(pointer, format!("names `{name}` a second time"));
+                    valid = false;
+                }
+                Ok(name) => nodes.push(name),
+                Err(message) => {
+                    self.v.push(pointer, message);
+                    valid = false;
+                }
+            }
+        }
+        nodes.sort_unstable();
+        valid.then_some(nodes)
+    }
+
+    pub(crate) fn labels(&mut self) -> Option<BTreeMap<String, String>> {
         let Some(value) = self.present("labels") else {
             return Some(BTreeMap::new());
         };

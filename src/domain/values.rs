@@ -218,6 +218,23 @@ pub fn bounded_text(raw: &str, max_chars: usize) -> Result<String, String> {
     Ok(trimmed.to_owned())
 }
 
+/// The longest node name: a Kubernetes node name is a DNS subdomain of at most 253 characters.
+pub const MAX_NODE_CHARS: usize = 253;
+
+/// A node's name as its cluster spells it (a Kubernetes node, a Slurm node, a cloud
+/// instance): 1 to 253 characters, none of them white space or control characters.
+pub fn node_name(raw: &str) -> Result<String, String> {
+    if raw.is_empty() {
+        Err("must not be empty".to_owned())
+    } else if raw.chars().count() > MAX_NODE_CHARS {
+        Err(format!("must be at most {MAX_NODE_CHARS} characters"))
+    } else if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Err("must not contain white space or control characters".to_owned())
+    } else {
+        Ok(raw.to_owned())
+    }
+}
+
 /// An absolute `http` or `https` URL for webhooks.
 pub fn webhook_url(raw: &str) -> Result<String, String> {
     // A URL parser drops some control characters and percent-encodes others, so the URL

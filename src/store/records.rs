@@ -38,22 +38,43 @@ pub async fn insert_batch(
         .iter()
         .any(|r| r.telemetry != Telemetry::default())
         .then(|| TelemetryColumns::of(records));
-    let (extra_columns, extra_arrays, extra_names) = match telemetry {
-        Some(_) => (
+    let mut extra_columns = String::new();
+    let mut extra_arrays = String::new();
+    let mut extra_names = String::new();
+    let mut extra_values = String::new();
+    if telemetry.is_some() {
+        extra_columns.push_str(
             ", gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, \
              memory_total_gib, mig_profile",
+        );
+        extra_arrays.push_str(
             ", $21::numeric[], $22::numeric[], $23::numeric[], $24::numeric[], \
              $25::numeric[], $26::numeric[], $27::text[]",
-            ", gu, sa, ta, da, mp, mt, mg",
-        ),
-        None => ("", "", ""),
-    };
+        );
+        extra_names.push_str(", gu, sa, ta, da, mp, mt, mg");
+        extra_values.push_str(", gu, sa, ta, da, mp, mt, mg");
+    }
+    // Most batches name no nodes either; a record's nodes travel as one JSON array each.
+    let nodes = records
+        .iter()
+        .any(|r| !r.nodes.is_empty())
+        .then(|| node_arrays(records));
+    if nodes.is_some() {
+        let placeholder = if telemetry.is_some() { 28 } else { 21 };
+        extra_columns.push_str(", nodes");
+        extra_arrays.push_str(&format!(", ${placeholder}::text[]"));
+        extra_names.push_str(", nd");
+        extra_values.push_str(
+            ", CASE WHEN nd IS NULL THEN NULL \
+                    ELSE ARRAY(SELECT jsonb_array_elements_text(nd::jsonb)) END",
+        );
+    }
     let sql = format!(
         "INSERT INTO job_records (project_id, task_id, attempt, gpu_model, gpu_count, \
              billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
              gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
              content_hash{extra_columns}) \
-         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch{extra_names} \
+         SELECT p, t, a, m, c, b, pr, rg, q, s, e, h, bz, o, r, f, oq, ou, l::jsonb, ch{extra_values} \
          FROM UNNEST($1::text[], $2::text[], $3::int[], $4::text[], $5::numeric[], $6::text[], \
                      $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], \
                      $11::timestamptz[], $12::numeric[], $13::numeric[], $14::text[], $15::int[], \
@@ -92,6 +113,10 @@ pub async fn insert_batch(
             .bind(&t.memory_peak_gib)
             .bind(&t.memory_total_gib)
             .bind(&t.mig_profile),
+        None => query,
+    };
+    let query = match &nodes {
+        Some(nodes) => query.bind(nodes),
         None => query,
     };
     let inserted: Vec<(String, String, i32)> = query.fetch_all(&mut *conn).await?;
@@ -157,6 +182,17 @@ async fn stored_hashes<'a>(
             )
         })
         .collect())
+}
+
+/// Each record's nodes as a JSON array, or null when it named none.
+fn node_arrays(records: &[JobRecord]) -> Vec<Option<String>> {
+    records
+        .iter()
+        .map(|r| {
+            (!r.nodes.is_empty())
+                .then(|| serde_json::to_string(&r.nodes).expect("node names serialise"))
+        })
+        .collect()
 }
 
 /// The records as parallel column arrays for `UNNEST`.
@@ -289,6 +325,7 @@ pub struct RecordRow {
     pub labels: sqlx::types::Json<BTreeMap<String, String>>,
     #[sqlx(flatten)]
     pub telemetry: TelemetryRow,
+    pub nodes: Option<Vec<String>>,
     pub ingested_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -298,7 +335,7 @@ pub const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu
     billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
     gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
     gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, memory_total_gib, \
-    mig_profile, ingested_at, updated_at";
+    mig_profile, nodes, ingested_at, updated_at";
 
 impl RecordRow {
     /// The record as it was validated.
@@ -331,6 +368,7 @@ impl RecordRow {
             },
             labels: self.labels.0.clone(),
             telemetry: self.telemetry.to_telemetry(),
+            nodes: self.nodes.clone().unwrap_or_default(),
         }
     }
 }
@@ -459,7 +497,7 @@ pub async fn replace(
              retries = $15, failures = $16, output_quantity = $17, output_unit = $18, \
              labels = $19::jsonb, content_hash = $20, gpu_util = $21, sm_active = $22, \
              tensor_active = $23, dram_active = $24, memory_peak_gib = $25, \
-             memory_total_gib = $26, mig_profile = $27, updated_at = now() \
+             memory_total_gib = $26, mig_profile = $27, nodes = $28, updated_at = now() \
          WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
     )
     .bind(&record.key.project)
@@ -489,6 +527,7 @@ pub async fn replace(
     .bind(record.telemetry.memory_peak_gib)
     .bind(record.telemetry.memory_total_gib)
     .bind(&record.telemetry.mig_profile)
+    .bind((!record.nodes.is_empty()).then_some(&record.nodes))
     .execute(conn)
     .await?;
     Ok(())
