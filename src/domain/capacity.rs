@@ -634,6 +634,21 @@ pub fn capacity_figures(
     figures
 }
 
+/// The contracts among `contracts` that price some of `intervals` within `[from, to)`.
+pub fn contracts_pricing(
+    intervals: &[CapacityInterval],
+    owners: &HashMap<String, Option<String>>,
+    contracts: &[Contract],
+    window: (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> std::collections::HashSet<Uuid> {
+    let refs: Vec<&CapacityInterval> = intervals.iter().collect();
+    pieces_of(&refs, owners, contracts, window, tz)
+        .into_iter()
+        .filter_map(|piece| piece.contract_id)
+        .collect()
+}
+
 /// The pieces of one node's intervals (sorted, not overlapping) inside `[from, to)`.
 fn pieces_of<'a>(
     intervals: &[&'a CapacityInterval],

@@ -106,6 +106,12 @@ pub struct Breakdown {
     pub failed: Decimal,
     /// Unused commitment of reserved contracts scoped to the project.
     pub unused_commitment: Decimal,
+    /// Idle time of capacity pools charged to the project: GPUs up and paid with no job.
+    #[serde(default)]
+    pub capacity_idle: Decimal,
+    /// Down time of capacity pools charged to the project: GPUs paid and unable to run.
+    #[serde(default)]
+    pub capacity_down: Decimal,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -131,10 +137,11 @@ pub struct OutputView {
 /// full-precision decimal strings (sums are carried to 20 decimal places).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Figures {
-    /// productive + idle + unmeasured + failed + unused_commitment, exactly.
+    /// productive + idle + unmeasured + failed + unused_commitment + capacity_idle +
+    /// capacity_down, exactly.
     pub total: Decimal,
     pub breakdown: Breakdown,
-    /// idle + failed + unused_commitment.
+    /// idle + failed + unused_commitment + capacity_idle + capacity_down.
     pub waste: Decimal,
     pub gpu_seconds_held: Decimal,
     /// Busy time of the records that measured it.
@@ -201,6 +208,8 @@ pub struct FigureSums {
     unmeasured: Decimal,
     failed: Decimal,
     unused_commitment: Decimal,
+    capacity_idle: Decimal,
+    capacity_down: Decimal,
     gpu_seconds_held: Decimal,
     gpu_seconds_busy: Decimal,
     /// (reason, model) → GPU-seconds.
@@ -251,6 +260,12 @@ impl FigureSums {
         self.unused_commitment += cost;
     }
 
+    /// Idle and down cost of capacity charged to the group.
+    pub fn add_capacity(&mut self, idle: Decimal, down: Decimal) {
+        self.capacity_idle += idle;
+        self.capacity_down += down;
+    }
+
     /// GPU-seconds that carry no cost, by reason and model.
     pub fn add_unrated(&mut self, reason: &str, gpu_model: &str, gpu_seconds: Decimal) {
         *self
@@ -265,6 +280,8 @@ impl FigureSums {
         self.unmeasured += other.unmeasured;
         self.failed += other.failed;
         self.unused_commitment += other.unused_commitment;
+        self.capacity_idle += other.capacity_idle;
+        self.capacity_down += other.capacity_down;
         self.gpu_seconds_held += other.gpu_seconds_held;
         self.gpu_seconds_busy += other.gpu_seconds_busy;
         for ((reason, model), seconds) in &other.unrated {
@@ -284,7 +301,13 @@ impl FigureSums {
     }
 
     pub fn total(&self) -> Decimal {
-        self.productive + self.idle + self.unmeasured + self.failed + self.unused_commitment
+        self.productive
+            + self.idle
+            + self.unmeasured
+            + self.failed
+            + self.unused_commitment
+            + self.capacity_idle
+            + self.capacity_down
     }
 
     pub fn figures(&self) -> Figures {
@@ -298,8 +321,15 @@ impl FigureSums {
                 unmeasured: self.unmeasured.normalize(),
                 failed: self.failed.normalize(),
                 unused_commitment: self.unused_commitment.normalize(),
+                capacity_idle: self.capacity_idle.normalize(),
+                capacity_down: self.capacity_down.normalize(),
             },
-            waste: (self.idle + self.failed + self.unused_commitment).normalize(),
+            waste: (self.idle
+                + self.failed
+                + self.unused_commitment
+                + self.capacity_idle
+                + self.capacity_down)
+                .normalize(),
             gpu_seconds_held: self.gpu_seconds_held.normalize(),
             gpu_seconds_busy: self.gpu_seconds_busy.normalize(),
             unrated_gpu_seconds: self.unrated.values().copied().sum::<Decimal>().normalize(),
@@ -396,6 +426,7 @@ mod tests {
         Segments(SegmentSums),
         Records(RecordCounts),
         Unused(Decimal),
+        Capacity(Decimal, Decimal),
     }
 
     fn part() -> impl Strategy<Value = Part> {
@@ -403,6 +434,7 @@ mod tests {
             segment_sums().prop_map(Part::Segments),
             record_counts().prop_map(Part::Records),
             money().prop_map(Part::Unused),
+            (money(), money()).prop_map(|(idle, down)| Part::Capacity(idle, down)),
         ]
     }
 
@@ -411,6 +443,7 @@ mod tests {
             Part::Segments(s) => sums.add_segments(s),
             Part::Records(r) => sums.add_records(r),
             Part::Unused(cost) => sums.add_unused_commitment(*cost),
+            Part::Capacity(idle, down) => sums.add_capacity(*idle, *down),
         }
     }
 
@@ -445,8 +478,15 @@ mod tests {
             }
             let f = sums.figures();
             let b = &f.breakdown;
-            prop_assert_eq!(b.productive + b.idle + b.unmeasured + b.failed + b.unused_commitment, f.total);
-            prop_assert_eq!(b.idle + b.failed + b.unused_commitment, f.waste);
+            prop_assert_eq!(
+                b.productive + b.idle + b.unmeasured + b.failed + b.unused_commitment
+                    + b.capacity_idle + b.capacity_down,
+                f.total
+            );
+            prop_assert_eq!(
+                b.idle + b.failed + b.unused_commitment + b.capacity_idle + b.capacity_down,
+                f.waste
+            );
             let unrated: Decimal = f.unrated.iter().map(|u| u.gpu_seconds).sum();
             prop_assert_eq!(unrated, f.unrated_gpu_seconds);
         }

@@ -1,8 +1,10 @@
 //! A month's charges for tools outside taskledger: the FinOps FOCUS 1.2 cost-and-usage CSV.
 //!
 //! One row per project and contract (GPU time rated by it), per project and unrated kind of
-//! GPU time (no cost, kept visible), and per reserved contract with unused commitment
-//! (charged to its project, or to the `shared` sub-account when it is not project-scoped).
+//! GPU time (no cost, kept visible), per reserved contract with unused commitment
+//! (charged to its project, or to the `shared` sub-account when it is not project-scoped),
+//! and per capacity pool, contract and project charged with the idle or down time of the
+//! pool's nodes (or the pool's own `pools/<id>` sub-account when it keeps that time).
 //! The figures are those of the cost API and the monthly report (COST_MODEL.md §1–3); FOCUS
 //! only names them.
 
@@ -192,6 +194,27 @@ pub struct CommittedContract {
     pub project: Option<ProjectAccount>,
 }
 
+/// Idle or down time of a pool's nodes, charged to a project or kept on the pool's line,
+/// priced by one contract (or by none).
+#[derive(Debug, Clone)]
+pub struct CapacityLine {
+    /// The project charged; `None` when the pool keeps the time on its own line.
+    pub project: Option<ProjectAccount>,
+    pub pool: String,
+    /// `true` for down time, `false` for idle time.
+    pub down: bool,
+    pub gpu_model: String,
+    pub billing_mode: String,
+    pub contract_id: Option<Uuid>,
+    /// `no_contract` or `no_fx_rate`; `None` when priced.
+    pub unrated_reason: Option<String>,
+    pub gpu_seconds: Decimal,
+    /// In `currency`; zero when unrated.
+    pub cost: Decimal,
+    /// The project's currency, or the contract's for time kept on the pool's line.
+    pub currency: Currency,
+}
+
 /// What the export of a month is made of, read in one snapshot.
 #[derive(Debug, Clone, Default)]
 pub struct MonthData {
@@ -202,6 +225,8 @@ pub struct MonthData {
     pub commitments: Vec<CommittedContract>,
     /// GPU-seconds rated by each committed contract, by the start of their ledger hour.
     pub commitment_usage: BTreeMap<Uuid, Vec<(DateTime<Utc>, Decimal)>>,
+    /// Idle and down time of capacity pools, as charged.
+    pub capacity: Vec<CapacityLine>,
 }
 
 /// Why a month's data cannot be exported: it contradicts itself, or the CSV failed.
@@ -251,6 +276,14 @@ impl SubAccount {
             kind: "Shared",
         }
     }
+
+    fn pool(pool: &str) -> Self {
+        Self {
+            id: format!("pools/{pool}"),
+            name: pool.to_owned(),
+            kind: "Pool",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -259,6 +292,10 @@ enum ChargeKind {
     Usage,
     /// Committed GPU-hours nobody used (COST_MODEL §3).
     UnusedCommitment,
+    /// GPU-hours a pool's nodes were up with no job on them (COST_MODEL §9).
+    CapacityIdle,
+    /// GPU-hours a pool's nodes were paid and down.
+    CapacityDown,
 }
 
 /// One row of the export, before it is written.
@@ -278,6 +315,8 @@ struct Charge<'a> {
     unit_price: Decimal,
     /// In the billing currency; zero when unrated.
     cost: Decimal,
+    /// The pool of a capacity charge.
+    pool: Option<&'a str>,
     /// The contract's currency (the billing currency when there is no contract).
     pricing_currency: Currency,
     /// The contract's own price per GPU-hour; zero when there is no contract.
@@ -319,6 +358,18 @@ impl Charge<'_> {
             (ChargeKind::Usage, None) => {
                 format!("{} {} GPU time", self.gpu_model, self.billing_mode)
             }
+            (ChargeKind::CapacityIdle | ChargeKind::CapacityDown, contract) => format!(
+                "{} time of {} {} nodes of pool {}{}",
+                if self.kind == ChargeKind::CapacityIdle {
+                    "Idle"
+                } else {
+                    "Down"
+                },
+                self.gpu_model,
+                self.billing_mode,
+                self.pool.unwrap_or_default(),
+                contract.map_or(String::new(), |c| format!(" under contract {}", c.name))
+            ),
             (ChargeKind::UnusedCommitment, contract) => format!(
                 "Unused commitment of contract {}: {} {} GPUs reserved",
                 contract.map_or("", |c| c.name.as_str()),
@@ -348,7 +399,8 @@ impl Charge<'_> {
             Some(_) => Cell::text(value),
             None => Cell::Null,
         };
-        let unused = self.kind == ChargeKind::UnusedCommitment;
+        // Unused commitment and idle or down capacity are paid time nobody consumed.
+        let unused = self.kind != ChargeKind::Usage;
         let rated = self.unrated_reason.is_none();
         [
             money(self.cost),
@@ -437,6 +489,7 @@ impl Charge<'_> {
         (
             &self.sub_account.id,
             self.kind,
+            self.pool,
             self.unrated_reason.is_some(),
             self.contract.map(|c| (&c.name, c.id)),
             &self.gpu_model,
@@ -545,6 +598,7 @@ fn usage_charge<'a>(
         gpu_hours,
         unit_price,
         cost: usage.cost,
+        pool: None,
         pricing_currency,
         pricing_unit_price,
         pricing_cost,
@@ -620,6 +674,7 @@ fn unused_charge<'a>(
         gpu_hours: unused_gpu_hours,
         unit_price,
         cost,
+        pool: None,
         pricing_currency: contract.currency,
         pricing_unit_price: contract.price_per_gpu_hour,
         pricing_cost,
@@ -646,8 +701,63 @@ fn charges<'a>(
             .map_or(&[][..], Vec::as_slice);
         unused_charge(commitment, used, period, fx)
     }));
+    charges.extend(
+        data.capacity
+            .iter()
+            .map(|line| capacity_charge(line, &data.contracts)),
+    );
     charges.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     Ok(charges)
+}
+
+/// Idle or down time of a pool's nodes, billed to the project charged with it or to the
+/// pool's own sub-account.
+fn capacity_charge<'a>(
+    line: &'a CapacityLine,
+    contracts: &'a HashMap<Uuid, ContractTerms>,
+) -> Charge<'a> {
+    let contract = line.contract_id.and_then(|id| contracts.get(&id));
+    let gpu_hours = (line.gpu_seconds / SECONDS_PER_HOUR).round_dp(SUM_SCALE);
+    let rated = line.unrated_reason.is_none();
+    let (pricing_currency, pricing_unit_price) = match contract {
+        Some(c) => (c.currency, c.price_per_gpu_hour),
+        None => (line.currency, Decimal::ZERO),
+    };
+    let unit_price = if rated && !gpu_hours.is_zero() {
+        line.cost / gpu_hours
+    } else {
+        Decimal::ZERO
+    };
+    Charge {
+        sub_account: match &line.project {
+            Some(project) => SubAccount::project(project),
+            None => SubAccount::pool(&line.pool),
+        },
+        currency: line.currency,
+        kind: if line.down {
+            ChargeKind::CapacityDown
+        } else {
+            ChargeKind::CapacityIdle
+        },
+        contract,
+        gpu_model: line.gpu_model.clone(),
+        billing_mode: line.billing_mode.clone(),
+        unrated_reason: line.unrated_reason.clone(),
+        gpu_hours,
+        unit_price: unit_price.round_dp(SUM_SCALE),
+        cost: line.cost,
+        pool: Some(&line.pool),
+        pricing_currency,
+        pricing_unit_price,
+        pricing_cost: if rated {
+            (line.gpu_seconds * pricing_unit_price / SECONDS_PER_HOUR).round_dp(SUM_SCALE)
+        } else {
+            Decimal::ZERO
+        },
+        tasks: 0,
+        gpu_seconds: line.gpu_seconds,
+        gpu_seconds_busy: Decimal::ZERO,
+    }
 }
 
 fn render(period: &BillingPeriod, charges: &[Charge]) -> Result<Vec<u8>, FocusError> {

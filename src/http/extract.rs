@@ -238,6 +238,33 @@ fn path_rejection(rejection: PathRejection) -> ApiError {
     ApiError::NotFound(format!("no such resource: {}", rejection.body_text()))
 }
 
+/// A JSON body as a document, for bodies whose fields are validated one by one (every bad
+/// field reported at once): syntax errors are 400, and a key an object repeats is refused
+/// (422), since serde_json would keep only its last value.
+pub struct ApiJsonValue(pub serde_json::Value);
+
+impl<S> FromRequest<S> for ApiJsonValue
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        require_json_content_type(req.headers())?;
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
+        let value: serde_json::Value = parse_json(&body)?;
+        if let Some(pointer) = crate::domain::validation::repeated_key(&body) {
+            return Err(ApiError::invalid(
+                pointer,
+                "this key appears more than once",
+            ));
+        }
+        Ok(ApiJsonValue(value))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 
 pub mod alerts;
 pub mod auth;
+pub mod capacity;
 pub mod contracts;
 pub mod cost;
 pub mod dashboard;
@@ -54,6 +55,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "projects", description = "Projects and monthly budgets"),
         (name = "contracts", description = "Pricing contracts and FX rates; every change re-rates what it touches"),
         (name = "cost", description = "What a project's GPU time cost"),
+        (name = "capacity", description = "Pools of nodes, the intervals they are paid for, idle and down time, zombie nodes"),
         (name = "tasks", description = "The per-task ledger: what each task cost, attempt by attempt"),
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
@@ -82,6 +84,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(dashboard::router())
         .merge(projects::router())
         .merge(contracts::router())
+        .merge(capacity::router())
         .merge(fx_rates::router())
         .merge(cost::router())
         .merge(tasks::router())

@@ -108,6 +108,11 @@ pub struct JobRecordInput {
     /// counts slices, each priced at g/7 of the card's contract price.
     #[schema(example = "3g.40gb")]
     pub mig_profile: Option<String>,
+    /// The nodes the attempt ran on (a pod's node, Slurm's NodeList expanded), 1 to 256
+    /// distinct names: its held GPU-seconds are spread evenly over them, and they count as
+    /// used time of those nodes' capacity.
+    #[schema(example = json!(["gpu-node-07"]))]
+    pub nodes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -171,6 +176,9 @@ pub struct RecordView {
     pub memory_total_gib: Option<Decimal>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
+    /// The nodes it ran on, sorted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<String>>,
     /// 1 when first stored; each correction adds one.
     pub version: i32,
     pub ingested_at: DateTime<Utc>,
@@ -212,6 +220,7 @@ impl From<RecordRow> for RecordView {
             memory_peak_gib: telemetry.memory_peak_gib,
             memory_total_gib: telemetry.memory_total_gib,
             mig_profile: telemetry.mig_profile,
+            nodes: row.nodes,
             version: row.version,
             ingested_at: row.ingested_at,
             updated_at: row.updated_at,

@@ -37,6 +37,9 @@ pub enum AlertEventKind {
     Forecast,
     /// A finished record held GPUs that did next to nothing.
     IdleGpu,
+    /// A node of a capacity pool has been up and paid with no job on it for longer than
+    /// its pool allows.
+    ZombieCapacity,
 }
 
 impl AlertEventKind {
@@ -44,7 +47,11 @@ impl AlertEventKind {
         match AlertKind::parse(raw) {
             Some(AlertKind::Actual) => Some(Self::Actual),
             Some(AlertKind::Forecast) => Some(Self::Forecast),
-            None => (raw == "idle_gpu").then_some(Self::IdleGpu),
+            None => match raw {
+                "idle_gpu" => Some(Self::IdleGpu),
+                "zombie_capacity" => Some(Self::ZombieCapacity),
+                _ => None,
+            },
         }
     }
 }
@@ -75,6 +82,47 @@ pub struct AlertEvent {
     pub forecast: Option<Decimal>,
     pub fired_at: DateTime<Utc>,
     pub idle_gpu: Option<IdleGpuAlert>,
+    /// The idle stretch of a `zombie_capacity` alert; null for the other kinds.
+    pub zombie_capacity: Option<ZombieAlert>,
+}
+
+/// The node a zombie-capacity alert found idle, since when, and what its idle time costs.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ZombieAlert {
+    pub node: String,
+    pub pool: String,
+    /// When the node was last seen running a job, or came up.
+    pub since: DateTime<Utc>,
+    pub gpu_model: String,
+    pub gpus: i32,
+    /// GPU-hours idle when it fired.
+    #[schema(value_type = String)]
+    pub idle_gpu_hours: Decimal,
+    /// What the node's GPUs cost per hour, in `currency`; null when no contract prices them.
+    #[schema(value_type = Option<String>)]
+    pub cost_per_hour: Option<Decimal>,
+    /// What the stretch cost until it fired; null when no contract prices it.
+    #[schema(value_type = Option<String>)]
+    pub cost_so_far: Option<Decimal>,
+}
+
+impl ZombieAlert {
+    fn from_row(row: &AlertRow) -> anyhow::Result<Self> {
+        let missing = || anyhow::anyhow!("zombie alert {} lacks its node's fields", row.id);
+        let gpus = row.gpu_count.ok_or_else(missing)?;
+        Ok(Self {
+            node: row.node.clone().ok_or_else(missing)?,
+            pool: row.pool_id.clone().ok_or_else(missing)?,
+            since: row.since.ok_or_else(missing)?,
+            gpu_model: row.gpu_model.clone().ok_or_else(missing)?,
+            gpus: i32::try_from(gpus.trunc().mantissa()).unwrap_or(0),
+            idle_gpu_hours: (row.gpu_seconds_held.ok_or_else(missing)? / Decimal::from(3600))
+                .round_dp(6)
+                .normalize(),
+            cost_per_hour: row.cost_per_hour.map(|c| c.normalize()),
+            cost_so_far: row.cost.map(|c| round_money(c, &row.currency)),
+        })
+    }
 }
 
 /// The record an idle-GPU alert judged, how idle it was and what it cost.
@@ -113,7 +161,11 @@ impl AlertEvent {
             .ok_or_else(|| anyhow::anyhow!("alert {} has unknown kind {}", row.id, row.kind))?;
         let idle_gpu = match kind {
             AlertEventKind::IdleGpu => Some(IdleGpuAlert::from_row(row)?),
-            AlertEventKind::Actual | AlertEventKind::Forecast => None,
+            _ => None,
+        };
+        let zombie_capacity = match kind {
+            AlertEventKind::ZombieCapacity => Some(ZombieAlert::from_row(row)?),
+            _ => None,
         };
         Ok(Self {
             id: row.id,
@@ -128,6 +180,7 @@ impl AlertEvent {
             forecast: row.forecast.map(|f| f.normalize()),
             fired_at: row.fired_at,
             idle_gpu,
+            zombie_capacity,
         })
     }
 }

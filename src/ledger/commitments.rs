@@ -10,7 +10,7 @@ use rust_decimal::Decimal;
 use crate::domain::commitment::{LedgerWindow, UnusedCommitment, unused_commitment_by_day};
 use crate::domain::rating::Contract;
 use crate::domain::what_if::{Override, WhatIf};
-use crate::ledger::LedgerResult;
+use crate::ledger::{LedgerResult, capacity};
 use crate::store;
 use crate::store::contracts::ContractRow;
 
@@ -82,9 +82,20 @@ impl Commitments {
         if rows.is_empty() {
             return Ok(commitments);
         }
+        // A reservation that prices capacity has the idle time of its nodes as its waste.
+        let contracts: Vec<Contract> = rows.iter().map(ContractRow::to_domain).collect();
+        let on_capacity =
+            capacity::reservations_pricing_capacity(conn, &contracts, (from, to), tz).await?;
+        let (rows, contracts): (Vec<ContractRow>, Vec<Contract>) = rows
+            .into_iter()
+            .zip(contracts)
+            .filter(|(row, _)| !on_capacity.contains(&row.id))
+            .unzip();
+        if rows.is_empty() {
+            return Ok(commitments);
+        }
         let ids: Vec<_> = rows.iter().map(|c| c.id).collect();
         let window = LedgerWindow::new(from, to, tz);
-        let contracts: Vec<Contract> = rows.iter().map(ContractRow::to_domain).collect();
         // Over every reservation, the days a contract commits whole are netted in the
         // database, a number per day; a project's few are read hour by hour, which costs
         // less than planning that statement anew (see `store::cost::contract_usage`).

@@ -15,6 +15,7 @@ use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::FxRates;
 use crate::domain::what_if::{PriceOverride, WhatIf};
 use crate::ledger::LedgerResult;
+use crate::ledger::capacity::{self, CapacityWindow};
 use crate::ledger::commitments::Commitments;
 use crate::store;
 use crate::store::cost::Scope;
@@ -198,7 +199,28 @@ async fn group_sums(
     )
     .await?;
     add_unused_commitment(conn, &commitments, &currencies, tz, group_of, &mut groups).await?;
+    let capacity = CapacityWindow::load(
+        conn,
+        None,
+        capacity_window(query.period, query.as_of),
+        tz,
+        &query.what_if,
+    )
+    .await?;
+    capacity.add_charges(
+        &currencies,
+        |_, charge| capacity::charge_key(&query.grouping, charge),
+        &mut groups,
+    );
     Ok(groups)
+}
+
+/// Where capacity accrues in a period: up to `as_of`, as commitment does.
+fn capacity_window(
+    period: (DateTime<Utc>, DateTime<Utc>),
+    as_of: DateTime<Utc>,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    accrual_window(period, as_of)
 }
 
 /// The sums the rollups hold for each group of the scope over the period.
@@ -361,6 +383,7 @@ pub async fn figures_of_projects(
     projects: &[CostOf<'_>],
     ProjectSums(mut groups): ProjectSums,
     commitments: &Commitments,
+    capacity: &CapacityWindow,
     tz: Tz,
 ) -> LedgerResult<Vec<Figures>> {
     let currencies: BTreeMap<String, String> = projects
@@ -369,6 +392,11 @@ pub async fn figures_of_projects(
         .collect();
     let group_of = |project: &str, _, _: &str| Some(project.to_owned());
     add_unused_commitment(conn, commitments, &currencies, tz, group_of, &mut groups).await?;
+    capacity.add_charges(
+        &currencies,
+        |project, _| Some(project.to_owned()),
+        &mut groups,
+    );
     Ok(projects
         .iter()
         .map(|of| {

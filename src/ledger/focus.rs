@@ -2,15 +2,19 @@
 
 use std::collections::BTreeMap;
 
+use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::focus::{
-    self, BillingPeriod, CommittedContract, ContractTerms, MonthData, ProjectAccount, UsageLine,
+    self, BillingPeriod, CapacityLine, CommittedContract, ContractTerms, MonthData, ProjectAccount,
+    UsageLine,
 };
 use crate::domain::values::{Currency, Month};
+use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
+use crate::ledger::capacity::{self, CapacityWindow};
 use crate::store;
 use crate::store::contracts::ContractRow;
 use crate::store::exports::{Commitment, ContractUsage};
@@ -35,7 +39,14 @@ async fn month_data(
         .into_iter()
         .map(usage_line)
         .collect::<LedgerResult<Vec<_>>>()?;
-    let mut contract_ids: Vec<Uuid> = usage.iter().filter_map(|u| u.contract_id).collect();
+    let window = period.accrual().unwrap_or((period.start, period.start));
+    let capacity = CapacityWindow::load(conn, None, window, period.tz, &WhatIf::default()).await?;
+    let capacity_lines = capacity_lines(conn, &capacity).await?;
+    let mut contract_ids: Vec<Uuid> = usage
+        .iter()
+        .filter_map(|u| u.contract_id)
+        .chain(capacity_lines.iter().filter_map(|c| c.contract_id))
+        .collect();
     contract_ids.sort_unstable();
     contract_ids.dedup();
     let contracts = store::contracts::by_ids(conn, &contract_ids)
@@ -45,7 +56,12 @@ async fn month_data(
         .collect::<LedgerResult<_>>()?;
     let (commitments, commitment_usage) = match period.accrual() {
         Some(window) => {
-            let commitments = store::exports::commitments(conn, window).await?;
+            let mut commitments = store::exports::commitments(conn, window).await?;
+            // A reservation that prices capacity has the idle time of its nodes as its waste.
+            let terms: Vec<_> = commitments.iter().map(|c| c.contract.to_domain()).collect();
+            let on_capacity =
+                capacity::reservations_pricing_capacity(conn, &terms, window, period.tz).await?;
+            commitments.retain(|c| !on_capacity.contains(&c.contract.id));
             let ids: Vec<Uuid> = commitments.iter().map(|c| c.contract.id).collect();
             let used = store::cost::contract_usage(conn, window, &ids, period.tz, &[], &[])
                 .await?
@@ -75,8 +91,112 @@ async fn month_data(
         contracts,
         commitments,
         commitment_usage,
+        capacity: capacity_lines,
     };
     Ok((data, fx))
+}
+
+/// The idle and down time of every pool as charged, summed per project (or pool line),
+/// pool, contract, model and mode.
+async fn capacity_lines(
+    conn: &mut PgConnection,
+    capacity: &CapacityWindow,
+) -> LedgerResult<Vec<CapacityLine>> {
+    let charges = capacity.charges();
+    if charges.is_empty() {
+        return Ok(Vec::new());
+    }
+    let projects: Vec<String> = {
+        let mut ids: Vec<String> = charges.iter().filter_map(|c| c.project.clone()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    let accounts: BTreeMap<String, ProjectAccount> = store::projects::accounts(conn, &projects)
+        .await?
+        .into_iter()
+        .map(|(id, name, currency)| {
+            Ok((
+                id.clone(),
+                ProjectAccount {
+                    id,
+                    name,
+                    currency: stored_currency(&currency)?,
+                },
+            ))
+        })
+        .collect::<LedgerResult<_>>()?;
+    type Key = (
+        Option<String>,
+        String,
+        bool,
+        String,
+        String,
+        Option<Uuid>,
+        Option<String>,
+        String,
+    );
+    let mut lines: BTreeMap<Key, (Decimal, Decimal)> = BTreeMap::new();
+    for charge in &charges {
+        let account = charge.project.as_ref().and_then(|p| accounts.get(p));
+        if charge.project.is_some() && account.is_none() {
+            continue;
+        }
+        let currency = match (account, &charge.price) {
+            (Some(account), _) => account.currency.code().to_owned(),
+            (None, Some((_, currency))) => currency.clone(),
+            (None, None) => continue,
+        };
+        let costs = capacity.cost_of(charge, &currency);
+        for (down, seconds, cost) in [
+            (false, charge.idle_seconds, costs.map(|c| c.0)),
+            (true, charge.down_seconds, costs.map(|c| c.1)),
+        ] {
+            if seconds.is_zero() {
+                continue;
+            }
+            let reason = match (&charge.price, cost) {
+                (None, _) => Some("no_contract".to_owned()),
+                (Some(_), None) => Some("no_fx_rate".to_owned()),
+                _ => None,
+            };
+            let key = (
+                charge.project.clone(),
+                charge.pool.clone(),
+                down,
+                charge.gpu_model.clone(),
+                charge.billing_mode.as_str().to_owned(),
+                charge.contract_id,
+                reason,
+                currency.clone(),
+            );
+            let entry = lines.entry(key).or_default();
+            entry.0 += seconds;
+            entry.1 += cost.unwrap_or_default();
+        }
+    }
+    lines
+        .into_iter()
+        .map(
+            |(
+                (project, pool, down, gpu_model, billing_mode, contract_id, reason, currency),
+                (seconds, cost),
+            )| {
+                Ok(CapacityLine {
+                    project: project.and_then(|p| accounts.get(&p).cloned()),
+                    pool,
+                    down,
+                    gpu_model,
+                    billing_mode,
+                    contract_id,
+                    unrated_reason: reason,
+                    gpu_seconds: seconds,
+                    cost,
+                    currency: stored_currency(&currency)?,
+                })
+            },
+        )
+        .collect()
 }
 
 fn stored_currency(code: &str) -> LedgerResult<Currency> {

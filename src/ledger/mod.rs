@@ -4,6 +4,7 @@
 //! [`LedgerError`].
 
 pub mod alerting;
+pub mod capacity;
 pub mod commitments;
 pub mod cost;
 pub mod demo;
@@ -22,5 +23,6 @@ pub mod setup;
 pub mod sources;
 pub mod tasks;
 pub mod tokens;
+pub mod zombies;
 
 pub use error::{LedgerError, LedgerResult};

@@ -45,6 +45,63 @@ pub struct AlertRow {
     pub idle_threshold: Option<Decimal>,
     pub min_gpu_hours: Option<Decimal>,
     pub cost: Option<Decimal>,
+    pub node: Option<String>,
+    pub pool_id: Option<String>,
+    pub since: Option<DateTime<Utc>>,
+    pub cost_per_hour: Option<Decimal>,
+}
+
+/// A zombie-capacity alert to fire for one idle stretch of a node.
+#[derive(Debug, Clone)]
+pub struct NewZombieAlert {
+    pub project_id: String,
+    /// The ledger month holding the stretch's start.
+    pub month: NaiveDate,
+    pub currency: String,
+    pub node: String,
+    pub pool_id: String,
+    pub since: DateTime<Utc>,
+    pub gpu_model: String,
+    pub gpus: i32,
+    /// The GPU-seconds idle so far.
+    pub idle_gpu_seconds: Decimal,
+    pub cost_per_hour: Option<Decimal>,
+    pub cost_so_far: Option<Decimal>,
+    pub fired_at: DateTime<Utc>,
+}
+
+/// Fires a zombie-capacity alert unless one fired for the same node and start; `None` then.
+pub async fn fire_zombie(
+    conn: &mut PgConnection,
+    alert: &NewZombieAlert,
+) -> sqlx::Result<Option<AlertRow>> {
+    sqlx::query_as!(
+        AlertRow,
+        "INSERT INTO alert_events (project_id, id, month, kind, currency, fired_at, node, \
+                                   pool_id, since, gpu_model, gpu_count, gpu_seconds_held, \
+                                   cost_per_hour, cost) \
+         VALUES ($1, $2, $3, 'zombie_capacity', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         ON CONFLICT (project_id, node, since) WHERE kind = 'zombie_capacity' DO NOTHING \
+         RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                   forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                   gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
+                   cost, node, pool_id, since, cost_per_hour",
+        alert.project_id,
+        Uuid::new_v4(),
+        alert.month,
+        alert.currency,
+        alert.fired_at,
+        alert.node,
+        alert.pool_id,
+        alert.since,
+        alert.gpu_model,
+        Decimal::from(alert.gpus),
+        alert.idle_gpu_seconds,
+        alert.cost_per_hour,
+        alert.cost_so_far,
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// An idle-GPU alert to fire for one record, once per task.
@@ -100,7 +157,7 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
-                   cost",
+                   cost, node, pool_id, since, cost_per_hour",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -173,7 +230,7 @@ pub async fn fire_idle_gpu(
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
-                   cost",
+                   cost, node, pool_id, since, cost_per_hour",
         &column(|a| a.project_id.clone()),
         &ids,
         &months,
@@ -357,7 +414,8 @@ pub async fn list(
         AlertRow,
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
-                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost \
+                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
+                node, pool_id, since, cost_per_hour \
          FROM alert_events \
          WHERE ($1::text[] IS NULL OR project_id = ANY($1)) AND ($2::date IS NULL OR month = $2) \
            AND ($3::timestamptz IS NULL OR (fired_at, id) < ($3, $4)) \
@@ -408,7 +466,8 @@ pub async fn fired_in_month(
         AlertRow,
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
-                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost \
+                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
+                node, pool_id, since, cost_per_hour \
          FROM alert_events \
          WHERE project_id = $1 AND month = $2 AND kind IN ('actual', 'forecast') \
          ORDER BY kind, threshold",

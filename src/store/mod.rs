@@ -3,6 +3,7 @@
 
 pub mod alerts;
 pub mod binder;
+pub mod capacity;
 pub mod closes;
 pub mod contracts;
 pub mod cost;

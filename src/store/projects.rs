@@ -275,3 +275,14 @@ pub async fn idle_gpu_settings(
     .fetch_all(conn)
     .await
 }
+
+/// The id, name and currency of each of `ids` that exists.
+pub async fn accounts(
+    conn: &mut PgConnection,
+    ids: &[String],
+) -> sqlx::Result<Vec<(String, String, String)>> {
+    sqlx::query_as("SELECT id, name, currency::text FROM projects WHERE id = ANY($1) ORDER BY id")
+        .bind(ids)
+        .fetch_all(conn)
+        .await
+}

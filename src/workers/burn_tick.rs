@@ -1,5 +1,6 @@
 //! Re-evaluates budget burn periodically: spend grows with accrued unused commitment even
-//! when no record arrives, and a forecast crosses the budget as the month goes by. Replicas
+//! when no record arrives, and a forecast crosses the budget as the month goes by. The same
+//! tick judges the nodes still up for zombie capacity: idleness grows with time too. Replicas
 //! share the schedule: one of them runs each tick, and never two at once.
 
 use std::future::Future;
@@ -41,6 +42,9 @@ async fn tick(pool: &PgPool, settings: &Settings, interval: Duration) -> sqlx::R
     };
     let outcome = if jobs::claim_due_run(pool, JOB, interval).await? {
         crate::ledger::alerting::evaluate_current_month(pool, settings).await;
+        if let Err(error) = crate::ledger::zombies::judge(pool, None, settings).await {
+            tracing::warn!(error = %error, "judging zombie capacity failed");
+        }
         RunOutcome::Ran
     } else {
         RunOutcome::NotDue

@@ -3,6 +3,7 @@
 mod alerts;
 mod browser;
 mod burn;
+mod capacity;
 mod commitments;
 mod common;
 mod contracts;

@@ -56,7 +56,7 @@ async fn the_worked_example_as_json_and_csv() {
     assert_money(&json["shared"][0]["unused_commitment"], "1430");
     assert_eq!(
         json["totals"],
-        json!([{"currency": "USD", "projects": vision["total"], "shared": json["shared"][0]["unused_commitment"], "adjustments": "0", "total": json["totals"][0]["total"]}])
+        json!([{"currency": "USD", "projects": vision["total"], "shared": json["shared"][0]["unused_commitment"], "pools": "0", "adjustments": "0", "total": json["totals"][0]["total"]}])
     );
     assert_money(&json["totals"][0]["total"], "1514.60");
 
@@ -65,13 +65,13 @@ async fn the_worked_example_as_json_and_csv() {
     let rows = csv_rows(&csv);
     let vision = row(&rows, "project", "vision");
     assert_eq!(
-        &vision[7..15],
+        &vision[7..17],
         [
-            "USD", "84.60", "37.00", "9.00", "24.20", "14.40", "0.00", "23.40"
+            "USD", "84.60", "37.00", "9.00", "24.20", "14.40", "0.00", "0.00", "0.00", "23.40"
         ]
     );
-    assert_eq!(vision[18], "4");
-    assert_eq!(vision[20], "21.15");
+    assert_eq!(vision[20], "4");
+    assert_eq!(vision[22], "21.15");
     let shared = row(&rows, "shared", "");
     assert_eq!(shared[8], "1430.00");
     let total = row(&rows, "total", "");

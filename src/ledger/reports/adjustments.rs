@@ -36,7 +36,7 @@ pub(super) async fn adjustments(
         }
         let now =
             current_amounts(conn, aside.as_deref_mut(), closed_month, what_if, settings).await?;
-        let then = amounts_by_line(&report.projects, &report.shared);
+        let then = amounts_by_line(&report.projects, &report.shared, &report.pools);
         let later = frozen.range(closed_month.next()..month).map(|(_, r)| r);
         let booked = already_booked(closed_month, later);
         lines.extend(changes(closed_month, &now, &then, &booked));
@@ -159,6 +159,7 @@ mod tests {
             projects: Vec::new(),
             shared: Vec::new(),
             commitments: Vec::new(),
+            pools: Vec::new(),
             adjustments,
             totals: Vec::new(),
             hypothetical: false,

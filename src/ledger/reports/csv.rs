@@ -1,5 +1,6 @@
 //! The report as CSV for spreadsheets: a row per project and per group of it, per shared
-//! line, per adjustment and per currency total, under one header.
+//! line, per pool keeping idle or down cost on its own line, per adjustment and per
+//! currency total, under one header.
 
 use rust_decimal::{Decimal, RoundingStrategy};
 
@@ -8,6 +9,7 @@ use crate::domain::csv_cell::text_cell;
 use crate::domain::figures::Figures;
 use crate::domain::values::Currency;
 use crate::ledger::LedgerResult;
+use crate::ledger::capacity::PoolUtilisation;
 
 /// Money rounded half-even to the currency's minor unit (2 for USD, 0 for JPY), with every
 /// minor digit shown (`84.60`).
@@ -20,7 +22,7 @@ pub fn round_money(amount: Decimal, currency: &str) -> Decimal {
     rounded
 }
 
-const CSV_HEADER: [&str; 27] = [
+const CSV_HEADER: [&str; 29] = [
     "row_type",
     "month",
     "belongs_to",
@@ -35,6 +37,8 @@ const CSV_HEADER: [&str; 27] = [
     "unmeasured",
     "failed",
     "unused_commitment",
+    "capacity_idle",
+    "capacity_down",
     "waste",
     "gpu_seconds_held",
     "gpu_seconds_busy",
@@ -74,6 +78,12 @@ fn rows(report: &MonthlyReport) -> Vec<Vec<String>> {
         rows.extend(project_rows(&month, line));
     }
     rows.extend(report.shared.iter().map(|line| shared_row(&month, line)));
+    rows.extend(
+        report
+            .pools
+            .iter()
+            .filter_map(|line| pool_row(&month, line)),
+    );
     rows.extend(
         report
             .adjustments
@@ -135,6 +145,8 @@ fn figure_cells(figures: &Figures, currency: &str) -> Vec<String> {
         breakdown.unmeasured,
         breakdown.failed,
         breakdown.unused_commitment,
+        breakdown.capacity_idle,
+        breakdown.capacity_down,
         figures.waste,
     ]
     .into_iter()
@@ -194,8 +206,37 @@ fn shared_row(month: &str, line: &SharedLine) -> Vec<String> {
         String::new(),
         String::new(),
         unused.clone(),
+        String::new(),
+        String::new(),
         unused,
     ]
+}
+
+/// The idle and down cost a pool keeps on its own line (charged to no project): all of
+/// the line's total, and all of it waste. A pool whose time no contract prices has none.
+fn pool_row(month: &str, line: &PoolUtilisation) -> Option<Vec<String>> {
+    let currency = line.currency.as_deref()?;
+    let kept = &line.kept_on_pool;
+    let total = kept.capacity_idle + kept.capacity_down;
+    Some(vec![
+        "pool".to_owned(),
+        month.to_owned(),
+        String::new(),
+        String::new(),
+        cell(&line.pool),
+        String::new(),
+        String::new(),
+        cell(currency),
+        money(total, currency),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        money(kept.capacity_idle, currency),
+        money(kept.capacity_down, currency),
+        money(total, currency),
+    ])
 }
 
 fn adjustment_row(month: &str, line: &AdjustmentLine) -> Vec<String> {

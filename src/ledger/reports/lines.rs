@@ -16,6 +16,7 @@ use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
 use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
+use crate::ledger::capacity::{CapacityWindow, PoolUtilisation};
 use crate::ledger::commitments::{Accrued, Commitments};
 use crate::ledger::cost::{
     CostOf, GroupView, figures_of_projects, month_commitments, month_cost,
@@ -31,6 +32,8 @@ pub(super) struct MonthLines {
     pub projects: Vec<ProjectLine>,
     pub shared: Vec<SharedLine>,
     pub commitments: Vec<CommitmentLine>,
+    /// Every pool with capacity in the month, without its nodes.
+    pub pools: Vec<PoolUtilisation>,
 }
 
 /// The project lines, shared lines and commitment lines of a month. Every reserved
@@ -56,6 +59,7 @@ pub(super) async fn month_lines(
         })
         .collect();
     let first_day = month.first_day();
+    let capacity = month_capacity(conn, month, as_of, tz, what_if).await?;
     let (commitments, costs): (_, Vec<(Figures, Vec<GroupView>)>) = match grouping {
         // Without groups, every project's figures are read at once.
         Grouping::Whole => {
@@ -83,7 +87,7 @@ pub(super) async fn month_lines(
                     month_sums_of_projects(conn, first_day, tz, what_if).await?,
                 ),
             };
-            let figures = figures_of_projects(conn, &of, sums, &commitments, tz).await?;
+            let figures = figures_of_projects(conn, &of, sums, &commitments, &capacity, tz).await?;
             let costs = figures
                 .into_iter()
                 .map(|figures| (figures, Vec::new()))
@@ -130,11 +134,29 @@ pub(super) async fn month_lines(
             groups,
         });
     }
+    let pools = capacity
+        .pools
+        .keys()
+        .map(|pool| capacity.utilisation(pool, month, false))
+        .collect();
     Ok(MonthLines {
         projects,
         shared: shared_lines(&commitments),
         commitments: commitment_lines(&commitments),
+        pools,
     })
+}
+
+/// Every pool's capacity over a ledger month, accrued up to `as_of`.
+async fn month_capacity(
+    conn: &mut PgConnection,
+    month: Month,
+    as_of: DateTime<Utc>,
+    tz: chrono_tz::Tz,
+    what_if: &WhatIf,
+) -> LedgerResult<CapacityWindow> {
+    let (from, to) = month_bounds(month.first_day(), tz);
+    CapacityWindow::load(conn, None, (from, to.min(as_of)), tz, what_if).await
 }
 
 /// Unused commitment of unscoped reserved contracts, in each contract's currency: it belongs
@@ -217,14 +239,20 @@ pub(super) async fn current_amounts(
 ) -> LedgerResult<BTreeMap<LineKey, Amounts>> {
     let (_, end) = month_bounds(month.first_day(), settings.timezone);
     let lines = month_lines(conn, aside, month, Grouping::Whole, end, what_if, settings).await?;
-    Ok(amounts_by_line(&lines.projects, &lines.shared))
+    Ok(amounts_by_line(
+        &lines.projects,
+        &lines.shared,
+        &lines.pools,
+    ))
 }
 
 /// The amounts of each line, by who owns it: a project line's total and breakdown, and the
-/// shared line's unused commitment (which is all of its total).
+/// shared line of each currency: unused commitment no project owns, and the idle and down
+/// cost kept on pools' own lines.
 pub(super) fn amounts_by_line(
     projects: &[ProjectLine],
     shared: &[SharedLine],
+    pools: &[PoolUtilisation],
 ) -> BTreeMap<LineKey, Amounts> {
     let mut amounts = BTreeMap::new();
     for line in projects {
@@ -238,6 +266,8 @@ pub(super) fn amounts_by_line(
                 unmeasured: b.unmeasured,
                 failed: b.failed,
                 unused_commitment: b.unused_commitment,
+                capacity_idle: b.capacity_idle,
+                capacity_down: b.capacity_down,
             },
         );
     }
@@ -250,6 +280,19 @@ pub(super) fn amounts_by_line(
                 ..Amounts::default()
             },
         );
+    }
+    for line in pools {
+        let Some(currency) = &line.currency else {
+            continue;
+        };
+        let kept = &line.kept_on_pool;
+        if kept.capacity_idle.is_zero() && kept.capacity_down.is_zero() {
+            continue;
+        }
+        let sum: &mut Amounts = amounts.entry((None, currency.clone())).or_default();
+        sum.total += kept.capacity_idle + kept.capacity_down;
+        sum.capacity_idle += kept.capacity_idle;
+        sum.capacity_down += kept.capacity_down;
     }
     amounts
 }

@@ -136,6 +136,7 @@ async fn live_report(
         projects,
         shared,
         commitments,
+        pools,
     } = lines::month_lines(
         conn,
         aside.as_deref_mut(),
@@ -148,7 +149,7 @@ async fn live_report(
     .await?;
     let adjustments =
         adjustments::adjustments(conn, aside, month, closes, what_if, settings).await?;
-    let totals = totals(&projects, &shared, &adjustments);
+    let totals = totals(&projects, &shared, &pools, &adjustments);
     Ok(MonthlyReport {
         month,
         closed: false,
@@ -158,6 +159,7 @@ async fn live_report(
         projects,
         shared,
         commitments,
+        pools,
         adjustments,
         totals,
         hypothetical: false,

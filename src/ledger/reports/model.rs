@@ -13,6 +13,7 @@ use crate::domain::figures::Figures;
 use crate::domain::values::Month;
 use crate::domain::what_if::PriceOverride;
 use crate::ledger::LedgerResult;
+use crate::ledger::capacity::PoolUtilisation;
 use crate::ledger::cost::GroupView;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -36,6 +37,10 @@ pub struct MonthlyReport {
     /// before it was added.
     #[serde(default)]
     pub commitments: Vec<CommitmentLine>,
+    /// Every capacity pool with intervals in the month: paid, used, idle and down, and who
+    /// was charged its idle and down time. Absent from reports frozen before it was added.
+    #[serde(default)]
+    pub pools: Vec<PoolUtilisation>,
     /// Changes to closed months booked here, each with the month it belongs to.
     pub adjustments: Vec<AdjustmentLine>,
     pub totals: Vec<TotalLine>,
@@ -151,11 +156,18 @@ pub struct Amounts {
     pub failed: Decimal,
     #[schema(value_type = String)]
     pub unused_commitment: Decimal,
+    /// Absent from reports frozen before capacity was reported.
+    #[serde(default)]
+    #[schema(value_type = String)]
+    pub capacity_idle: Decimal,
+    #[serde(default)]
+    #[schema(value_type = String)]
+    pub capacity_down: Decimal,
 }
 
 impl Amounts {
     /// The amounts in the order of the CSV's money columns.
-    pub(super) fn values(&self) -> [Decimal; 6] {
+    pub(super) fn values(&self) -> [Decimal; 8] {
         [
             self.total,
             self.productive,
@@ -163,10 +175,12 @@ impl Amounts {
             self.unmeasured,
             self.failed,
             self.unused_commitment,
+            self.capacity_idle,
+            self.capacity_down,
         ]
     }
 
-    pub(super) fn from_values(values: [Decimal; 6]) -> Self {
+    pub(super) fn from_values(values: [Decimal; 8]) -> Self {
         let [
             total,
             productive,
@@ -174,6 +188,8 @@ impl Amounts {
             unmeasured,
             failed,
             unused_commitment,
+            capacity_idle,
+            capacity_down,
         ] = values;
         Self {
             total,
@@ -182,6 +198,8 @@ impl Amounts {
             unmeasured,
             failed,
             unused_commitment,
+            capacity_idle,
+            capacity_down,
         }
     }
 
@@ -208,9 +226,13 @@ pub struct TotalLine {
     pub projects: Decimal,
     #[schema(value_type = String)]
     pub shared: Decimal,
+    /// Idle and down cost of capacity kept on pools' own lines (charged to no project).
+    #[serde(default)]
+    #[schema(value_type = String)]
+    pub pools: Decimal,
     #[schema(value_type = String)]
     pub adjustments: Decimal,
-    /// projects + shared + adjustments.
+    /// projects + shared + pools + adjustments.
     #[schema(value_type = String)]
     pub total: Decimal,
 }
@@ -236,6 +258,7 @@ impl Report {
 pub(super) fn totals(
     projects: &[ProjectLine],
     shared: &[SharedLine],
+    pools: &[PoolUtilisation],
     adjustments: &[AdjustmentLine],
 ) -> Vec<TotalLine> {
     fn entry<'a>(totals: &'a mut BTreeMap<String, TotalLine>, currency: &str) -> &'a mut TotalLine {
@@ -245,6 +268,7 @@ pub(super) fn totals(
                 currency: currency.to_owned(),
                 projects: Decimal::ZERO,
                 shared: Decimal::ZERO,
+                pools: Decimal::ZERO,
                 adjustments: Decimal::ZERO,
                 total: Decimal::ZERO,
             })
@@ -256,13 +280,20 @@ pub(super) fn totals(
     for line in shared {
         entry(&mut totals, &line.currency).shared += line.unused_commitment;
     }
+    for line in pools {
+        if let Some(currency) = &line.currency {
+            let kept = &line.kept_on_pool;
+            entry(&mut totals, currency).pools += kept.capacity_idle + kept.capacity_down;
+        }
+    }
     for line in adjustments {
         entry(&mut totals, &line.currency).adjustments += line.amounts.total;
     }
     totals
         .into_values()
         .map(|mut line| {
-            line.total = (line.projects + line.shared + line.adjustments).normalize();
+            line.total = (line.projects + line.shared + line.pools + line.adjustments).normalize();
+            line.pools = line.pools.normalize();
             line.projects = line.projects.normalize();
             line.shared = line.shared.normalize();
             line.adjustments = line.adjustments.normalize();
@@ -377,6 +408,7 @@ mod tests {
                 unused_gpu_hours: d("715"),
                 unused_commitment: d("1430"),
             }],
+            pools: Vec::new(),
             adjustments: vec![AdjustmentLine {
                 project: None,
                 belongs_to: Month::parse("2026-10").unwrap(),
@@ -391,6 +423,7 @@ mod tests {
                 currency: "USD".to_owned(),
                 projects: d("84.93333333333333333333"),
                 shared: Decimal::ZERO,
+                pools: Decimal::ZERO,
                 adjustments: Decimal::ZERO,
                 total: d("84.93333333333333333333"),
             }],
