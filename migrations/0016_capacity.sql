@@ -39,9 +39,10 @@ CREATE TABLE capacity_intervals (
 CREATE INDEX capacity_intervals_by_pool ON capacity_intervals (pool_id, from_at, until_at);
 CREATE INDEX capacity_intervals_by_time ON capacity_intervals (until_at, from_at);
 
--- The nodes a record ran on, sorted; null when it named none.
+-- The nodes a record ran on, sorted; null when it named none. Capacity reads the records
+-- that name nodes by time.
 ALTER TABLE job_records ADD COLUMN nodes text[] CHECK (cardinality(nodes) > 0);
-CREATE INDEX job_records_by_node ON job_records USING gin (nodes) WHERE nodes IS NOT NULL;
+CREATE INDEX job_records_on_nodes ON job_records (ended_at, started_at) WHERE nodes IS NOT NULL;
 
 -- Idle stretches of a node that have been alerted: one per stretch, kept when later records
 -- fill it. `judged_until` is how far the stretch was known to be idle when it fired.

@@ -13,7 +13,11 @@ const PARTS = [
   ["unmeasured", "Unmeasured", "--unmeasured"],
   ["failed", "Failed runs", "--failed"],
   ["unused_commitment", "Unused commitment", "--unused"],
+  ["capacity_idle", "Idle capacity", "--capacity-idle"],
+  ["capacity_down", "Down capacity", "--capacity-down"],
 ];
+// Parts a record's own cost has; the others are charged to a project, not to its tasks.
+const CHARGED_PARTS = ["unused_commitment", "capacity_idle", "capacity_down"];
 
 function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
@@ -186,13 +190,13 @@ function cards(cost, burn) {
     <div class="card"><div class="label">Cost per completed task</div><div class="value">${money(cost.cost_per_completed_task, c)}</div>
       <div class="sub">${cost.tasks_completed} tasks completed, ${cost.tasks_failed} failed</div></div>
     <div class="card"><div class="label">Waste</div><div class="value">${money(cost.waste, c)}</div>
-      <div class="sub">${wastePct}% of the total: idle, failed, unused commitment</div></div>
+      <div class="sub">${wastePct}% of the total: idle, failed, unused commitment, idle capacity</div></div>
     ${burnCard}
   </div>`;
 }
 
 function breakdown(cost, currency = cost.currency, partsShown = PARTS) {
-  const parts = partsShown.map(([key, label, color]) => ({ key, label, color, amount: cost.breakdown[key] }));
+  const parts = partsShown.map(([key, label, color]) => ({ key, label, color, amount: cost.breakdown[key] ?? "0" }));
   const bar = parts.map((p) =>
     `<div title="${p.label}: ${money(p.amount, currency)}" style="width:${share(p.amount, cost.total)}%;background:var(${p.color})"></div>`).join("");
   const legend = parts.map((p) =>
@@ -572,7 +576,7 @@ function recommendationsPanel(recs) {
 
 const STATUSES = ["completed", "failed", "preempted", "cancelled"];
 const OUTCOME_LABELS = { completed: "Completed", preempted: "Preempted", failed: "Failed", cancelled: "Cancelled" };
-const TASK_PARTS = PARTS.filter(([key]) => key !== "unused_commitment");
+const TASK_PARTS = PARTS.filter(([key]) => !CHARGED_PARTS.includes(key));
 const TASK_SORTS = ["cost", "waste", "gpu_hours", "queue_wait", "started_at"];
 const TASKS_PER_PAGE = 50;
 const TASK_COLUMNS = [
@@ -1139,12 +1143,14 @@ function projectRow(view, line, alertsByProject) {
 function totalsTable(report) {
   const rows = report.totals.map((t) => `<tr><th scope="row">${escapeHtml(t.currency)}</th>
     <td class="num">${money(t.projects, t.currency)}</td><td class="num">${money(t.shared, t.currency)}</td>
+    <td class="num">${money(t.pools ?? "0", t.currency)}</td>
     <td class="num">${money(t.adjustments, t.currency)}</td><td class="num"><b>${money(t.total, t.currency)}</b></td></tr>`).join("");
   return `<section id="totals"><h2>Totals per currency</h2><div class="panel"><div class="scroll"><table>
     <caption class="sr-only">Grand totals of the month in each currency</caption>
     <thead><tr><th scope="col">Currency</th><th scope="col" class="num">Projects</th><th scope="col" class="num">Shared unused commitment</th>
+      <th scope="col" class="num">Kept on pools</th>
       <th scope="col" class="num">Prior-period adjustments</th><th scope="col" class="num">Total</th></tr></thead>
-    <tbody id="total-rows">${rows || `<tr><td colspan="5" class="muted">Nothing was spent this month.</td></tr>`}</tbody></table></div></div></section>`;
+    <tbody id="total-rows">${rows || `<tr><td colspan="6" class="muted">Nothing was spent this month.</td></tr>`}</tbody></table></div></div></section>`;
 }
 
 function commitmentsPanel(report) {
@@ -1244,17 +1250,27 @@ async function renderFinance(view, generation) {
           <th scope="col" title="Spend ÷ budget; ticks mark the alert thresholds, the dashed mark the forecast">Burn</th>
           <th scope="col" class="num">Waste</th><th scope="col" class="num">Cost per completed task</th><th scope="col">Alerts</th></tr></thead>
         <tbody id="finance-rows">${rows || `<tr><td colspan="7" class="muted">No project yet.</td></tr>`}</tbody></table></div></div></section>`
-      + totalsTable(report) + commitmentsPanel(report) + adjustmentsPanel(report)
+      + totalsTable(report) + commitmentsPanel(report) + poolsPanel(report) + adjustmentsPanel(report)
       + (mayReadReports() && !report.closed ? closeDialog(month) : "");
-    document.title = `Finance ${month} · taskledger`;
-    $("main").removeAttribute("aria-busy");
-    document.body.dataset.loaded = "true";
+    pageLoaded(`Finance ${month} · taskledger`);
   } catch (error) {
-    if (generation !== state.generation) return;
-    $("main").removeAttribute("aria-busy");
-    $("main").innerHTML = `<div class="error" role="alert">${escapeHtml(error.message)}</div>`;
-    document.body.dataset.loaded = "true";
+    pageFailed(error, generation);
   }
+}
+
+// A page has been put in place: its title is set and tests may read it.
+function pageLoaded(title) {
+  document.title = title;
+  $("main").removeAttribute("aria-busy");
+  document.body.dataset.loaded = "true";
+}
+
+// A page could not be read: the error takes its place, unless another page was asked for.
+function pageFailed(error, generation) {
+  if (generation !== state.generation) return;
+  $("main").removeAttribute("aria-busy");
+  $("main").innerHTML = `<div class="error" role="alert">${escapeHtml(error.message)}</div>`;
+  document.body.dataset.loaded = "true";
 }
 
 function financeError(message) {
@@ -1282,9 +1298,156 @@ async function closeMonth() {
   }
 }
 
+
+// ---- Fleet: every pool's paid GPU-hours, used, idle and down, and the nodes idle now -------
+
+const CAPACITY_PARTS = [
+  ["used", "Used by jobs", "--productive"],
+  ["idle", "Idle", "--capacity-idle"],
+  ["down", "Down", "--capacity-down"],
+];
+
+function gpuHoursText(text) {
+  return `${roundDecimal(text, 1)} GPU-h`;
+}
+
+// The pool's days as stacked columns: used, idle and down GPU-hours, scaled to the day that
+// paid the most. Each column has its figures as a title and the table below says the same.
+function poolDays(pool, month) {
+  const days = pool.days || [];
+  if (days.length === 0) return `<p class="muted">No capacity known in this month.</p>`;
+  const byDay = new Map(days.map((d) => [d.day, d]));
+  const tallest = Math.max(...days.map((d) => Number(d.paid_gpu_hours)), 1);
+  const columns = daysOf(month).map((day) => {
+    const d = byDay.get(day);
+    if (!d) return `<div class="day-column empty" title="${escapeHtml(day)}: no capacity known"></div>`;
+    const parts = CAPACITY_PARTS.map(([key, label, colour]) => {
+      const hours = Number(d[`${key}_gpu_hours`]);
+      return `<div style="height:${hours / tallest * 100}%;background:var(${colour})" title="${label} ${roundDecimal(d[`${key}_gpu_hours`], 1)} GPU-h"></div>`;
+    }).reverse().join("");
+    return `<div class="day-column" title="${escapeHtml(day)}: ${gpuHoursText(d.paid_gpu_hours)} paid">${parts}</div>`;
+  }).join("");
+  const all = daysOf(month);
+  const axis = `<div class="day-axis" aria-hidden="true"><span>${escapeHtml(all[0])}</span><span>${escapeHtml(all[all.length - 1])}</span></div>`;
+  const rows = days.map((d) => `<tr><th scope="row">${escapeHtml(d.day)}</th>
+    <td class="num">${roundDecimal(d.paid_gpu_hours, 1)}</td><td class="num">${roundDecimal(d.used_gpu_hours, 1)}</td>
+    <td class="num">${roundDecimal(d.idle_gpu_hours, 1)}</td><td class="num">${roundDecimal(d.down_gpu_hours, 1)}</td></tr>`).join("");
+  const idleShare = pool.idle.share === null ? "—" : `${(Number(pool.idle.share) * 100).toFixed(1)}%`;
+  return `<div class="day-columns" role="img" aria-label="${escapeHtml(`${pool.pool}: ${gpuHoursText(pool.paid.gpu_hours)} paid over ${days.length} days, ${idleShare} of it idle`)}">${columns}</div>
+    ${axis}<div class="legend">${CAPACITY_PARTS.map(([, label, colour]) => `<span style="--c:var(${colour})">${label}</span>`).join("")}</div>
+    <details class="figures"><summary>Each day as a table (GPU-hours)</summary><div class="scroll"><table>
+      <caption class="sr-only">Paid, used, idle and down GPU-hours of each day</caption>
+      <thead><tr><th scope="col">Day</th><th scope="col" class="num">Paid</th><th scope="col" class="num">Used</th>
+        <th scope="col" class="num">Idle</th><th scope="col" class="num">Down</th></tr></thead>
+      <tbody>${rows}</tbody></table></div></details>`;
+}
+
+function idlestNodes(pool) {
+  const nodes = (pool.nodes || []).slice().sort((a, b) => Number(b.idle.gpu_hours) - Number(a.idle.gpu_hours)).slice(0, 10);
+  if (nodes.length === 0) return "";
+  const c = pool.currency;
+  const rows = nodes.map((n) => `<tr><th scope="row"><code>${escapeHtml(n.node)}</code></th>
+    <td>${escapeHtml(n.gpus)} × ${escapeHtml(n.gpu_model)}</td>
+    <td class="num">${roundDecimal(n.paid.gpu_hours, 1)}</td>
+    <td class="num">${roundDecimal(n.idle.gpu_hours, 1)}</td>
+    <td class="num">${n.idle.share === null ? "—" : `${(Number(n.idle.share) * 100).toFixed(1)}%`}</td>
+    <td class="num">${c ? money(n.idle.cost, c) : "—"}</td></tr>`).join("");
+  return `<h3>Nodes idle longest</h3><div class="scroll"><table class="idlest">
+    <caption class="sr-only">The pool's nodes with the most idle GPU-hours this month</caption>
+    <thead><tr><th scope="col">Node</th><th scope="col">GPUs</th><th scope="col" class="num">Paid GPU-h</th>
+      <th scope="col" class="num">Idle GPU-h</th><th scope="col" class="num">Idle</th><th scope="col" class="num">Idle cost</th></tr></thead>
+    <tbody>${rows}</tbody></table></div>`;
+}
+
+function poolPanel(info, pool, month) {
+  const c = pool.currency;
+  const cost = (part) => (c ? money(pool[part].cost, c) : "unpriced");
+  const shareText = (part) => (pool[part].share === null ? "" : ` · ${(Number(pool[part].share) * 100).toFixed(1)}%`);
+  const rule = { owner: "idle and down time charged to its owner", by_usage: "idle and down time split by usage", pool: "idle and down time kept on the pool's line" }[info.share_idle];
+  const charged = pool.charged_to.map((t) => `${escapeHtml(t.project)} ${money(t.capacity_idle, c)} idle, ${money(t.capacity_down, c)} down`).join("; ");
+  const kept = Number(pool.kept_on_pool.capacity_idle) + Number(pool.kept_on_pool.capacity_down) > 0
+    ? ` Kept on the pool's line: ${money(pool.kept_on_pool.capacity_idle, c)} idle, ${money(pool.kept_on_pool.capacity_down, c)} down.` : "";
+  const warnings = [
+    Number(pool.overbooked.gpu_hours) > 0 ? `${gpuHoursText(pool.overbooked.gpu_hours)} of jobs beyond the nodes' up time (overbooked: check the capacity posted)` : "",
+    Number(pool.unmatched_gpu_hours) > 0 ? `${gpuHoursText(pool.unmatched_gpu_hours)} of jobs on these nodes in hours no capacity covers` : "",
+    Number(pool.unpriced_gpu_hours) > 0 ? `${gpuHoursText(pool.unpriced_gpu_hours)} paid that no contract prices` : "",
+  ].filter(Boolean).map((w) => `<li>${escapeHtml(w)}</li>`).join("");
+  return `<section class="pool" data-pool="${escapeHtml(info.id)}"><h2>${escapeHtml(info.name)} <span class="muted small">${escapeHtml(info.id)}${info.owner_project ? ` · owned by ${escapeHtml(info.owner_project)}` : ""} · ${escapeHtml(rule)}</span></h2>
+    <div class="panel">
+    <div class="cards">
+      <div class="card"><div class="label">Paid</div><div class="value">${cost("paid")}</div><div class="sub">${gpuHoursText(pool.paid.gpu_hours)}</div></div>
+      <div class="card"><div class="label">Used by jobs</div><div class="value">${cost("used")}</div><div class="sub">${gpuHoursText(pool.used.gpu_hours)}${shareText("used")}</div></div>
+      <div class="card"><div class="label">Idle</div><div class="value">${cost("idle")}</div><div class="sub">${gpuHoursText(pool.idle.gpu_hours)}${shareText("idle")}</div></div>
+      <div class="card"><div class="label">Down</div><div class="value">${cost("down")}</div><div class="sub">${gpuHoursText(pool.down.gpu_hours)}${shareText("down")}</div></div>
+    </div>
+    ${poolDays(pool, month)}
+    <p class="small">${charged ? `Charged: ${charged}.` : "No project is charged with this pool's idle or down time."}${kept}</p>
+    ${warnings ? `<ul class="warnings">${warnings}</ul>` : ""}
+    ${idlestNodes(pool)}
+    </div></section>`;
+}
+
+function zombiesPanel(zombies) {
+  const rows = zombies.map((z) => `<tr><th scope="row"><code>${escapeHtml(z.node)}</code></th><td>${escapeHtml(z.pool)}</td>
+    <td>${escapeHtml(z.gpus)} × ${escapeHtml(z.gpu_model)}</td><td>${when(z.since)} UTC</td>
+    <td class="num">${roundDecimal(z.idle_hours, 1)} h</td>
+    <td class="num">${z.cost_per_hour === null ? "—" : money(z.cost_per_hour, z.currency)}</td>
+    <td class="num">${z.cost_so_far === null ? "—" : money(z.cost_so_far, z.currency)}</td></tr>`).join("");
+  return `<section id="zombies"><h2>Idle right now</h2><div class="panel">${zombies.length === 0
+    ? `<p class="muted">No node is up and idle past its pool's limit right now.</p>`
+    : `<div class="scroll"><table><caption class="sr-only">Nodes up with no job on them for longer than their pool allows</caption>
+      <thead><tr><th scope="col">Node</th><th scope="col">Pool</th><th scope="col">GPUs</th><th scope="col">Idle since</th>
+        <th scope="col" class="num">Idle for</th><th scope="col" class="num">Cost per hour</th><th scope="col" class="num">Cost so far</th></tr></thead>
+      <tbody id="zombie-rows">${rows}</tbody></table></div>`}</div></section>`;
+}
+
+async function renderFleet(view, generation) {
+  const { month } = view;
+  destroyCharts();
+  state.shown = null;
+  if (!mayReadReports()) {
+    $("main").innerHTML = `<div class="panel" role="alert"><h2>The fleet needs a finance or admin token</h2></div>`;
+    document.body.dataset.loaded = "true";
+    return;
+  }
+  $("main").innerHTML = `<p class="muted" role="status">Loading the fleet of ${escapeHtml(month)}…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    const [pools, zombies] = await Promise.all([api("/v1/pools"), api("/v1/capacity/zombies")]);
+    const months = await Promise.all(pools.map((p) => api(`/v1/pools/${encodeURIComponent(p.id)}/utilisation?month=${month}`)));
+    if (generation !== state.generation) return;
+    const panels = pools.map((p, i) => poolPanel(p, months[i], month)).join("");
+    $("main").innerHTML = pageHead(`${escapeHtml(monthName(month))} <span class="muted">· fleet</span>`)
+      + zombiesPanel(zombies)
+      + (panels || `<div class="panel muted">No pool yet: create one with <code>PUT /v1/pools/{id}</code> and post its nodes' capacity.</div>`);
+    pageLoaded(`Fleet ${month} · taskledger`);
+  } catch (error) {
+    pageFailed(error, generation);
+  }
+}
+
+function poolsPanel(report) {
+  const pools = report.pools || [];
+  if (pools.length === 0) return "";
+  const rows = pools.map((p) => {
+    const c = p.currency;
+    const kept = Number(p.kept_on_pool.capacity_idle) + Number(p.kept_on_pool.capacity_down);
+    const charged = p.charged_to.map((t) => escapeHtml(t.project)).join(", ");
+    return `<tr><th scope="row">${escapeHtml(p.pool)}</th><td class="num">${roundDecimal(p.paid.gpu_hours, 1)}</td>
+      <td class="num">${p.used.share === null ? "—" : `${(Number(p.used.share) * 100).toFixed(1)}%`}</td>
+      <td class="num">${c ? money(p.idle.cost, c) : "—"}</td><td class="num">${c ? money(p.down.cost, c) : "—"}</td>
+      <td>${charged || (kept > 0 ? '<span class="pill">pool line</span>' : "—")}</td></tr>`;
+  }).join("");
+  return `<section id="pools"><h2>Capacity pools</h2><div class="panel"><div class="scroll"><table>
+    <caption class="sr-only">Each pool's paid GPU-hours, the share used by jobs, and its idle and down cost</caption>
+    <thead><tr><th scope="col">Pool</th><th scope="col" class="num">Paid GPU-h</th><th scope="col" class="num">Used</th>
+      <th scope="col" class="num">Idle cost</th><th scope="col" class="num">Down cost</th><th scope="col">Charged to</th></tr></thead>
+    <tbody id="pool-rows">${rows}</tbody></table></div></div></section>`;
+}
+
 // ---- What is shown, read from the URL hash ---------------------------------------------------
 
-const PAGES = ["finance", "project"];
+const PAGES = ["finance", "fleet", "project"];
 
 // `#page=finance&month=…`, `#project=…&month=…&sort=…&order=…&status=…` or, for one task,
 // `…&task=…`. Without a page or a project, finance opens on its page and others on a project.
@@ -1307,7 +1470,7 @@ function hashView() {
 }
 
 function hashOf(view) {
-  if (view.page === "finance") return `#${new URLSearchParams({ page: "finance", month: view.month })}`;
+  if (view.page === "finance" || view.page === "fleet") return `#${new URLSearchParams({ page: view.page, month: view.month })}`;
   const params = new URLSearchParams({ project: view.project, month: view.month });
   if (view.sort !== "cost") params.set("sort", view.sort);
   if (view.order !== "desc") params.set("order", view.order);
@@ -1324,10 +1487,11 @@ function go(view) {
 function showNav(view) {
   const links = [];
   if (mayReadReports()) links.push(["finance", "Finance", hashOf({ ...view, page: "finance" })]);
+  if (mayReadReports()) links.push(["fleet", "Fleet", hashOf({ ...view, page: "fleet" })]);
   if (state.projects.length) links.push(["project", "Project", hashOf({ ...view, page: "project", task: null })]);
   $("nav").innerHTML = links.map(([page, label, href]) =>
     `<a href="${escapeHtml(href)}"${view.page === page ? ' aria-current="page"' : ""}>${label}</a>`).join("");
-  $("project-picker").hidden = view.page === "finance" || state.projects.length === 0;
+  $("project-picker").hidden = view.page !== "project" || state.projects.length === 0;
 }
 
 async function route() {
@@ -1343,6 +1507,8 @@ async function route() {
   showNav(view);
   if (view.page === "finance") {
     await renderFinance(view, state.generation);
+  } else if (view.page === "fleet") {
+    await renderFleet(view, state.generation);
   } else if (view.task !== null) {
     destroyCharts();
     await renderTask(view, state.generation);

@@ -23,8 +23,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::figures::SUM_SCALE;
-use super::ledger_time::seconds_between;
-use super::rating::{BillingMode, Contract, Outcome, RecordToRate, assign_record};
+use super::ledger_time::{LedgerHour, first_instant_of_day, first_of_month, seconds_between};
+use super::rating::{BillingMode, Contract, Outcome, RecordToRate, contract_spans};
 use super::record::{FUTURE_TOLERANCE_SECONDS, Fields, MAX_NAME_CHARS, format_time};
 use super::validation::{Violations, escape_pointer_token};
 use super::values::{self, ProjectId};
@@ -553,19 +553,23 @@ pub struct CapacityFigures {
     pub usage: BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>>,
 }
 
-/// One piece of an interval: inside one ledger hour and one contract's validity.
+/// One piece of an interval: inside one ledger day (or hour) and one contract's validity.
 struct Piece<'a> {
     interval: &'a CapacityInterval,
-    hour: DateTime<Utc>,
-    month: NaiveDate,
+    start: DateTime<Utc>,
     contract_id: Option<Uuid>,
     seconds: Decimal,
 }
 
+type DayKey = (String, String, NaiveDate, Option<Uuid>);
+
 /// The capacity figures of `[from, to)`: `intervals` (of any pools, in any order) cut at
-/// every ledger hour and at every boundary of a contract among `contracts` that could price
-/// them, each hour's `usage` set against the up time of its node. `owners` gives each pool's
-/// owner project, the project scope its contracts are matched with.
+/// every ledger day and at every boundary of a contract among `contracts` that could price
+/// them, each hour's `usage` set against the up time of its node in that hour. `owners`
+/// gives each pool's owner project, the project scope its contracts are matched with.
+///
+/// Paid and down time are linear in time, so they are summed per day; only the hours with
+/// usage are cut finer, to cap their used time at their up time.
 pub fn capacity_figures(
     intervals: &[CapacityInterval],
     owners: &HashMap<String, Option<String>>,
@@ -580,47 +584,52 @@ pub fn capacity_figures(
             by_node.entry(&interval.node).or_default().push(interval);
         }
     }
-    let mut hours_used: HashMap<(&str, DateTime<Utc>), Vec<&NodeUse>> = HashMap::new();
+    let mut uses_of: HashMap<&str, BTreeMap<DateTime<Utc>, Vec<&NodeUse>>> = HashMap::new();
     for used in usage {
-        hours_used
-            .entry((used.node.as_str(), used.hour))
-            .or_default()
-            .push(used);
+        if used.hour >= from && used.hour < to {
+            uses_of
+                .entry(used.node.as_str())
+                .or_default()
+                .entry(used.hour)
+                .or_default()
+                .push(used);
+        }
     }
     let mut figures = CapacityFigures::default();
-    let mut days: BTreeMap<(String, String, NaiveDate, Option<Uuid>), NodeDay> = BTreeMap::new();
+    let mut days: BTreeMap<DayKey, NodeDay> = BTreeMap::new();
     for (node, mut node_intervals) in by_node {
         node_intervals.sort_by_key(|interval| interval.from);
-        let pieces = pieces_of(&node_intervals, owners, contracts, (from, to), tz);
-        let mut start = 0;
-        while start < pieces.len() {
-            let hour = pieces[start].hour;
-            let end = start
-                + pieces[start..]
-                    .iter()
-                    .take_while(|piece| piece.hour == hour)
-                    .count();
-            let uses = hours_used.remove(&(node, hour)).unwrap_or_default();
-            settle_hour(
-                &pieces[start..end],
-                &uses,
-                tz,
-                &mut days,
-                &mut figures.usage,
-            );
-            start = end;
+        for piece in pieces_of(&node_intervals, owners, contracts, (from, to), tz, Cut::Day) {
+            let seconds = CapacitySeconds {
+                paid: piece.seconds,
+                down: if piece.interval.state == NodeState::Down {
+                    piece.seconds
+                } else {
+                    Decimal::ZERO
+                },
+                ..CapacitySeconds::default()
+            };
+            // Day pieces come in time order: the day keeps its latest interval's GPUs.
+            let day = day_of(&mut days, &piece, tz);
+            day.gpus = piece.interval.gpus;
+            day.seconds.add(&seconds);
         }
-        // What ran on the node in an hour of the window that no interval covers.
         let pool = &node_intervals.last().expect("a node has intervals").pool;
         let mut unmatched = Decimal::ZERO;
-        hours_used.retain(|(used_node, hour), uses| {
-            if *used_node == node && *hour >= from && *hour < to {
+        for (hour, uses) in uses_of.remove(node).unwrap_or_default() {
+            let end = LedgerHour::holding(hour, tz).end;
+            let covering: Vec<&CapacityInterval> = node_intervals
+                .iter()
+                .copied()
+                .filter(|i| i.from < end && i.until > hour)
+                .collect();
+            let pieces = pieces_of(&covering, owners, contracts, (hour, end), tz, Cut::None);
+            if pieces.is_empty() {
                 unmatched += uses.iter().map(|u| u.gpu_seconds).sum::<Decimal>();
-                false
-            } else {
-                true
+                continue;
             }
-        });
+            settle_hour(&pieces, &uses, tz, &mut days, &mut figures.usage);
+        }
         if !unmatched.is_zero() {
             *figures
                 .unmatched
@@ -630,7 +639,14 @@ pub fn capacity_figures(
                 .or_default() += unmatched;
         }
     }
-    figures.days = days.into_values().collect();
+    figures.days = days
+        .into_values()
+        .map(|mut day| {
+            let s = &mut day.seconds;
+            s.idle = s.paid - s.used - s.down;
+            day
+        })
+        .collect();
     figures
 }
 
@@ -643,19 +659,28 @@ pub fn contracts_pricing(
     tz: Tz,
 ) -> std::collections::HashSet<Uuid> {
     let refs: Vec<&CapacityInterval> = intervals.iter().collect();
-    pieces_of(&refs, owners, contracts, window, tz)
+    pieces_of(&refs, owners, contracts, window, tz, Cut::None)
         .into_iter()
         .filter_map(|piece| piece.contract_id)
         .collect()
 }
 
-/// The pieces of one node's intervals (sorted, not overlapping) inside `[from, to)`.
+/// Where pieces are cut besides contract boundaries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    Day,
+    None,
+}
+
+/// The pieces of `intervals` inside `[from, to)`, cut at every contract boundary and, with
+/// [`Cut::Day`], at every ledger day.
 fn pieces_of<'a>(
     intervals: &[&'a CapacityInterval],
     owners: &HashMap<String, Option<String>>,
     contracts: &[Contract],
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
+    cut: Cut,
 ) -> Vec<Piece<'a>> {
     let mut pieces = Vec::new();
     for interval in intervals {
@@ -664,7 +689,7 @@ fn pieces_of<'a>(
             continue;
         }
         let owner = owners.get(&interval.pool).cloned().flatten();
-        // An interval is cut as a record of its model, mode and scope would be.
+        // An interval is priced as a record of its model, mode and scope would be.
         let as_record = RecordToRate {
             project: owner.unwrap_or_default(),
             gpu_model: interval.gpu_model.clone(),
@@ -680,20 +705,59 @@ fn pieces_of<'a>(
             compute_share: None,
         };
         let gpus = Decimal::from(interval.gpus);
-        for segment in assign_record(&as_record, contracts, tz) {
-            pieces.push(Piece {
-                interval,
-                hour: segment.hour,
-                month: segment.month,
-                contract_id: segment.contract_id,
-                seconds: gpus * seconds_between(segment.start, segment.end),
-            });
+        for (span_start, span_end, contract_id) in contract_spans(&as_record, contracts) {
+            let mut at = span_start;
+            while at < span_end {
+                let until = match cut {
+                    Cut::Day => {
+                        let day = at.with_timezone(&tz).date_naive();
+                        let next = day.succ_opt().map(|d| first_instant_of_day(d, tz));
+                        next.map_or(span_end, |next| next.min(span_end))
+                    }
+                    Cut::None => span_end,
+                };
+                pieces.push(Piece {
+                    interval,
+                    start: at,
+                    contract_id,
+                    seconds: gpus * seconds_between(at, until),
+                });
+                at = until;
+            }
         }
     }
     pieces
 }
 
-/// Sets one node-hour's usage against its pieces, adding each piece to its node-day.
+/// The node-day a piece adds to.
+fn day_of<'d>(
+    days: &'d mut BTreeMap<DayKey, NodeDay>,
+    piece: &Piece<'_>,
+    tz: Tz,
+) -> &'d mut NodeDay {
+    let interval = piece.interval;
+    let day = piece.start.with_timezone(&tz).date_naive();
+    days.entry((
+        interval.pool.clone(),
+        interval.node.clone(),
+        day,
+        piece.contract_id,
+    ))
+    .or_insert_with(|| NodeDay {
+        pool: interval.pool.clone(),
+        node: interval.node.clone(),
+        gpu_model: interval.gpu_model.clone(),
+        billing_mode: interval.billing_mode,
+        gpus: interval.gpus,
+        day,
+        month: first_of_month(day),
+        contract_id: piece.contract_id,
+        seconds: CapacitySeconds::default(),
+    })
+}
+
+/// Sets one node-hour's usage against the pieces of the hour, adding the used and
+/// overbooked time to their node-days (idle is what is left of paid once all is added).
 ///
 /// The used time (at most the hour's up time) is shared over the up pieces by their length,
 /// each share rounded to 10^-20 and the last piece taking the exact rest, so the pieces'
@@ -702,7 +766,7 @@ fn settle_hour(
     pieces: &[Piece<'_>],
     uses: &[&NodeUse],
     tz: Tz,
-    days: &mut BTreeMap<(String, String, NaiveDate, Option<Uuid>), NodeDay>,
+    days: &mut BTreeMap<DayKey, NodeDay>,
     usage: &mut BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>>,
 ) {
     let up: Decimal = pieces
@@ -718,54 +782,27 @@ fn settle_hour(
         .iter()
         .rposition(|piece| piece.interval.state == NodeState::Up);
     for (index, piece) in pieces.iter().enumerate() {
-        let mut seconds = CapacitySeconds {
-            paid: piece.seconds,
-            ..CapacitySeconds::default()
-        };
-        match piece.interval.state {
-            NodeState::Down => seconds.down = piece.seconds,
-            NodeState::Up => {
-                let share = if Some(index) == last_up {
-                    used_left
-                } else {
-                    (used * piece.seconds / up).round_dp(SUM_SCALE)
-                };
-                used_left -= share;
-                seconds.used = share;
-                seconds.idle = piece.seconds - share;
-            }
+        let mut seconds = CapacitySeconds::default();
+        if piece.interval.state == NodeState::Up {
+            let share = if Some(index) == last_up {
+                used_left
+            } else {
+                (used * piece.seconds / up).round_dp(SUM_SCALE)
+            };
+            used_left -= share;
+            seconds.used = share;
         }
         // The excess goes with the hour's last up piece, or its first piece when none is up.
         if Some(index) == last_up || (last_up.is_none() && index == 0) {
             seconds.overbooked = overbooked;
             overbooked = Decimal::ZERO;
         }
-        let interval = piece.interval;
-        let day = piece.hour.with_timezone(&tz).date_naive();
-        let entry = days
-            .entry((
-                interval.pool.clone(),
-                interval.node.clone(),
-                day,
-                piece.contract_id,
-            ))
-            .or_insert_with(|| NodeDay {
-                pool: interval.pool.clone(),
-                node: interval.node.clone(),
-                gpu_model: interval.gpu_model.clone(),
-                billing_mode: interval.billing_mode,
-                gpus: interval.gpus,
-                day,
-                month: piece.month,
-                contract_id: piece.contract_id,
-                seconds: CapacitySeconds::default(),
-            });
-        entry.gpus = interval.gpus;
-        entry.seconds.add(&seconds);
+        day_of(days, piece, tz).seconds.add(&seconds);
     }
     if let Some(first) = pieces.first() {
+        let month = first_of_month(first.start.with_timezone(&tz).date_naive());
         let shares = usage
-            .entry((first.interval.pool.clone(), first.month))
+            .entry((first.interval.pool.clone(), month))
             .or_default();
         for used in uses {
             *shares.entry(used.project.clone()).or_default() += used.gpu_seconds;

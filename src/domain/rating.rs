@@ -276,6 +276,31 @@ fn cut_record<F: FxRates>(
     segments
 }
 
+/// The stretches of `[record.started_at, record.ended_at)` each priced by one contract (or
+/// by none), cut only where a contract that could price the record starts or stops being
+/// valid: what [`assign_record`] would assign, without the hourly cuts. Empty for a
+/// zero-length record.
+pub fn contract_spans(
+    record: &RecordToRate,
+    contracts: &[Contract],
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, Option<Uuid>)> {
+    let candidates = Candidates::for_record(record, contracts);
+    let mut spans = Vec::with_capacity(candidates.boundaries.len() + 1);
+    let mut start = record.started_at;
+    for end in candidates
+        .boundaries
+        .iter()
+        .copied()
+        .chain(std::iter::once(record.ended_at))
+    {
+        if end > start {
+            spans.push((start, end, candidates.valid_at(start).map(|c| c.id)));
+            start = end;
+        }
+    }
+    spans
+}
+
 /// The contracts that could price a record, most preferred first.
 struct Candidates<'a> {
     by_preference: Vec<&'a Contract>,

@@ -365,6 +365,24 @@ impl CapacityWindow {
         Ok(window)
     }
 
+    /// The capacity over `window` of the pools that may charge `project` (see
+    /// [`CapacityWindow::charges`]); nothing is read when there are none.
+    pub async fn charging(
+        conn: &mut PgConnection,
+        project: &str,
+        window: (DateTime<Utc>, DateTime<Utc>),
+        tz: Tz,
+        what_if: &WhatIf,
+    ) -> LedgerResult<Self> {
+        let pools = store::capacity::pools_charging(conn, project).await?;
+        let window = if pools.is_empty() {
+            (window.0, window.0)
+        } else {
+            window
+        };
+        Self::load(conn, Some(&pools), window, tz, what_if).await
+    }
+
     /// A charge's idle and down cost in `currency`; `None` when no contract prices it or
     /// the month has no FX rate into `currency`.
     pub fn cost_of(&self, charge: &Charge, currency: &str) -> Option<(Decimal, Decimal)> {

@@ -199,9 +199,9 @@ async fn group_sums(
     )
     .await?;
     add_unused_commitment(conn, &commitments, &currencies, tz, group_of, &mut groups).await?;
-    let capacity = CapacityWindow::load(
+    let capacity = CapacityWindow::charging(
         conn,
-        None,
+        of.project,
         capacity_window(query.period, query.as_of),
         tz,
         &query.what_if,

@@ -308,16 +308,21 @@ pub async fn node_usage(
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<NodeUse>> {
     let rows = sqlx::query_as::<_, UseRow>(
-        "SELECT n.node, s.hour, s.project_id, \
+        "WITH wanted AS (SELECT DISTINCT node FROM unnest($1::text[]) AS w(node)) \
+         SELECT n.node, s.hour, s.project_id, \
                 sum(round(s.card_seconds / cardinality(r.nodes), 20)) AS gpu_seconds \
          FROM job_records r \
          CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
+         JOIN wanted ON wanted.node = n.node \
          JOIN rated_segments s \
            ON s.project_id = r.project_id AND s.task_id = r.task_id AND s.attempt = r.attempt \
-         WHERE r.nodes && $1 AND n.node = ANY($1) \
+         WHERE r.nodes IS NOT NULL \
            AND r.started_at < $3 AND r.ended_at >= $2 AND s.hour >= $2 AND s.hour < $3 \
          GROUP BY n.node, s.hour, s.project_id",
     )
+    // Planned for its own arguments each time: a generic plan cannot see how many nodes and
+    // records there are, and picks nested loops that take seconds.
+    .persistent(false)
     .bind(nodes)
     .bind(from)
     .bind(to)
@@ -342,11 +347,14 @@ pub async fn jobs_on_nodes(
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<(String, JobSpan)>> {
     let rows: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT n.node, r.started_at, r.ended_at \
+        "WITH wanted AS (SELECT DISTINCT node FROM unnest($1::text[]) AS w(node)) \
+         SELECT n.node, r.started_at, r.ended_at \
          FROM job_records r CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
-         WHERE r.nodes && $1 AND n.node = ANY($1) AND r.started_at < $3 AND r.ended_at > $2 \
+         JOIN wanted ON wanted.node = n.node \
+         WHERE r.nodes IS NOT NULL AND r.started_at < $3 AND r.ended_at > $2 \
          ORDER BY n.node, r.started_at",
     )
+    .persistent(false)
     .bind(nodes)
     .bind(from)
     .bind(to)
@@ -447,4 +455,17 @@ pub async fn project_currencies(
             .fetch_all(conn)
             .await?;
     Ok(rows.into_iter().collect())
+}
+
+/// The pools whose idle or down time may be charged to `project`: those it owns that charge
+/// their owner, and those that split it by usage.
+pub async fn pools_charging(conn: &mut PgConnection, project: &str) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT id FROM pools \
+         WHERE (owner_project = $1 AND share_idle <> 'pool') OR share_idle = 'by_usage' \
+         ORDER BY id",
+    )
+    .bind(project)
+    .fetch_all(conn)
+    .await
 }

@@ -47,7 +47,7 @@ async fn post_capacity(app: &TestApp, intervals: Value) -> Value {
 /// (8 GPUs) up 00:00–06:00 and down 06:00–08:00 on 2 November; and `shared`, owned by
 /// nobody and split by usage, with node `b` (4 GPUs) up 00:00–10:00. On `a`, `vision` ran
 /// 2 GPUs for 2 hours; on `b`, `vision` ran 1 GPU for 2 hours and `speech` 3 GPUs for 1.
-async fn two_pools() -> TestApp {
+pub(crate) async fn two_pools() -> TestApp {
     let app = TestApp::spawn_with(settings("2026-11-20T00:00:00Z")).await;
     app.create_project("vision", "USD").await;
     app.create_project("speech", "USD").await;

@@ -55,7 +55,12 @@ fn rendered_dom(url: &str) -> String {
 /// Serves the app and renders the dashboard at each hash (`project=…&month=…`), signed in
 /// with `token`; returns each page's DOM after checking that it finished loading.
 async fn pages(app: &TestApp, token: &str, hashes: &[&str]) -> Vec<String> {
-    let served = app.serve().await;
+    pages_at(app, Settings::default(), token, hashes).await
+}
+
+/// [`pages`] with the server run with `settings` (a fixed clock, say).
+async fn pages_at(app: &TestApp, settings: Settings, token: &str, hashes: &[&str]) -> Vec<String> {
+    let served = app.serve_with(settings).await;
     let urls: Vec<String> = hashes
         .iter()
         .map(|hash| format!("{}/#token={token}&{hash}", served.url()))
@@ -660,6 +665,7 @@ fn assert_finance_page(dom: &str, report: &Value) {
                 c.to_owned(),
                 shown(&t["projects"], c),
                 shown(&t["shared"], c),
+                shown(&t["pools"], c),
                 shown(&t["adjustments"], c),
                 shown(&t["total"], c),
             ]
@@ -1333,4 +1339,73 @@ async fn on_the_demo_a_reader_sees_its_projects_burn_comparison_and_tasks() {
     assert!(!burn["budget"].is_null(), "the demo budgets every project");
     assert!(!seen.doms[0].contains(">Finance</a>"));
     assert_task_page(&seen.doms[1], &task);
+}
+
+/// The fleet page: each pool's month as the utilisation endpoint has it, with its days
+/// stacked, the nodes idle longest, and the nodes idle right now with their cost per hour.
+#[tokio::test]
+async fn the_fleet_page_shows_each_pools_paid_used_idle_and_down_and_the_nodes_idle_now() {
+    let app = crate::capacity::two_pools().await;
+    // Node `c` of `train` has been up since noon with no job on it.
+    let response = app
+        .post(
+            "/v1/capacity",
+            &app.admin,
+            json!([{"node": "c", "pool": "train", "gpu_model": "H100", "gpus": 4,
+                    "billing_mode": "on_demand", "from": "2026-11-19T12:00:00Z",
+                    "until": "2026-11-20T00:00:00Z", "state": "up"}]),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    let finance = app.token("finance", &[]).await;
+    let train = app
+        .get("/v1/pools/train/utilisation?month=2026-11", &app.admin)
+        .await
+        .json();
+    let at_noon_plus_twelve = Settings {
+        clock: Clock::Fixed("2026-11-20T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let doms = pages_at(
+        &app,
+        at_noon_plus_twelve,
+        &finance,
+        &["page=fleet&month=2026-11", "page=finance&month=2026-11"],
+    )
+    .await;
+    let fleet = &doms[0];
+    let zombies = table_rows(fleet, "zombie-rows");
+    assert_eq!(zombies.len(), 1, "{zombies:?}");
+    assert_eq!(zombies[0][0], "c");
+    assert_eq!(zombies[0][1], "train");
+    assert_eq!(zombies[0][2], "4 × H100");
+    assert_eq!(zombies[0][5], "8.00 USD");
+    assert_eq!(zombies[0][6], "96.00 USD");
+    let shown_text = text(fleet);
+    assert!(
+        shown_text.contains(&format!("Paid {}", shown(&train["paid"]["cost"], "USD"))),
+        "{shown_text}"
+    );
+    assert!(shown_text.contains(&format!("Idle {}", shown(&train["idle"]["cost"], "USD"))));
+    assert!(shown_text.contains("Charged: vision"), "{shown_text}");
+    assert!(fleet.contains(r#"class="day-column""#));
+    assert_eq!(fleet.matches(r#"<section class="pool""#).count(), 2);
+
+    let pools = table_rows(&doms[1], "pool-rows");
+    assert_eq!(pools.len(), 2);
+    assert_eq!(pools[1][0], "train");
+
+    let served = app.serve_with(at_noon_plus_twelve).await;
+    let origin = served.url();
+    let path = screenshot_path("fleet-page.png");
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 1400);
+        browser.open(&format!(
+            "{origin}/#token={finance}&page=fleet&month=2026-11"
+        ));
+        browser.screenshot(&path);
+    })
+    .await
+    .unwrap();
+    served.stop().await;
 }
