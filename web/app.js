@@ -1387,8 +1387,12 @@ function poolPanel(info, pool, month) {
     </div></section>`;
 }
 
+const ZOMBIES_SHOWN = 15;
+
 function zombiesPanel(zombies) {
-  const rows = zombies.map((z) => `<tr><th scope="row"><code>${escapeHtml(z.node)}</code></th><td>${escapeHtml(z.pool)}</td>
+  const more = zombies.length > ZOMBIES_SHOWN
+    ? `<p class="small muted">The ${ZOMBIES_SHOWN} idle longest of ${zombies.length}; <code>GET /v1/capacity/zombies</code> lists them all.</p>` : "";
+  const rows = zombies.slice(0, ZOMBIES_SHOWN).map((z) => `<tr><th scope="row"><code>${escapeHtml(z.node)}</code></th><td>${escapeHtml(z.pool)}</td>
     <td>${escapeHtml(z.gpus)} × ${escapeHtml(z.gpu_model)}</td><td>${when(z.since)} UTC</td>
     <td class="num">${roundDecimal(z.idle_hours, 1)} h</td>
     <td class="num">${z.cost_per_hour === null ? "—" : money(z.cost_per_hour, z.currency)}</td>
@@ -1398,7 +1402,7 @@ function zombiesPanel(zombies) {
     : `<div class="scroll"><table><caption class="sr-only">Nodes up with no job on them for longer than their pool allows</caption>
       <thead><tr><th scope="col">Node</th><th scope="col">Pool</th><th scope="col">GPUs</th><th scope="col">Idle since</th>
         <th scope="col" class="num">Idle for</th><th scope="col" class="num">Cost per hour</th><th scope="col" class="num">Cost so far</th></tr></thead>
-      <tbody id="zombie-rows">${rows}</tbody></table></div>`}</div></section>`;
+      <tbody id="zombie-rows">${rows}</tbody></table></div>${more}`}</div></section>`;
 }
 
 async function renderFleet(view, generation) {

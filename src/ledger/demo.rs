@@ -1,7 +1,8 @@
 //! Loading the demo into an empty database, through the same use cases as the API: its
-//! projects with their budgets, FX rates and contracts, then the job records replayed from
-//! the trace, posted day by day as they ended (so alerts fire when spend crossed their
-//! thresholds), then tokens to look around with.
+//! projects with their budgets, FX rates and contracts, a pool per GPU model with the
+//! trace's nodes up over the window, then the job records replayed from the trace (each
+//! naming the node it was placed on), posted day by day as they ended (so alerts fire when
+//! spend crossed their thresholds), then tokens to look around with.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -9,6 +10,7 @@ use sqlx::PgPool;
 
 use crate::config::{Clock, Settings};
 use crate::domain::access::Role;
+use crate::domain::capacity::{PoolSettings, ShareIdle, parse_intervals};
 use crate::domain::demo::{self, DemoProject, PROJECTS, Window};
 use crate::domain::idle;
 use crate::domain::source::SourceBatch;
@@ -16,7 +18,7 @@ use crate::domain::validation::Violations;
 use crate::domain::values::Currency;
 use crate::ledger::sources::{self, SourceSummary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, LedgerResult, alerting, pricing};
+use crate::ledger::{LedgerError, LedgerResult, alerting, capacity, pricing, zombies};
 use crate::store;
 use crate::store::contracts::ContractFields;
 use crate::store::projects::NewProject;
@@ -107,6 +109,17 @@ pub async fn load(
         };
         pricing::create_contract(pool, Some(fields), Violations::default(), None, settings).await?;
     }
+    for demo_pool in &data.pools {
+        let rule = PoolSettings {
+            name: demo_pool.name.clone(),
+            owner_project: None,
+            share_idle: ShareIdle::Pool,
+            zombie_after_minutes: Some(demo::ZOMBIE_AFTER_MINUTES),
+        };
+        capacity::put_pool(pool, &demo_pool.id, &rule).await?;
+    }
+    let intervals = parse_intervals(&data.capacity, settings.clock.now())?;
+    capacity::post_capacity(pool, intervals, false).await?;
     let mut records = SourceSummary::of(&data.batch);
     for post in &data.posts {
         let batch = SourceBatch {
@@ -135,6 +148,7 @@ pub async fn load(
         [window.previous, window.current].map(|month| (project.id.to_owned(), month))
     });
     alerting::evaluate_all(pool, months, settings).await;
+    zombies::judge(pool, None, settings).await?;
     Ok(Loaded {
         window,
         records,

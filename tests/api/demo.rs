@@ -201,6 +201,51 @@ async fn the_demo_shows_every_part_of_the_ledger() {
         "{unused} of {committed}"
     );
 
+    // The cluster's nodes are capacity: every pool pays for more than its jobs used, jobs
+    // name the nodes they were placed on, and the idle time stays on the pools' lines.
+    let pools = report["pools"].as_array().unwrap();
+    assert_eq!(pools.len(), 7, "a pool per model");
+    let mut kept = Decimal::ZERO;
+    for line in pools {
+        let paid = dec(&line["paid"]["gpu_hours"]);
+        let used = dec(&line["used"]["gpu_hours"]);
+        let idle = dec(&line["idle"]["gpu_hours"]);
+        assert!(paid > Decimal::ZERO && idle > Decimal::ZERO, "{line}");
+        assert_eq!(
+            paid,
+            used + idle + dec(&line["down"]["gpu_hours"]),
+            "{line}"
+        );
+        assert!(line["charged_to"].as_array().unwrap().is_empty());
+        kept += dec(&line["kept_on_pool"]["capacity_idle"]);
+    }
+    assert!(
+        pools
+            .iter()
+            .any(|line| dec(&line["used"]["gpu_hours"]) > Decimal::ZERO)
+    );
+    let usd = report["totals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["currency"] == "USD")
+        .unwrap();
+    assert_eq!(dec(&usd["pools"]), kept);
+    let a100 = app
+        .get("/v1/pools/a100/utilisation?month=2026-10", &finance)
+        .await
+        .json();
+    let nodes = a100["nodes"].as_array().unwrap();
+    assert!(nodes.len() >= 2, "{}", a100["nodes"]);
+    for node in nodes {
+        let hours = |part: &str| dec(&node[part]["gpu_hours"]);
+        assert_eq!(
+            hours("paid"),
+            hours("used") + hours("idle") + hours("down"),
+            "{node}"
+        );
+    }
+
     // Finance can close the complete month, not the one in progress.
     let open = app
         .post("/v1/reports/monthly/2026-11/close", &finance, Value::Null)

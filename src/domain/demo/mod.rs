@@ -22,7 +22,7 @@ use crate::domain::record::format_time;
 use crate::domain::source::{SourceBatch, SourceRecord};
 use crate::domain::values::Month;
 
-use self::trace::{ModelCapacity, Phase, Pod, Qos};
+use self::trace::{ModelCapacity, Node, Phase, Pod, Qos};
 
 /// Skip reasons, as the load's summary names them.
 pub const NO_GPU: &str = "no GPU";
@@ -232,10 +232,26 @@ pub struct DemoFxRate {
     pub rate: Decimal,
 }
 
+/// A pool of the demo: the trace's nodes of one model. It has no owner and keeps its idle
+/// time on its own line, so the projects' figures are their records' alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoPool {
+    pub id: String,
+    pub name: String,
+    pub gpu_model: &'static str,
+}
+
+/// How long a demo node may sit idle before it is a zombie: a day.
+pub const ZOMBIE_AFTER_MINUTES: i32 = 24 * 60;
+
 /// Everything the demo loads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Demo {
     pub window: Window,
+    /// A pool per model.
+    pub pools: Vec<DemoPool>,
+    /// The trace's nodes, each up over the whole window, as `POST /v1/capacity` takes them.
+    pub capacity: Value,
     pub contracts: Vec<DemoContract>,
     pub fx_rates: Vec<DemoFxRate>,
     /// Each project's monthly budget, in its currency, in the order of [`PROJECTS`]: set from
@@ -261,11 +277,17 @@ pub struct Post {
 pub fn demo(window: Window) -> Result<Demo, String> {
     let pods = trace::pods(trace::POD_LIST)?;
     let capacity = trace::capacity(trace::NODE_LIST)?;
-    Ok(replay(&pods, &capacity, window))
+    let nodes = trace::nodes(trace::NODE_LIST)?;
+    Ok(replay(&pods, &capacity, &nodes, window))
 }
 
 /// The demo over `window` from the given pods and node capacity.
-pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: Window) -> Demo {
+pub fn replay(
+    pods: &[Pod],
+    capacity: &BTreeMap<String, ModelCapacity>,
+    nodes: &[Node],
+    window: Window,
+) -> Demo {
     let timeline = Replay::new(pods, window);
     let mut batch = SourceBatch {
         jobs_read: pods.len(),
@@ -280,6 +302,7 @@ pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: 
     }
     let attempts = tasks(workloads(runs));
     let reserved = committed_gpus(&attempts, window);
+    let placed = place(&attempts, nodes);
     let fx_rates: Vec<DemoFxRate> = [window.previous, window.current]
         .into_iter()
         .zip([Decimal::new(8612, 4), Decimal::new(8574, 4)])
@@ -295,7 +318,10 @@ pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: 
         for piece in attempt.pieces() {
             *spend.entry(attempt.project.id).or_default() +=
                 attempt.cost_in(&piece, (window.start, window.boundary), &fx_rates[0]);
-            let value = attempt.record(&piece);
+            let mut value = attempt.record(&piece);
+            if let Some(node) = placed.get(attempt.run.pod.name.as_str()) {
+                value["nodes"] = json!([node]);
+            }
             ended.push((
                 piece.ended,
                 SourceRecord {
@@ -308,8 +334,19 @@ pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: 
     ended.sort_by_key(|(at, _)| *at);
     let posts = posts(&ended, window);
     batch.records = ended.into_iter().map(|(_, record)| record).collect();
+    // The trace's pod list is a sample of the cluster's load: the fleet is the nodes the
+    // placement put a run on, not every node of the cluster.
+    let used: std::collections::BTreeSet<&str> = placed.values().copied().collect();
+    let busy_nodes: Vec<Node> = nodes
+        .iter()
+        .filter(|node| used.contains(node.name.as_str()))
+        .cloned()
+        .collect();
+    let (pools, capacity) = fleet(&busy_nodes, window);
     Demo {
         window,
+        pools,
+        capacity,
         contracts: contracts(window, reserved),
         budgets: PROJECTS
             .iter()
@@ -322,6 +359,93 @@ pub fn replay(pods: &[Pod], capacity: &BTreeMap<String, ModelCapacity>, window: 
         batch,
         posts,
     }
+}
+
+/// The demo model of a trace model code.
+fn demo_model(code: &str) -> Option<&'static DemoModel> {
+    MODELS.iter().find(|model| model.code == code)
+}
+
+/// A node and the runs on it: when each ends, and the thousandths of GPUs it holds.
+type NodeLoad<'a> = (&'a Node, Vec<(DateTime<Utc>, u32)>);
+
+/// Places each run on a node of its model, in the order they started: the first node (by
+/// name) with enough GPUs free, or else the one with the most free (so the cluster's busiest
+/// hours show as overbooked rather than vanish). The trace does not say where its pods ran.
+fn place<'a>(attempts: &[Attempt<'a>], nodes: &'a [Node]) -> BTreeMap<&'a str, &'a str> {
+    let mut by_model: BTreeMap<&str, Vec<NodeLoad<'_>>> = BTreeMap::new();
+    for node in nodes {
+        if let Some(model) = demo_model(&node.model) {
+            by_model
+                .entry(model.name)
+                .or_default()
+                .push((node, Vec::new()));
+        }
+    }
+    for model_nodes in by_model.values_mut() {
+        model_nodes.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    }
+    let mut runs: Vec<&Run<'a>> = attempts.iter().map(|a| &a.run).collect();
+    runs.sort_by(|a, b| (a.started, &a.pod.name).cmp(&(b.started, &b.pod.name)));
+    let mut placed = BTreeMap::new();
+    for run in runs {
+        let Some(model_nodes) = by_model.get_mut(run.model.name) else {
+            continue;
+        };
+        let needed = run.pod.num_gpu * run.pod.gpu_milli;
+        let mut best: Option<(usize, i64)> = None;
+        let mut chosen = None;
+        for (index, (node, running)) in model_nodes.iter_mut().enumerate() {
+            running.retain(|(ends, _)| *ends > run.started);
+            let free = i64::from(node.gpus * 1000)
+                - running.iter().map(|(_, m)| i64::from(*m)).sum::<i64>();
+            if free >= i64::from(needed) {
+                chosen = Some(index);
+                break;
+            }
+            if best.is_none_or(|(_, most)| free > most) {
+                best = Some((index, free));
+            }
+        }
+        let Some(index) = chosen.or(best.map(|(index, _)| index)) else {
+            continue;
+        };
+        let (node, running) = &mut model_nodes[index];
+        running.push((run.ended, needed));
+        placed.insert(run.pod.name.as_str(), node.name.as_str());
+    }
+    placed
+}
+
+/// A pool per model of the trace's nodes, and each node up over the whole window.
+fn fleet(nodes: &[Node], window: Window) -> (Vec<DemoPool>, Value) {
+    let mut pools = Vec::new();
+    let mut intervals = Vec::new();
+    for model in &MODELS {
+        let of_model: Vec<&Node> = nodes.iter().filter(|n| n.model == model.code).collect();
+        if of_model.is_empty() {
+            continue;
+        }
+        let id = model.name.to_lowercase();
+        pools.push(DemoPool {
+            id: id.clone(),
+            name: format!("{} nodes", model.name),
+            gpu_model: model.name,
+        });
+        for node in of_model {
+            intervals.push(json!({
+                "node": node.name,
+                "pool": id,
+                "gpu_model": model.name,
+                "gpus": node.gpus,
+                "billing_mode": "on_demand",
+                "from": format_time(window.start),
+                "until": format_time(window.until),
+                "state": "up",
+            }));
+        }
+    }
+    (pools, Value::Array(intervals))
 }
 
 /// The records, in the order they ended, cut into days from the window's start.

@@ -147,6 +147,32 @@ pub fn pods(text: &str) -> Result<Vec<Pod>, String> {
     .collect()
 }
 
+/// One GPU node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// `openb-node-0042`.
+    pub name: String,
+    pub gpus: u32,
+    /// The trace's model code.
+    pub model: String,
+}
+
+/// Reads the node list, node by node.
+pub fn nodes(text: &str) -> Result<Vec<Node>, String> {
+    rows(text, &["sn", "cpu_milli", "memory_mib", "gpu", "model"])?
+        .into_iter()
+        .map(|(line, cells)| {
+            Ok(Node {
+                name: cells[0].to_owned(),
+                gpus: cells[3]
+                    .parse()
+                    .map_err(|_| format!("line {line}: `{}` is not a GPU count", cells[3]))?,
+                model: cells[4].to_owned(),
+            })
+        })
+        .collect()
+}
+
 /// Reads the node list into the GPUs of each model (the trace's model codes).
 pub fn capacity(text: &str) -> Result<BTreeMap<String, ModelCapacity>, String> {
     let mut models: BTreeMap<String, ModelCapacity> = BTreeMap::new();
