@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use base64::Engine;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use taskledger::ledger::tokens::Bootstrap;
 
@@ -433,4 +433,43 @@ async fn a_batch_of_long_records_is_rated_in_bounded_calls_to_the_cent() {
     // They end at November's first instant, where they complete.
     let november = crate::common::cost(&app, "/v1/projects/vision/cost?month=2026-11").await;
     assert_eq!(november["tasks_completed"], 100);
+}
+
+/// A batch within the record and byte limits whose records together span more ledger hours
+/// than one request may rate is refused at once, saying how many of them fit, and nothing is
+/// written; as many as fit are stored.
+#[tokio::test]
+async fn a_batch_spanning_more_hours_than_a_request_may_rate_is_refused_saying_what_fits() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    // 31 days each: 744 ledger hours, bounded at 746 with the spares for cuts.
+    let month_long = |count: usize| -> Vec<Value> {
+        (0..count)
+            .map(|i| {
+                json!({"project": "vision", "task_id": format!("long-{i}"), "gpu_model": "H100",
+                       "gpu_count": 1, "started_at": "2026-10-01T00:00:00Z",
+                       "ended_at": "2026-11-01T00:00:00Z", "outcome": "completed"})
+            })
+            .collect()
+    };
+    let started = std::time::Instant::now();
+    let response = app
+        .post("/v1/job-records", &app.admin, json!(month_long(1341)))
+        .await;
+    let problem = response.problem(StatusCode::PAYLOAD_TOO_LARGE);
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("at most 1340 records"), "{detail}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "refused before rating"
+    );
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM job_records")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0);
+    let response = app
+        .post("/v1/job-records", &app.admin, json!(month_long(3)))
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
 }
