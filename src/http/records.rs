@@ -37,8 +37,9 @@ use crate::store::records::{RecordFilter, RecordRow, VersionRow};
 /// The most records one request may carry.
 pub const MAX_RECORDS_PER_REQUEST: usize = 10_000;
 /// The most hourly segments one request may cut its records into. Rating takes time in
-/// proportion to them: at this bound a request rates for about 40 s on a 2-core machine,
-/// well inside the request timeout, so a batch that is allowed can also succeed.
+/// proportion to them: 1,340 records of 31 days (996,960 segments) were stored in 15 s by a
+/// release build on a 2-core machine, well inside the request timeout, so a batch that is
+/// allowed can also succeed.
 pub const MAX_SEGMENTS_PER_REQUEST: i64 = 1_000_000;
 
 pub fn router() -> OpenApiRouter<AppState> {
