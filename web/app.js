@@ -1001,7 +1001,7 @@ function teamPanel(byTeam, currency) {
     <thead><tr><th scope="col">Team</th><th scope="col" class="num">Cost</th><th scope="col" class="num">Share</th>
       <th scope="col" class="num">Waste</th><th scope="col" class="num">Tasks completed</th><th scope="col" class="num">Cost per completed task</th></tr></thead>
     <tbody id="team-rows">${rows}</tbody></table></div>
-    <p class="small muted">Unused commitment of the project's own reservations belongs to no team.</p></div></section>`;
+    <p class="small muted">Unused commitment of the project's own reservations, and idle or down capacity charged to it, belong to no team.</p></div></section>`;
 }
 
 const BILLING_LABELS = { on_demand: "on demand", spot: "spot", reserved: "reserved" };

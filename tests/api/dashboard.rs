@@ -1370,9 +1370,29 @@ async fn the_fleet_page_shows_each_pools_paid_used_idle_and_down_and_the_nodes_i
         &app,
         at_noon_plus_twelve,
         &finance,
-        &["page=fleet&month=2026-11", "page=finance&month=2026-11"],
+        &[
+            "page=fleet&month=2026-11",
+            "page=finance&month=2026-11",
+            "project=vision&month=2026-11",
+        ],
     )
     .await;
+    // The owner's project page has its pools' idle and down time in where the money went.
+    let vision = app
+        .get("/v1/projects/vision/cost?month=2026-11", &app.admin)
+        .await
+        .json();
+    let project_text = text(&doms[2]);
+    for (label, part) in [
+        ("Idle capacity", "capacity_idle"),
+        ("Down capacity", "capacity_down"),
+    ] {
+        let expected = format!("{label} {}", shown(&vision["breakdown"][part], "USD"));
+        assert!(
+            project_text.contains(&expected),
+            "{expected} in {project_text}"
+        );
+    }
     let fleet = &doms[0];
     let zombies = table_rows(fleet, "zombie-rows");
     assert_eq!(zombies.len(), 1, "{zombies:?}");
@@ -1398,12 +1418,15 @@ async fn the_fleet_page_shows_each_pools_paid_used_idle_and_down_and_the_nodes_i
     let served = app.serve_with(at_noon_plus_twelve).await;
     let origin = served.url();
     let path = screenshot_path("fleet-page.png");
+    let project_path = screenshot_path("project-capacity.png");
     tokio::task::spawn_blocking(move || {
         let mut browser = Browser::launch(1280, 1400);
         browser.open(&format!(
             "{origin}/#token={finance}&page=fleet&month=2026-11"
         ));
         browser.screenshot(&path);
+        browser.open(&format!("{origin}/#project=vision&month=2026-11"));
+        browser.screenshot_of("header, #daily", &project_path);
     })
     .await
     .unwrap();
