@@ -32,7 +32,7 @@ use crate::domain::values::Month;
 use crate::domain::what_if::{Override, WhatIf};
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
-use crate::store::capacity::PoolRow;
+use crate::store::capacity::{IntervalsOf, PoolRow};
 use crate::store::fx_rates::RateTable;
 
 /// A pool as the API shows it.
@@ -253,6 +253,9 @@ pub struct CapacityWindow {
     fx: RateTable,
     /// The currency of every project the figures may charge.
     pub currencies: BTreeMap<String, String>,
+    /// The idle and down time of every node-day as charged (see [`CapacityWindow::charges`]),
+    /// worked out once when read.
+    charges: Vec<Charge>,
 }
 
 /// One part of the idle or down time of one node-day, to charge.
@@ -300,11 +303,13 @@ impl CapacityWindow {
             contracts: HashMap::new(),
             fx: RateTable::default(),
             currencies: BTreeMap::new(),
+            charges: Vec::new(),
         };
         if to <= from {
             return Ok(window);
         }
-        let intervals = store::capacity::intervals(conn, pools, from, to).await?;
+        let intervals =
+            store::capacity::intervals(conn, IntervalsOf::Pools(pools), from, to).await?;
         if intervals.is_empty() {
             return Ok(window);
         }
@@ -337,8 +342,13 @@ impl CapacityWindow {
             .values()
             .any(|row| row.share_idle == ShareIdle::ByUsage);
         if by_usage && months != (from, to) {
-            let intervals =
-                store::capacity::intervals(conn, Some(&pool_ids), months.0, months.1).await?;
+            let intervals = store::capacity::intervals(
+                conn,
+                IntervalsOf::Pools(Some(&pool_ids)),
+                months.0,
+                months.1,
+            )
+            .await?;
             let nodes: Vec<String> = distinct(intervals.iter().map(|i| i.node.clone()));
             let usage = store::capacity::node_usage(conn, &nodes, months.0, months.1).await?;
             window.figures.usage =
@@ -362,6 +372,7 @@ impl CapacityWindow {
         if let (Some(first), Some(last)) = (months.iter().min(), months.iter().max()) {
             window.fx = store::fx_rates::table(conn, *first, *last, &to_currencies).await?;
         }
+        window.charges = window.charged();
         Ok(window)
     }
 
@@ -399,7 +410,11 @@ impl CapacityWindow {
     /// the owner, split over the projects by their use of the pool's nodes in the month
     /// (to the owner, or the pool's line, in a month nobody used them), or kept on the
     /// pool's line.
-    pub fn charges(&self) -> Vec<Charge> {
+    pub fn charges(&self) -> &[Charge] {
+        &self.charges
+    }
+
+    fn charged(&self) -> Vec<Charge> {
         let mut charges = Vec::new();
         for day in &self.figures.days {
             let Some(pool) = self.pools.get(&day.pool) else {
@@ -468,7 +483,7 @@ impl CapacityWindow {
             else {
                 continue;
             };
-            let group = groups.entry(group_of(project, &charge)).or_default();
+            let group = groups.entry(group_of(project, charge)).or_default();
             match charge.cost_in(currency, &self.fx) {
                 Some((idle, down)) => group.add_capacity(idle, down),
                 None => {
@@ -543,7 +558,7 @@ impl CapacityWindow {
             .unwrap_or_default();
         let mut charged: BTreeMap<Option<String>, (Decimal, Decimal)> = BTreeMap::new();
         if let Some(currency) = &currency {
-            for charge in self.charges().into_iter().filter(|c| c.pool == pool) {
+            for charge in self.charges.iter().filter(|c| c.pool == pool) {
                 if let Some((idle, down)) = charge.cost_in(currency, &self.fx) {
                     let entry = charged.entry(charge.project.clone()).or_default();
                     entry.0 += idle;
@@ -673,7 +688,7 @@ pub async fn reservations_pricing_capacity(
         return Ok(HashSet::new());
     }
     let intervals: Vec<CapacityInterval> =
-        store::capacity::intervals(conn, None, window.0, window.1)
+        store::capacity::intervals(conn, IntervalsOf::Pools(None), window.0, window.1)
             .await?
             .into_iter()
             .filter(|i| i.billing_mode == BillingMode::Reserved)

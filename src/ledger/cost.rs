@@ -202,7 +202,8 @@ async fn group_sums(
     let capacity = CapacityWindow::charging(
         conn,
         of.project,
-        capacity_window(query.period, query.as_of),
+        // Capacity accrues up to `as_of`, as commitment does.
+        accrual_window(query.period, query.as_of),
         tz,
         &query.what_if,
     )
@@ -213,14 +214,6 @@ async fn group_sums(
         &mut groups,
     );
     Ok(groups)
-}
-
-/// Where capacity accrues in a period: up to `as_of`, as commitment does.
-fn capacity_window(
-    period: (DateTime<Utc>, DateTime<Utc>),
-    as_of: DateTime<Utc>,
-) -> (DateTime<Utc>, DateTime<Utc>) {
-    accrual_window(period, as_of)
 }
 
 /// The sums the rollups hold for each group of the scope over the period.

@@ -137,7 +137,7 @@ async fn capacity_lines(
         String,
     );
     let mut lines: BTreeMap<Key, (Decimal, Decimal)> = BTreeMap::new();
-    for charge in &charges {
+    for charge in charges {
         let account = charge.project.as_ref().and_then(|p| accounts.get(p));
         if charge.project.is_some() && account.is_none() {
             continue;

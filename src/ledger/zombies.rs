@@ -29,7 +29,7 @@ use crate::ledger::capacity::contracts_for;
 use crate::ledger::{LedgerResult, instruments};
 use crate::store;
 use crate::store::alerts::NewZombieAlert;
-use crate::store::capacity::{NewStretch, PoolRow};
+use crate::store::capacity::{IntervalsOf, NewStretch, PoolRow};
 
 /// How far back a judge looks for idle stretches.
 const LOOKBACK: TimeDelta = TimeDelta::days(7);
@@ -87,7 +87,7 @@ async fn zombies(
     if nodes.is_empty() {
         return Ok(Vec::new());
     }
-    let intervals = store::capacity::intervals_of_nodes(conn, &nodes, from, to).await?;
+    let intervals = store::capacity::intervals(conn, IntervalsOf::Nodes(&nodes), from, to).await?;
     if intervals.is_empty() {
         return Ok(Vec::new());
     }

@@ -230,43 +230,35 @@ impl From<IntervalRow> for CapacityInterval {
     }
 }
 
-/// The intervals of the pools `pools` (of every pool when `None`) that overlap `[from, to)`,
-/// by node and start.
+/// Which intervals to read.
+#[derive(Debug, Clone, Copy)]
+pub enum IntervalsOf<'a> {
+    /// Of these pools, or of every pool when `None`.
+    Pools(Option<&'a [String]>),
+    /// Of these nodes.
+    Nodes(&'a [String]),
+}
+
+/// The intervals `of` names that overlap `[from, to)`, by node and start.
 pub async fn intervals(
     conn: &mut PgConnection,
-    pools: Option<&[String]>,
+    of: IntervalsOf<'_>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<CapacityInterval>> {
+    let (pools, nodes) = match of {
+        IntervalsOf::Pools(pools) => (pools, None),
+        IntervalsOf::Nodes(nodes) => (None, Some(nodes)),
+    };
     let rows = sqlx::query_as::<_, IntervalRow>(
         "SELECT node, pool_id, gpu_model, gpus, billing_mode, provider, region, labels, \
                 from_at, until_at, state \
          FROM capacity_intervals \
-         WHERE ($1::text[] IS NULL OR pool_id = ANY($1)) AND from_at < $3 AND until_at > $2 \
+         WHERE ($1::text[] IS NULL OR pool_id = ANY($1)) \
+           AND ($2::text[] IS NULL OR node = ANY($2)) AND from_at < $4 AND until_at > $3 \
          ORDER BY node, from_at",
     )
     .bind(pools)
-    .bind(from)
-    .bind(to)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(CapacityInterval::from).collect())
-}
-
-/// The intervals of `nodes` that overlap `[from, to)`, by node and start.
-pub async fn intervals_of_nodes(
-    conn: &mut PgConnection,
-    nodes: &[String],
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-) -> sqlx::Result<Vec<CapacityInterval>> {
-    let rows = sqlx::query_as::<_, IntervalRow>(
-        "SELECT node, pool_id, gpu_model, gpus, billing_mode, provider, region, labels, \
-                from_at, until_at, state \
-         FROM capacity_intervals \
-         WHERE node = ANY($1) AND from_at < $3 AND until_at > $2 \
-         ORDER BY node, from_at",
-    )
     .bind(nodes)
     .bind(from)
     .bind(to)
