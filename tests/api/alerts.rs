@@ -15,7 +15,7 @@ use crate::common::{Receiver, TestApp};
 
 const SECRET: &str = "test-webhook-secret";
 
-fn quick_policy() -> DeliveryPolicy {
+pub(crate) fn quick_policy() -> DeliveryPolicy {
     DeliveryPolicy {
         first_retry: Duration::from_millis(50),
         max_retry: Duration::from_millis(200),

@@ -2,15 +2,13 @@
 //! a job, the node's idle or down time charged by its pool's rule — and the figures are
 //! hand-computed here.
 
-use std::time::Duration;
-
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
 use taskledger::config::{Clock, Settings};
-use taskledger::workers::webhooks::{DeliveryPolicy, Webhooks};
+use taskledger::workers::webhooks::Webhooks;
 
 use crate::common::{Receiver, TestApp, assert_money, cost, dec};
 use crate::fixtures::{contract, record};
@@ -610,6 +608,7 @@ async fn racing_posts_for_one_node_store_no_overlap_and_figures_match_a_recomput
                         &from.to_rfc3339(),
                         &(from + chrono::Duration::minutes(20)).to_rfc3339(),
                     )
+                    .gpu_count(8)
                     .with("nodes", json!(["a"]))]))
                         .await;
                 }
@@ -617,10 +616,33 @@ async fn racing_posts_for_one_node_store_no_overlap_and_figures_match_a_recomput
             stored
         }));
     }
+    // Finance re-prices the nodes' contract meanwhile; its last price is 3.00.
+    let contract_id = app.get("/v1/contracts", &app.admin).await.json()["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pricer = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            for price in ["2.10", "2.40", "2.70", "3.00"] {
+                let response = app
+                    .patch(
+                        &format!("/v1/contracts/{contract_id}"),
+                        &app.admin,
+                        json!({"price_per_gpu_hour": price}),
+                    )
+                    .await;
+                assert!(response.status.is_success(), "{}", response.text());
+                tokio::task::yield_now().await;
+            }
+        })
+    };
     let mut stored = 0;
     for writer in writers {
         stored += writer.await.unwrap();
     }
+    pricer.await.unwrap();
+    let price = Decimal::from(3);
     let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
         "SELECT from_at, until_at FROM capacity_intervals WHERE node = 'a' ORDER BY from_at",
     )
@@ -632,28 +654,74 @@ async fn racing_posts_for_one_node_store_no_overlap_and_figures_match_a_recomput
         rows.windows(2).all(|w| w[0].1 <= w[1].0),
         "overlap stored: {rows:?}"
     );
-    // From scratch: paid is 8 GPUs over the stored time; used is each record's 20 minutes,
-    // capped per hour by the up time of that hour.
-    let paid_hours: Decimal = rows
+    // From scratch: paid is 8 GPUs over the stored time; used is each record's 20 minutes
+    // of 8 GPUs (9,600 GPU-seconds, inside the hour it started in), capped per hour by the
+    // hour's up time (two records in an hour half of which is known overbook it);
+    // everything at the last price.
+    let records: Vec<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT started_at FROM job_records ORDER BY started_at")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    let seconds = |from: DateTime<Utc>, until: DateTime<Utc>| {
+        Decimal::from((until - from).num_seconds().max(0))
+    };
+    let hour_of = |at: DateTime<Utc>| at - chrono::Duration::seconds(at.timestamp() % 3600);
+    let mut hours: std::collections::BTreeMap<DateTime<Utc>, Decimal> = Default::default();
+    for started in &records {
+        *hours.entry(hour_of(*started)).or_default() += Decimal::from(9600);
+    }
+    let used_seconds: Decimal = hours
         .iter()
-        .map(|(from, until)| Decimal::from((*until - *from).num_seconds()) * Decimal::from(8))
-        .sum::<Decimal>()
-        / Decimal::from(3600);
+        .map(|(hour, raw)| {
+            let end = *hour + chrono::Duration::hours(1);
+            let up: Decimal = rows
+                .iter()
+                .map(|(from, until)| {
+                    seconds((*from).max(*hour), (*until).min(end)) * Decimal::from(8)
+                })
+                .sum();
+            (*raw).min(up)
+        })
+        .sum();
+    let paid_seconds: Decimal = rows
+        .iter()
+        .map(|(from, until)| seconds(*from, *until) * Decimal::from(8))
+        .sum();
+    let hours_of = |s: Decimal| (s / Decimal::from(3600)).round_dp(20).normalize();
+    let cost_of = |s: Decimal| (s * price / Decimal::from(3600)).normalize();
     let view = app
         .get("/v1/pools/train/utilisation?month=2026-11", &app.admin)
         .await
         .json();
-    assert_eq!(part(&view, "paid").0, paid_hours.normalize());
     assert_eq!(
-        part(&view, "paid").1,
-        (paid_hours * Decimal::from(2)).normalize()
+        part(&view, "paid"),
+        (hours_of(paid_seconds), cost_of(paid_seconds))
     );
-    let (used, idle, down) = (
-        part(&view, "used").0,
-        part(&view, "idle").0,
-        part(&view, "down").0,
+    assert_eq!(
+        part(&view, "used"),
+        (hours_of(used_seconds), cost_of(used_seconds))
     );
-    assert_eq!(used + idle + down, part(&view, "paid").0);
+    let idle_seconds = paid_seconds - used_seconds;
+    assert_eq!(
+        part(&view, "idle"),
+        (hours_of(idle_seconds), cost_of(idle_seconds))
+    );
+    // The owner pays its jobs by their contract and the idle time of its node.
+    let vision = cost(
+        &app,
+        "/v1/projects/vision/cost?from=2026-11-01&to=2026-12-01",
+    )
+    .await;
+    assert_money(
+        &vision["breakdown"]["capacity_idle"],
+        &cost_of(idle_seconds).to_string(),
+    );
+    let jobs = Decimal::from(9600 * records.len() as i64);
+    assert_money(
+        &vision["total"],
+        &(cost_of(jobs) + cost_of(idle_seconds)).to_string(),
+    );
 }
 
 /// Stores intervals as a collector that knows them at `now` would, without judging them.
@@ -791,13 +859,7 @@ async fn a_node_idle_past_its_pools_limit_fires_one_alert_per_stretch() {
     let webhooks = Webhooks::new(
         app.pool.clone(),
         "secret".to_owned(),
-        DeliveryPolicy {
-            first_retry: Duration::from_millis(50),
-            max_retry: Duration::from_millis(200),
-            give_up_after: Duration::from_secs(60),
-            request_timeout: Duration::from_secs(5),
-            poll_interval: Duration::from_millis(20),
-        },
+        crate::alerts::quick_policy(),
     )
     .unwrap();
     for _ in 0..20 {
