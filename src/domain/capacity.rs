@@ -14,6 +14,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+mod plan;
+pub use plan::{Detail, NodeMonth, Plan, PoolDay, RollupSums, WindowFigures};
+
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
@@ -554,6 +557,7 @@ pub struct CapacityFigures {
 }
 
 /// One piece of an interval: inside one ledger day (or hour) and one contract's validity.
+#[derive(Debug)]
 struct Piece<'a> {
     interval: &'a CapacityInterval,
     start: DateTime<Utc>,
@@ -569,7 +573,9 @@ type DayKey = (String, String, NaiveDate, Option<Uuid>);
 /// gives each pool's owner project, the project scope its contracts are matched with.
 ///
 /// Paid and down time are linear in time, so they are summed per day; only the hours with
-/// usage are cut finer, to cap their used time at their up time.
+/// usage are cut finer, to cap their used time at their up time. This is the figures worked
+/// out from scratch; reads take the used time of whole days from the rollup instead (see
+/// [`DayPlan`]), which comes to the same.
 pub fn capacity_figures(
     intervals: &[CapacityInterval],
     owners: &HashMap<String, Option<String>>,
@@ -578,13 +584,7 @@ pub fn capacity_figures(
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> CapacityFigures {
-    let mut by_node: BTreeMap<&str, Vec<&CapacityInterval>> = BTreeMap::new();
-    for interval in intervals {
-        if interval.until > from && interval.from < to {
-            by_node.entry(&interval.node).or_default().push(interval);
-        }
-    }
-    let mut uses_of: HashMap<&str, BTreeMap<DateTime<Utc>, Vec<&NodeUse>>> = HashMap::new();
+    let mut uses_of: HashMap<&str, HourUses<'_>> = HashMap::new();
     for used in usage {
         if used.hour >= from && used.hour < to {
             uses_of
@@ -597,40 +597,22 @@ pub fn capacity_figures(
     }
     let mut figures = CapacityFigures::default();
     let mut days: BTreeMap<DayKey, NodeDay> = BTreeMap::new();
-    for (node, mut node_intervals) in by_node {
-        node_intervals.sort_by_key(|interval| interval.from);
+    for (node, node_intervals) in by_node(intervals, (from, to)) {
         for piece in pieces_of(&node_intervals, owners, contracts, (from, to), tz, Cut::Day) {
-            let seconds = CapacitySeconds {
-                paid: piece.seconds,
-                down: if piece.interval.state == NodeState::Down {
-                    piece.seconds
-                } else {
-                    Decimal::ZERO
-                },
-                ..CapacitySeconds::default()
-            };
-            // Day pieces come in time order: the day keeps its latest interval's GPUs.
-            let day = day_of(&mut days, &piece, tz);
-            day.gpus = piece.interval.gpus;
-            day.seconds.add(&seconds);
+            add_paid(&mut days, &piece, tz);
         }
-        let pool = &node_intervals.last().expect("a node has intervals").pool;
-        let mut unmatched = Decimal::ZERO;
-        for (hour, uses) in uses_of.remove(node).unwrap_or_default() {
-            let end = LedgerHour::holding(hour, tz).end;
-            let covering: Vec<&CapacityInterval> = node_intervals
-                .iter()
-                .copied()
-                .filter(|i| i.from < end && i.until > hour)
-                .collect();
-            let pieces = pieces_of(&covering, owners, contracts, (hour, end), tz, Cut::None);
-            if pieces.is_empty() {
-                unmatched += uses.iter().map(|u| u.gpu_seconds).sum::<Decimal>();
-                continue;
-            }
-            settle_hour(&pieces, &uses, tz, &mut days, &mut figures.usage);
-        }
+        let uses = uses_of.remove(node).unwrap_or_default();
+        let unmatched = settle_node(
+            &node_intervals,
+            &uses,
+            owners,
+            contracts,
+            tz,
+            &mut days,
+            &mut figures.usage,
+        );
         if !unmatched.is_zero() {
+            let pool = &node_intervals.last().expect("a node has intervals").pool;
             *figures
                 .unmatched
                 .entry(pool.clone())
@@ -639,15 +621,194 @@ pub fn capacity_figures(
                 .or_default() += unmatched;
         }
     }
-    figures.days = days
-        .into_values()
+    figures.days = finished(days);
+    figures
+}
+
+/// One node's usage by ledger hour.
+type HourUses<'a> = BTreeMap<DateTime<Utc>, Vec<&'a NodeUse>>;
+
+/// `intervals` overlapping `[from, to)`, by node, each node's sorted by start.
+fn by_node(
+    intervals: &[CapacityInterval],
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> BTreeMap<&str, Vec<&CapacityInterval>> {
+    let mut by_node: BTreeMap<&str, Vec<&CapacityInterval>> = BTreeMap::new();
+    for interval in intervals {
+        if interval.until > from && interval.from < to {
+            by_node.entry(&interval.node).or_default().push(interval);
+        }
+    }
+    for node_intervals in by_node.values_mut() {
+        node_intervals.sort_by_key(|interval| interval.from);
+    }
+    by_node
+}
+
+/// Adds a day piece's paid (and down) time to its node-day.
+fn add_paid(days: &mut BTreeMap<DayKey, NodeDay>, piece: &Piece<'_>, tz: Tz) {
+    let seconds = CapacitySeconds {
+        paid: piece.seconds,
+        down: if piece.interval.state == NodeState::Down {
+            piece.seconds
+        } else {
+            Decimal::ZERO
+        },
+        ..CapacitySeconds::default()
+    };
+    // Day pieces come in time order: the day keeps its latest interval's GPUs.
+    let day = day_of(days, piece, tz);
+    day.gpus = piece.interval.gpus;
+    day.seconds.add(&seconds);
+}
+
+/// The node-days with their idle time: what is left of paid once used and down are taken.
+fn finished(days: BTreeMap<DayKey, NodeDay>) -> Vec<NodeDay> {
+    days.into_values()
         .map(|mut day| {
             let s = &mut day.seconds;
             s.idle = s.paid - s.used - s.down;
             day
         })
-        .collect();
-    figures
+        .collect()
+}
+
+/// Sets each hour of one node's `uses` against the pieces of its intervals in that hour
+/// (see [`settle_hour`]); returns the GPU-seconds of the hours no interval covers.
+fn settle_node(
+    node_intervals: &[&CapacityInterval],
+    uses: &HourUses<'_>,
+    owners: &HashMap<String, Option<String>>,
+    contracts: &[Contract],
+    tz: Tz,
+    days: &mut BTreeMap<DayKey, NodeDay>,
+    usage: &mut BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>>,
+) -> Decimal {
+    let mut unmatched = Decimal::ZERO;
+    for (&hour, hour_uses) in uses {
+        let end = LedgerHour::holding(hour, tz).end;
+        let covering: Vec<&CapacityInterval> = node_intervals
+            .iter()
+            .copied()
+            .filter(|i| i.from < end && i.until > hour)
+            .collect();
+        let pieces = pieces_of(&covering, owners, contracts, (hour, end), tz, Cut::None);
+        if pieces.is_empty() {
+            unmatched += hour_uses.iter().map(|u| u.gpu_seconds).sum::<Decimal>();
+            continue;
+        }
+        settle_hour(&pieces, hour_uses, tz, days, usage);
+    }
+    unmatched
+}
+
+/// What the records put on one node on one ledger day in one pool's intervals, in
+/// GPU-seconds: a row of the capacity rollup. Contracts play no part in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDayUse {
+    pub node: String,
+    pub day: NaiveDate,
+    pub pool: String,
+    /// Held time capped at each hour's up time.
+    pub used: Decimal,
+    /// Held time beyond each hour's up time.
+    pub overbooked: Decimal,
+    /// What each project put on the node in the hours its capacity is known, for the
+    /// hours whose first interval is of this pool: the weights of `by_usage`.
+    pub usage: BTreeMap<String, Decimal>,
+}
+
+/// What records put on one node on one ledger day in hours no interval covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnmatchedDay {
+    pub node: String,
+    pub day: NaiveDate,
+    pub gpu_seconds: Decimal,
+}
+
+/// The capacity rollup of every node-day `usage` (hourly) falls on, from the nodes'
+/// `intervals` (all of them that overlap those days): the rows of node-days with usage,
+/// and what fell outside every interval. Node-days without usage have no rows.
+pub fn node_day_rollup(
+    intervals: &[CapacityInterval],
+    usage: &[NodeUse],
+    tz: Tz,
+) -> (Vec<NodeDayUse>, Vec<UnmatchedDay>) {
+    let mut uses_of: BTreeMap<(&str, NaiveDate), HourUses<'_>> = BTreeMap::new();
+    for used in usage {
+        let day = used.hour.with_timezone(&tz).date_naive();
+        uses_of
+            .entry((used.node.as_str(), day))
+            .or_default()
+            .entry(used.hour)
+            .or_default()
+            .push(used);
+    }
+    let nodes = by_node(
+        intervals,
+        (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC),
+    );
+    let no_owners = HashMap::new();
+    let mut rows = Vec::new();
+    let mut unmatched_days = Vec::new();
+    for ((node, day), uses) in uses_of {
+        let (start, end) = day_bounds(day, tz);
+        let node_intervals: Vec<&CapacityInterval> = nodes
+            .get(node)
+            .map(|all| {
+                all.iter()
+                    .copied()
+                    .filter(|i| i.from < end && i.until > start)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut days = BTreeMap::new();
+        let mut usage = BTreeMap::new();
+        let unmatched = settle_node(
+            &node_intervals,
+            &uses,
+            &no_owners,
+            &[],
+            tz,
+            &mut days,
+            &mut usage,
+        );
+        if !unmatched.is_zero() {
+            unmatched_days.push(UnmatchedDay {
+                node: node.to_owned(),
+                day,
+                gpu_seconds: unmatched,
+            });
+        }
+        for node_day in days.into_values() {
+            let usage = usage
+                .get(&(node_day.pool.clone(), node_day.month))
+                .cloned()
+                .unwrap_or_default();
+            let seconds = node_day.seconds;
+            if seconds.used.is_zero() && seconds.overbooked.is_zero() && usage.is_empty() {
+                continue;
+            }
+            rows.push(NodeDayUse {
+                node: node_day.node,
+                day: node_day.day,
+                pool: node_day.pool,
+                used: seconds.used,
+                overbooked: seconds.overbooked,
+                usage,
+            });
+        }
+    }
+    (rows, unmatched_days)
+}
+
+/// `[start, end)` of a ledger day.
+pub fn day_bounds(day: NaiveDate, tz: Tz) -> (DateTime<Utc>, DateTime<Utc>) {
+    let next = day.succ_opt().expect("a day before the end of time");
+    (
+        first_instant_of_day(day, tz),
+        first_instant_of_day(next, tz),
+    )
 }
 
 /// The contracts among `contracts` that price some of `intervals` within `[from, to)`.
@@ -684,28 +845,10 @@ fn pieces_of<'a>(
 ) -> Vec<Piece<'a>> {
     let mut pieces = Vec::new();
     for interval in intervals {
-        let (start, end) = (interval.from.max(from), interval.until.min(to));
-        if start >= end {
-            continue;
-        }
-        let owner = owners.get(&interval.pool).cloned().flatten();
-        // An interval is priced as a record of its model, mode and scope would be.
-        let as_record = RecordToRate {
-            project: owner.unwrap_or_default(),
-            gpu_model: interval.gpu_model.clone(),
-            billing_mode: interval.billing_mode,
-            provider: interval.provider.clone(),
-            region: interval.region.clone(),
-            currency: String::new(),
-            started_at: start,
-            ended_at: end,
-            gpu_seconds_held: Decimal::ZERO,
-            gpu_seconds_busy: None,
-            outcome: Outcome::Completed,
-            compute_share: None,
-        };
         let gpus = Decimal::from(interval.gpus);
-        for (span_start, span_end, contract_id) in contract_spans(&as_record, contracts) {
+        for (span_start, span_end, contract_id) in
+            priced_spans(interval, owners, contracts, (from, to))
+        {
             let mut at = span_start;
             while at < span_end {
                 let until = match cut {
@@ -727,6 +870,37 @@ fn pieces_of<'a>(
         }
     }
     pieces
+}
+
+/// The stretches of `interval` within `[from, to)` each priced by one contract among
+/// `contracts` (or by none), as a record of its model, billing mode, provider, region and
+/// its pool owner's project would be.
+fn priced_spans(
+    interval: &CapacityInterval,
+    owners: &HashMap<String, Option<String>>,
+    contracts: &[Contract],
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, Option<Uuid>)> {
+    let (start, end) = (interval.from.max(from), interval.until.min(to));
+    if start >= end {
+        return Vec::new();
+    }
+    let owner = owners.get(&interval.pool).cloned().flatten();
+    let as_record = RecordToRate {
+        project: owner.unwrap_or_default(),
+        gpu_model: interval.gpu_model.clone(),
+        billing_mode: interval.billing_mode,
+        provider: interval.provider.clone(),
+        region: interval.region.clone(),
+        currency: String::new(),
+        started_at: start,
+        ended_at: end,
+        gpu_seconds_held: Decimal::ZERO,
+        gpu_seconds_busy: None,
+        outcome: Outcome::Completed,
+        compute_share: None,
+    };
+    contract_spans(&as_record, contracts)
 }
 
 /// The node-day a piece adds to.

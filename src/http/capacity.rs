@@ -234,7 +234,8 @@ async fn store_capacity(
     let intervals = parse_intervals(body, state.settings.clock.now())?;
     may_post(state, principal, &intervals).await?;
     let nodes: Vec<String> = intervals.iter().map(|i| i.node.clone()).collect();
-    let receipt = ledger::post_capacity(&state.pool, intervals, replace).await?;
+    let receipt =
+        ledger::post_capacity(&state.pool, intervals, replace, state.settings.timezone).await?;
     // New capacity may show a node idle for long enough: judge its nodes now.
     if let Err(error) = zombies::judge(&state.pool, Some(nodes), &state.settings).await {
         tracing::warn!(error = %error, "judging zombie capacity failed; the timer retries");

@@ -20,8 +20,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::domain::capacity::{
-    CapacityFigures, CapacityInterval, CapacitySeconds, NodeDay, PoolSettings, ShareIdle, allocate,
-    capacity_figures, contracts_pricing,
+    CapacityInterval, CapacitySeconds, Detail, Plan, PoolSettings, RollupSums, ShareIdle,
+    WindowFigures, allocate, contracts_pricing,
 };
 use crate::domain::figures::{FigureSums, Grouping, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
@@ -30,9 +30,9 @@ use crate::domain::record::format_time;
 use crate::domain::validation::FieldError;
 use crate::domain::values::Month;
 use crate::domain::what_if::{Override, WhatIf};
-use crate::ledger::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult, capacity_rollup};
 use crate::store;
-use crate::store::capacity::{IntervalsOf, PoolRow};
+use crate::store::capacity::{IntervalsOf, NodeSpan, PoolRow};
 use crate::store::fx_rates::RateTable;
 
 /// A pool as the API shows it.
@@ -140,6 +140,7 @@ pub async fn post_capacity(
     pool: &PgPool,
     intervals: Vec<CapacityInterval>,
     replace: bool,
+    tz: Tz,
 ) -> LedgerResult<CapacityReceipt> {
     let mut tx = pool.begin().await?;
     let ids: Vec<String> = intervals
@@ -180,11 +181,15 @@ pub async fn post_capacity(
     let mut same_key: HashMap<usize, bool> = HashMap::new();
     let mut overlaps = Vec::new();
     let mut conflicts = Vec::new();
+    let mut replaced_spans = Vec::new();
     for stored in store::capacity::meeting(&mut tx, &intervals).await? {
         let index = stored.position as usize;
         let interval = &intervals[index];
         if stored.from_at == interval.from {
             let unchanged = stored.content_hash == hashes[index];
+            if !unchanged {
+                replaced_spans.push((stored.node.clone(), stored.from_at, stored.until_at));
+            }
             if !unchanged && !replace {
                 conflicts.push(FieldError::new(
                     format!("/{index}"),
@@ -237,6 +242,13 @@ pub async fn post_capacity(
     }
     if !to_store.is_empty() {
         store::capacity::upsert(&mut tx, &to_store, &to_hash).await?;
+        // The days the stored intervals cover, and those of the intervals they replaced.
+        let spans: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = to_store
+            .iter()
+            .map(|i| (i.node.clone(), i.from, i.until))
+            .chain(replaced_spans)
+            .collect();
+        capacity_rollup::refresh_spans(&mut tx, spans, tz).await?;
     }
     tx.commit().await?;
     Ok(receipt)
@@ -245,7 +257,7 @@ pub async fn post_capacity(
 /// Capacity of a window as read: its figures in GPU-seconds, and what prices them.
 pub struct CapacityWindow {
     pub window: (DateTime<Utc>, DateTime<Utc>),
-    pub figures: CapacityFigures,
+    pub figures: WindowFigures,
     pub pools: BTreeMap<String, PoolRow>,
     /// The contracts pricing the figures, at the prices asked for.
     contracts: HashMap<Uuid, Contract>,
@@ -288,17 +300,19 @@ impl Charge {
 }
 
 impl CapacityWindow {
-    /// Reads the capacity of `pools` (every pool when `None`) over `[from, to)`.
+    /// Reads the capacity of `pools` (every pool when `None`) over `[from, to)`, per node
+    /// as well with [`Detail::Nodes`].
     pub async fn load(
         conn: &mut PgConnection,
         pools: Option<&[String]>,
         (from, to): (DateTime<Utc>, DateTime<Utc>),
         tz: Tz,
         what_if: &WhatIf,
+        detail: Detail,
     ) -> LedgerResult<Self> {
         let mut window = Self {
             window: (from, to),
-            figures: CapacityFigures::default(),
+            figures: WindowFigures::default(),
             pools: BTreeMap::new(),
             contracts: HashMap::new(),
             fx: RateTable::default(),
@@ -324,35 +338,68 @@ impl CapacityWindow {
             .values()
             .map(|row| (row.id.clone(), row.owner_project.clone()))
             .collect();
-        let nodes: Vec<String> = distinct(intervals.iter().map(|i| i.node.clone()));
-        let usage = store::capacity::node_usage(conn, &nodes, from, to).await?;
         let contracts = contracts_for(conn, &intervals, what_if).await?;
-        window.figures = capacity_figures(&intervals, &owners, &usage, &contracts, (from, to), tz);
-        // `by_usage` shares are of whole ledger months, however much of them the window has.
-        let months = (
-            month_bounds(LedgerHour::holding(from, tz).month, tz).0,
-            month_bounds(
-                LedgerHour::holding(to - chrono::TimeDelta::nanoseconds(1), tz).month,
-                tz,
-            )
-            .1,
+        let plan = Plan::new(&intervals, &owners, &contracts, (from, to), tz, detail);
+        let (mut sums, mut rows, mut unmatched) = (RollupSums::default(), Vec::new(), Vec::new());
+        if let Some((first, end)) = plan.inside_days() {
+            let (one_price, several) = plan.pools_by_pricing();
+            if !one_price.is_empty() {
+                sums = store::capacity::node_day_sums(conn, &one_price, first, end, detail).await?;
+            }
+            if !several.is_empty() {
+                rows = store::capacity::node_days(conn, Some(&several), first, end).await?;
+            }
+            unmatched = store::capacity::unmatched_days(conn, plan.nodes(), first, end).await?;
+        }
+        // Node-days the rollup cannot give whole are set against every interval of their
+        // nodes, hour by hour.
+        let hourly: Vec<NodeSpan> = plan
+            .hourly()
+            .into_iter()
+            .map(|(node, from, to)| NodeSpan { node, from, to })
+            .collect();
+        let (hour_intervals, hour_usage) = match (
+            hourly.iter().map(|s| s.from).min(),
+            hourly.iter().map(|s| s.to).max(),
+        ) {
+            (Some(since), Some(until)) => {
+                let nodes = distinct(hourly.iter().map(|s| s.node.clone()));
+                let intervals =
+                    store::capacity::intervals(conn, IntervalsOf::Nodes(&nodes), since, until)
+                        .await?;
+                (
+                    intervals,
+                    store::capacity::usage_hours(conn, &hourly).await?,
+                )
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
+        window.figures = plan.finish(
+            &sums,
+            &rows,
+            &unmatched,
+            &hour_intervals,
+            &hour_usage,
+            &owners,
+            &contracts,
         );
-        let by_usage = window
+        // `by_usage` shares are of whole ledger months, however much of them the window has.
+        let by_usage: Vec<String> = window
             .pools
             .values()
-            .any(|row| row.share_idle == ShareIdle::ByUsage);
-        if by_usage && months != (from, to) {
-            let intervals = store::capacity::intervals(
-                conn,
-                IntervalsOf::Pools(Some(&pool_ids)),
-                months.0,
-                months.1,
-            )
-            .await?;
-            let nodes: Vec<String> = distinct(intervals.iter().map(|i| i.node.clone()));
-            let usage = store::capacity::node_usage(conn, &nodes, months.0, months.1).await?;
+            .filter(|row| row.share_idle == ShareIdle::ByUsage)
+            .map(|row| row.id.clone())
+            .collect();
+        if !by_usage.is_empty() {
+            let months = (
+                LedgerHour::holding(from, tz).month,
+                LedgerHour::holding(to - chrono::TimeDelta::nanoseconds(1), tz)
+                    .month
+                    .checked_add_months(chrono::Months::new(1))
+                    .expect("a month before the end of time"),
+            );
             window.figures.usage =
-                capacity_figures(&intervals, &owners, &usage, &contracts, months, tz).usage;
+                store::capacity::usage_weights(conn, &by_usage, months.0, months.1).await?;
         }
         window.contracts = contracts.into_iter().map(|c| (c.id, c)).collect();
         let mut projects: Vec<String> = window
@@ -391,7 +438,7 @@ impl CapacityWindow {
         } else {
             window
         };
-        Self::load(conn, Some(&pools), window, tz, what_if).await
+        Self::load(conn, Some(&pools), window, tz, what_if, Detail::Pools).await
     }
 
     /// A charge's idle and down cost in `currency`; `None` when no contract prices it or
@@ -400,9 +447,9 @@ impl CapacityWindow {
         charge.cost_in(currency, &self.fx)
     }
 
-    /// The price of a node-day's time: its contract's, in the contract's currency.
-    fn price_of(&self, day: &NodeDay) -> Option<(Decimal, String)> {
-        let contract = self.contracts.get(&day.contract_id?)?;
+    /// The price of time under `contract`, in the contract's currency.
+    fn price_of(&self, contract: Option<Uuid>) -> Option<(Decimal, String)> {
+        let contract = self.contracts.get(&contract?)?;
         Some((contract.price_per_gpu_hour, contract.currency.clone()))
     }
 
@@ -432,7 +479,7 @@ impl CapacityWindow {
                 gpu_model: day.gpu_model.clone(),
                 billing_mode: day.billing_mode,
                 contract_id: day.contract_id,
-                price: self.price_of(day),
+                price: self.price_of(day.contract_id),
                 idle_seconds: idle,
                 down_seconds: down,
             };
@@ -515,7 +562,7 @@ impl CapacityWindow {
         }
         let mut paid: BTreeMap<String, Decimal> = BTreeMap::new();
         for day in self.figures.days.iter().filter(|d| d.pool == pool) {
-            if let Some((_, currency)) = self.price_of(day) {
+            if let Some((_, currency)) = self.price_of(day.contract_id) {
                 *paid.entry(currency).or_default() += day.seconds.paid;
             }
         }
@@ -527,28 +574,32 @@ impl CapacityWindow {
     /// The figures of one pool.
     pub fn utilisation(&self, pool: &str, month: Month, with_nodes: bool) -> PoolUtilisation {
         let currency = self.currency_of(pool);
+        let price_in = |contract: Option<Uuid>, month: NaiveDate| {
+            self.price_of(contract).and_then(|(price, from)| {
+                let rate = self.fx.conversion(month, &from, currency.as_deref()?)?;
+                Some(price * rate)
+            })
+        };
         let mut whole = PricedSeconds::default();
-        let mut nodes: BTreeMap<&str, (NodeSummary, PricedSeconds)> = BTreeMap::new();
         let mut days: BTreeMap<NaiveDate, CapacitySeconds> = BTreeMap::new();
         for day in self.figures.days.iter().filter(|d| d.pool == pool) {
-            let price = self.price_of(day).and_then(|(price, from)| {
-                let rate = self.fx.conversion(day.month, &from, currency.as_deref()?)?;
-                Some(price * rate)
-            });
-            whole.add(&day.seconds, price);
-            let (summary, priced) = nodes.entry(&day.node).or_insert_with(|| {
+            whole.add(&day.seconds, price_in(day.contract_id, day.month));
+            days.entry(day.day).or_default().add(&day.seconds);
+        }
+        let mut nodes: BTreeMap<&str, (NodeSummary, PricedSeconds)> = BTreeMap::new();
+        for node in self.figures.nodes.iter().filter(|n| n.pool == pool) {
+            let (summary, priced) = nodes.entry(&node.node).or_insert_with(|| {
                 (
                     NodeSummary {
-                        gpu_model: day.gpu_model.clone(),
-                        gpus: day.gpus,
+                        gpu_model: node.gpu_model.clone(),
+                        gpus: node.gpus,
                     },
                     PricedSeconds::default(),
                 )
             });
-            summary.gpu_model = day.gpu_model.clone();
-            summary.gpus = day.gpus;
-            priced.add(&day.seconds, price);
-            days.entry(day.day).or_default().add(&day.seconds);
+            summary.gpu_model = node.gpu_model.clone();
+            summary.gpus = node.gpus;
+            priced.add(&node.seconds, price_in(node.contract_id, node.month));
         }
         let unmatched: Decimal = self
             .figures
@@ -854,8 +905,15 @@ pub async fn pool_utilisation(
     }
     let window = month_bounds(month.first_day(), tz);
     let pools = [id.to_owned()];
-    let capacity =
-        CapacityWindow::load(&mut tx, Some(&pools), window, tz, &WhatIf::default()).await?;
+    let capacity = CapacityWindow::load(
+        &mut tx,
+        Some(&pools),
+        window,
+        tz,
+        &WhatIf::default(),
+        Detail::Nodes,
+    )
+    .await?;
     tx.commit().await?;
     Ok(capacity.utilisation(id, month, true))
 }

@@ -119,7 +119,7 @@ pub async fn load(
         capacity::put_pool(pool, &demo_pool.id, &rule).await?;
     }
     let intervals = parse_intervals(&data.capacity, settings.clock.now())?;
-    capacity::post_capacity(pool, intervals, false).await?;
+    capacity::post_capacity(pool, intervals, false, settings.timezone).await?;
     let mut records = SourceSummary::of(&data.batch);
     for post in &data.posts {
         let batch = SourceBatch {

@@ -7,6 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::capacity::Detail;
 use crate::domain::focus::{
     self, BillingPeriod, CapacityLine, CommittedContract, ContractTerms, MonthData, ProjectAccount,
     UsageLine,
@@ -40,7 +41,15 @@ async fn month_data(
         .map(usage_line)
         .collect::<LedgerResult<Vec<_>>>()?;
     let window = period.accrual().unwrap_or((period.start, period.start));
-    let capacity = CapacityWindow::load(conn, None, window, period.tz, &WhatIf::default()).await?;
+    let capacity = CapacityWindow::load(
+        conn,
+        None,
+        window,
+        period.tz,
+        &WhatIf::default(),
+        Detail::Pools,
+    )
+    .await?;
     let capacity_lines = capacity_lines(conn, &capacity).await?;
     let mut contract_ids: Vec<Uuid> = usage
         .iter()

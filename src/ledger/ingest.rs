@@ -12,7 +12,7 @@ use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::Month;
 use crate::ledger::alerting::{self, months_between};
 use crate::ledger::instruments::{self, BatchTimer, Rating, RatingCause};
-use crate::ledger::{LedgerError, LedgerResult, rating};
+use crate::ledger::{LedgerError, LedgerResult, capacity_rollup, rating};
 use crate::store;
 
 /// A validated record and its position in what the client sent.
@@ -121,9 +121,12 @@ pub async fn store_batch(
         .collect();
     let rating = Rating::start(RatingCause::Ingest);
     // Only the records this batch inserted are rated: none has segments yet.
-    rating::rate_in_bounded_calls(&mut tx, &bounded, tz, true)
+    let touched = rating::rate_in_bounded_calls(&mut tx, &bounded, tz, true)
         .await
         .map_err(IngestError::Rating)?;
+    capacity_rollup::refresh_rated(&mut tx, touched, tz)
+        .await
+        .map_err(|error| IngestError::Rating(error.into()))?;
     rating.finished(bounded.len());
     let stored: Vec<&JobRecord> = bounded.iter().map(|(key, _)| by_key[key]).collect();
     alerting::fire_idle_gpu(&mut tx, &stored, settings.clock.now(), tz)

@@ -5,6 +5,7 @@
 
 pub mod alerting;
 pub mod capacity;
+pub mod capacity_rollup;
 pub mod commitments;
 pub mod cost;
 pub mod demo;

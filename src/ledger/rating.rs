@@ -38,10 +38,11 @@ use uuid::Uuid;
 use crate::domain::rating::{BillingMode, assign_record};
 use crate::domain::record::RecordKey;
 use crate::domain::task::{task_marks, task_status};
+use crate::ledger::capacity_rollup;
 use crate::ledger::instruments::{Rating, RatingCause};
 use crate::store;
 use crate::store::rating::{
-    AttemptRow, KindSpan, Rated, RecordColumns, ReratingJob, SegmentColumns,
+    AttemptRow, KindSpan, NodeHours, Rated, RecordColumns, ReratingJob, SegmentColumns,
 };
 use crate::store::tasks::Settlement;
 
@@ -100,9 +101,9 @@ pub async fn rate_records(
     keys: &[RecordKey],
     tz: Tz,
     fresh: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<NodeHours> {
     if keys.is_empty() {
-        return Ok(());
+        return Ok(NodeHours::default());
     }
     let mut tasks: Vec<(&str, &str)> = keys
         .iter()
@@ -223,11 +224,12 @@ pub async fn rate_in_bounded_calls(
     keys: &[(RecordKey, i64)],
     tz: Tz,
     fresh: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<NodeHours> {
+    let mut touched = NodeHours::default();
     for chunk in bounded_calls(keys, SEGMENTS_PER_CALL) {
-        rate_records(conn, &chunk, tz, fresh).await?;
+        touched.extend(rate_records(conn, &chunk, tz, fresh).await?);
     }
-    Ok(())
+    Ok(touched)
 }
 
 /// Runs re-assignment job `id` to its end, holding the job's lock so that no other replica
@@ -262,7 +264,8 @@ pub async fn run_job(pool: &PgPool, id: Uuid, tz: Tz, wait: bool) -> anyhow::Res
         for chunk in bounded_calls(&page, SEGMENTS_PER_REASSIGNMENT) {
             let mut tx = pool.begin().await?;
             hold_contract_sets(&mut tx, [kind.clone()]).await?;
-            rate_records(&mut tx, &chunk, tz, false).await?;
+            let touched = rate_records(&mut tx, &chunk, tz, false).await?;
+            capacity_rollup::refresh_rated(&mut tx, touched, tz).await?;
             if let Some(chunk_last) = chunk.last() {
                 store::rating::job_progress(&mut tx, job.id, chunk_last).await?;
             }

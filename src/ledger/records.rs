@@ -10,7 +10,7 @@ use crate::domain::record::{JobRecord, RecordKey};
 use crate::domain::values::Month;
 use crate::ledger::alerting::{self, months_between};
 use crate::ledger::instruments::{Rating, RatingCause};
-use crate::ledger::{LedgerError, LedgerResult, rating};
+use crate::ledger::{LedgerError, LedgerResult, capacity_rollup, rating};
 use crate::store;
 use crate::store::records::{RecordRow, VersionRow};
 
@@ -55,7 +55,8 @@ pub async fn correct(
     if changed {
         store::records::replace(&mut tx, &previous, &record, changed_by).await?;
         let rating = Rating::start(RatingCause::Correction);
-        rating::rate_records(&mut tx, std::slice::from_ref(&key), tz, false).await?;
+        let touched = rating::rate_records(&mut tx, std::slice::from_ref(&key), tz, false).await?;
+        capacity_rollup::refresh_rated(&mut tx, touched, tz).await?;
         rating.finished(1);
         alerting::fire_idle_gpu(&mut tx, &[&record], settings.clock.now(), tz).await?;
     }

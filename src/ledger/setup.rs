@@ -5,7 +5,7 @@ use chrono_tz::Tz;
 use sqlx::PgPool;
 
 use crate::domain::access::generate_secret;
-use crate::ledger::rating;
+use crate::ledger::{capacity_rollup, rating};
 use crate::store;
 
 /// Applies pending migrations, makes the daily and monthly rollups those of `tz`, and
@@ -14,6 +14,9 @@ use crate::store;
 pub async fn prepare(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     crate::db::migrate(pool).await?;
     let rebuilt = store::rollups::align_to_time_zone(pool, tz).await?;
+    if capacity_rollup::align_to_time_zone(pool, tz).await? {
+        tracing::info!(time_zone = tz.name(), "capacity rollup built");
+    }
     let finished = rating::finish_pending_jobs(pool, tz).await?;
     if finished > 0 {
         tracing::info!(

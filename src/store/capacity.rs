@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
 use crate::domain::capacity::{
-    CapacityInterval, JobSpan, NodeState, NodeUse, PoolSettings, ShareIdle,
+    CapacityInterval, Detail, JobSpan, NodeDayUse, NodeState, NodeUse, PoolSettings, RollupSums,
+    ShareIdle, UnmatchedDay,
 };
 use crate::domain::rating::BillingMode;
 
@@ -83,12 +84,23 @@ pub async fn pools_by_ids(conn: &mut PgConnection, ids: &[String]) -> sqlx::Resu
     .await
 }
 
-/// Takes the advisory lock of each node, in name order, until the transaction ends: whoever
-/// writes a node's intervals holds it while it checks them for overlaps.
+/// The advisory lock over the whole capacity rollup: taken shared before any node's lock,
+/// and exclusive by the rebuild of the rollup.
+const ROLLUP_LOCK: &str = "hashtextextended('capacity rollup', 0)";
+
+/// Takes the advisory lock of each node, in name order, until the transaction ends (after
+/// the rollup's lock, shared): whoever writes a node's intervals holds it while it checks
+/// them for overlaps, and whoever rewrites a node's rollup rows while it works them out. A
+/// transaction takes its node locks in one call.
 pub async fn lock_nodes(conn: &mut PgConnection, nodes: &[&str]) -> sqlx::Result<()> {
     let mut sorted: Vec<&str> = nodes.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_xact_lock_shared({ROLLUP_LOCK})"
+    ))
+    .execute(&mut *conn)
+    .await?;
     sqlx::query(
         "SELECT pg_advisory_xact_lock(hashtextextended('capacity node ' || n, 0)) \
          FROM (SELECT n FROM UNNEST($1::text[]) AS u(n) ORDER BY n) AS s",
@@ -320,15 +332,18 @@ pub async fn node_usage(
     .bind(to)
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| NodeUse {
+    Ok(rows.into_iter().map(NodeUse::from).collect())
+}
+
+impl From<UseRow> for NodeUse {
+    fn from(row: UseRow) -> Self {
+        NodeUse {
             node: row.node,
             hour: row.hour,
             project: row.project_id,
             gpu_seconds: row.gpu_seconds,
-        })
-        .collect())
+        }
+    }
 }
 
 /// The times records say jobs ran on each of `nodes` within `[from, to)`.
@@ -460,4 +475,424 @@ pub async fn pools_charging(conn: &mut PgConnection, project: &str) -> sqlx::Res
     .bind(project)
     .fetch_all(conn)
     .await
+}
+
+/// Takes the rollup's lock exclusive until the transaction ends: no node's intervals or
+/// rollup rows change meanwhile.
+pub async fn lock_rollup(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock({ROLLUP_LOCK})"))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// A node over `[from, to)`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodeSpan {
+    pub node: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+}
+
+/// What the records put on each node of `spans` in each ledger hour of its span, by
+/// project, from `capacity_usage_hourly` (the spans do not overlap).
+pub async fn usage_hours(
+    conn: &mut PgConnection,
+    spans: &[NodeSpan],
+) -> sqlx::Result<Vec<NodeUse>> {
+    if spans.is_empty() {
+        return Ok(Vec::new());
+    }
+    let nodes: Vec<&str> = spans.iter().map(|s| s.node.as_str()).collect();
+    let froms: Vec<DateTime<Utc>> = spans.iter().map(|s| s.from).collect();
+    let tos: Vec<DateTime<Utc>> = spans.iter().map(|s| s.to).collect();
+    let rows = sqlx::query_as::<_, UseRow>(
+        "SELECT u.node, u.hour, u.project_id, sum(u.gpu_seconds) AS gpu_seconds \
+         FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(node, f, t) \
+         JOIN capacity_usage_hourly u ON u.node = w.node AND u.hour >= w.f AND u.hour < w.t \
+         GROUP BY u.node, u.hour, u.project_id \
+         HAVING sum(u.gpu_seconds) <> 0",
+    )
+    .persistent(false)
+    .bind(&nodes)
+    .bind(&froms)
+    .bind(&tos)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(NodeUse::from).collect())
+}
+
+/// Replaces the rollup rows of the node-days of `spans` (each node from its first ledger
+/// day, included, to its last, excluded) with `rows` and `unmatched`, which lie within them.
+pub async fn replace_node_days(
+    conn: &mut PgConnection,
+    spans: &[(String, NaiveDate, NaiveDate)],
+    rows: &[NodeDayUse],
+    unmatched: &[UnmatchedDay],
+) -> sqlx::Result<()> {
+    let nodes: Vec<&str> = spans.iter().map(|s| s.0.as_str()).collect();
+    let firsts: Vec<NaiveDate> = spans.iter().map(|s| s.1).collect();
+    let ends: Vec<NaiveDate> = spans.iter().map(|s| s.2).collect();
+    let sums = pool_sums("changes");
+    sqlx::query(&format!(
+        "WITH changes AS ( \
+           DELETE FROM capacity_node_days d \
+           USING UNNEST($1::text[], $2::date[], $3::date[]) AS w(node, f, t) \
+           WHERE d.node = w.node AND d.day >= w.f AND d.day < w.t \
+           RETURNING -1 AS sign, d.*), \
+         {sums} \
+         SELECT 1"
+    ))
+    .bind(&nodes)
+    .bind(&firsts)
+    .bind(&ends)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "DELETE FROM capacity_unmatched_days d \
+         USING UNNEST($1::text[], $2::date[], $3::date[]) AS w(node, f, t) \
+         WHERE d.node = w.node AND d.day >= w.f AND d.day < w.t",
+    )
+    .bind(&nodes)
+    .bind(&firsts)
+    .bind(&ends)
+    .execute(&mut *conn)
+    .await?;
+    insert_node_days(conn, rows, unmatched).await
+}
+
+/// CTEs appending to the per pool and day sums and to the `by_usage` weights the node-day
+/// rows in the CTE `changes` (with `sign` -1 for rows taken out, 1 for rows stored).
+fn pool_sums(changes: &str) -> String {
+    format!(
+        "tag AS (SELECT nextval('rollup_deltas') AS delta), \
+         pool_days AS ( \
+           INSERT INTO capacity_pool_days (pool_id, day, used, overbooked, delta) \
+           SELECT pool_id, day, sum(sign * used), sum(sign * overbooked), min(tag.delta) \
+           FROM {changes} CROSS JOIN tag \
+           GROUP BY pool_id, day \
+           HAVING (sum(sign * used), sum(sign * overbooked)) <> (0, 0)), \
+         pool_weights AS ( \
+           INSERT INTO capacity_pool_weights (pool_id, month, project_id, gpu_seconds, delta) \
+           SELECT c.pool_id, date_trunc('month', c.day)::date, u.project, \
+                  sum(c.sign * u.seconds), min(tag.delta) \
+           FROM {changes} c \
+           CROSS JOIN LATERAL UNNEST(c.usage_projects, c.usage_seconds) AS u(project, seconds) \
+           CROSS JOIN tag \
+           GROUP BY c.pool_id, date_trunc('month', c.day)::date, u.project \
+           HAVING sum(c.sign * u.seconds) <> 0)"
+    )
+}
+
+/// Stores rollup rows (their node-days hold none yet).
+pub async fn insert_node_days(
+    conn: &mut PgConnection,
+    rows: &[NodeDayUse],
+    unmatched: &[UnmatchedDay],
+) -> sqlx::Result<()> {
+    if !rows.is_empty() {
+        // Each row's projects are a slice of one array: a row's `usage` starts at its offset.
+        let mut offsets = Vec::with_capacity(rows.len());
+        let mut counts = Vec::with_capacity(rows.len());
+        let mut projects: Vec<&str> = Vec::new();
+        let mut seconds: Vec<Decimal> = Vec::new();
+        for row in rows {
+            offsets.push(projects.len() as i32);
+            counts.push(row.usage.len() as i32);
+            for (project, used) in &row.usage {
+                projects.push(project);
+                seconds.push(*used);
+            }
+        }
+        let sums = pool_sums("changes");
+        sqlx::query(&format!(
+            "WITH changes AS ( \
+               INSERT INTO capacity_node_days \
+                 (node, day, pool_id, used, overbooked, usage_projects, usage_seconds) \
+               SELECT node, day, pool, used, overbooked, $8[o + 1 : o + c], $9[o + 1 : o + c] \
+               FROM UNNEST($1::text[], $2::date[], $3::text[], $4::numeric[], $5::numeric[], \
+                           $6::int[], $7::int[]) AS u(node, day, pool, used, overbooked, o, c) \
+               RETURNING 1 AS sign, *), \
+             {sums} \
+             SELECT 1"
+        ))
+        .bind(rows.iter().map(|r| r.node.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.day).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.pool.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.used).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.overbooked).collect::<Vec<_>>())
+        .bind(&offsets)
+        .bind(&counts)
+        .bind(&projects)
+        .bind(&seconds)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !unmatched.is_empty() {
+        sqlx::query(
+            "INSERT INTO capacity_unmatched_days (node, day, gpu_seconds) \
+             SELECT * FROM UNNEST($1::text[], $2::date[], $3::numeric[])",
+        )
+        .bind(
+            unmatched
+                .iter()
+                .map(|u| u.node.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(unmatched.iter().map(|u| u.day).collect::<Vec<_>>())
+        .bind(unmatched.iter().map(|u| u.gpu_seconds).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct NodeDayRow {
+    node: String,
+    day: NaiveDate,
+    pool_id: String,
+    used: Decimal,
+    overbooked: Decimal,
+}
+
+/// The rollup rows of `pools` (every pool when `None`) on the ledger days `[first, end)`,
+/// without their usage weights.
+pub async fn node_days(
+    conn: &mut PgConnection,
+    pools: Option<&[String]>,
+    first: NaiveDate,
+    end: NaiveDate,
+) -> sqlx::Result<Vec<NodeDayUse>> {
+    let rows = sqlx::query_as::<_, NodeDayRow>(
+        "SELECT node, day, pool_id, used, overbooked FROM capacity_node_days \
+         WHERE day >= $2 AND day < $3 AND ($1::text[] IS NULL OR pool_id = ANY($1))",
+    )
+    .bind(pools)
+    .bind(first)
+    .bind(end)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| NodeDayUse {
+            node: row.node,
+            day: row.day,
+            pool: row.pool_id,
+            used: row.used,
+            overbooked: row.overbooked,
+            usage: BTreeMap::new(),
+        })
+        .collect())
+}
+
+/// The rollup's used and overbooked time of `pools` on the ledger days `[first, end)`,
+/// summed per pool and day (kept so), and with [`Detail::Nodes`] per pool, node and month.
+pub async fn node_day_sums(
+    conn: &mut PgConnection,
+    pools: &[String],
+    first: NaiveDate,
+    end: NaiveDate,
+    detail: Detail,
+) -> sqlx::Result<RollupSums> {
+    let by_day: Vec<(String, NaiveDate, Decimal, Decimal)> = sqlx::query_as(
+        "SELECT pool_id, day, sum(used), sum(overbooked) FROM capacity_pool_days \
+         WHERE pool_id = ANY($1) AND day >= $2 AND day < $3 GROUP BY pool_id, day",
+    )
+    .bind(pools)
+    .bind(first)
+    .bind(end)
+    .fetch_all(&mut *conn)
+    .await?;
+    let by_node: Vec<(String, String, NaiveDate, Decimal, Decimal)> = match detail {
+        Detail::Pools => Vec::new(),
+        Detail::Nodes => {
+            sqlx::query_as(
+                "SELECT pool_id, node, date_trunc('month', day)::date, sum(used), \
+                        sum(overbooked) \
+                 FROM capacity_node_days WHERE pool_id = ANY($1) AND day >= $2 AND day < $3 \
+                 GROUP BY 1, 2, 3",
+            )
+            .bind(pools)
+            .bind(first)
+            .bind(end)
+            .fetch_all(conn)
+            .await?
+        }
+    };
+    Ok(RollupSums { by_day, by_node })
+}
+
+/// What records put on `nodes` in hours no interval covers, by node-day, on `[first, end)`.
+pub async fn unmatched_days(
+    conn: &mut PgConnection,
+    nodes: &[String],
+    first: NaiveDate,
+    end: NaiveDate,
+) -> sqlx::Result<Vec<UnmatchedDay>> {
+    let rows: Vec<(String, NaiveDate, Decimal)> = sqlx::query_as(
+        "SELECT node, day, gpu_seconds FROM capacity_unmatched_days \
+         WHERE day >= $2 AND day < $3 AND node = ANY($1)",
+    )
+    .bind(nodes)
+    .bind(first)
+    .bind(end)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(node, day, gpu_seconds)| UnmatchedDay {
+            node,
+            day,
+            gpu_seconds,
+        })
+        .collect())
+}
+
+/// The `by_usage` weights of `pools` in the ledger months of `[first, end)`: what each
+/// project put on their nodes in the hours their capacity is known, (pool, month) →
+/// project → GPU-seconds.
+pub async fn usage_weights(
+    conn: &mut PgConnection,
+    pools: &[String],
+    first: NaiveDate,
+    end: NaiveDate,
+) -> sqlx::Result<BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>>> {
+    let rows: Vec<(String, NaiveDate, String, Decimal)> = sqlx::query_as(
+        "SELECT pool_id, month, project_id, sum(gpu_seconds) FROM capacity_pool_weights \
+         WHERE pool_id = ANY($1) AND month >= $2 AND month < $3 \
+         GROUP BY pool_id, month, project_id HAVING sum(gpu_seconds) <> 0",
+    )
+    .bind(pools)
+    .bind(first)
+    .bind(end)
+    .fetch_all(conn)
+    .await?;
+    let mut weights: BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>> = BTreeMap::new();
+    for (pool, month, project, seconds) in rows {
+        weights
+            .entry((pool, month))
+            .or_default()
+            .insert(project, seconds);
+    }
+    Ok(weights)
+}
+
+/// Every node with usage, and the first and last hour of it.
+pub async fn nodes_with_usage(
+    conn: &mut PgConnection,
+) -> sqlx::Result<Vec<(String, DateTime<Utc>, DateTime<Utc>)>> {
+    sqlx::query_as(
+        "SELECT node, min(hour), max(hour) FROM capacity_usage_hourly GROUP BY node ORDER BY node",
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Removes every rollup row, for a rebuild.
+pub async fn clear_node_days(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM capacity_node_days")
+        .execute(&mut *conn)
+        .await?;
+    for table in [
+        "capacity_unmatched_days",
+        "capacity_pool_days",
+        "capacity_pool_weights",
+    ] {
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The capacity tables rating and rollup rewrites append delta rows to: table, key and
+/// summed columns.
+const DELTA_TABLES: [(&str, &[&str], &[&str]); 3] = [
+    (
+        "capacity_usage_hourly",
+        &["project_id", "node", "hour"],
+        &["gpu_seconds"],
+    ),
+    (
+        "capacity_pool_days",
+        &["pool_id", "day"],
+        &["used", "overbooked"],
+    ),
+    (
+        "capacity_pool_weights",
+        &["pool_id", "month", "project_id"],
+        &["gpu_seconds"],
+    ),
+];
+
+/// The capacity tables with delta rows.
+pub fn delta_tables() -> impl Iterator<Item = &'static str> {
+    DELTA_TABLES.iter().map(|(table, ..)| *table)
+}
+
+/// Folds the delta rows of the capacity tables into their rows with `delta = 0` and removes
+/// those left at zero; returns how many delta rows it folded.
+pub async fn compact(conn: &mut PgConnection) -> sqlx::Result<i64> {
+    let mut folded = 0;
+    for (table, key, sums) in DELTA_TABLES {
+        let key = key.join(", ");
+        let summed = sums
+            .iter()
+            .map(|c| format!("sum({c}) AS {c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let columns = sums.join(", ");
+        let added = sums
+            .iter()
+            .map(|c| format!("{c} = t.{c} + EXCLUDED.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let zero = sums
+            .iter()
+            .map(|c| format!("{c} = 0"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let object = key
+            .split(", ")
+            .map(|c| format!("'{c}', {c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let matched = key
+            .split(", ")
+            .map(|c| format!("t.{c} = z.{c}"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        // The rows left at zero, by key, as JSON objects read back with the table's types.
+        let (moved, emptied): (i64, serde_json::Value) = sqlx::query_as(&format!(
+            "WITH moved AS (DELETE FROM {table} WHERE delta <> 0 RETURNING *), \
+             merged AS (SELECT {key}, {summed} FROM moved GROUP BY {key}), \
+             upserted AS ( \
+               INSERT INTO {table} AS t ({key}, {columns}, delta) \
+               SELECT {key}, {columns}, 0 FROM merged ORDER BY {key} \
+               ON CONFLICT ({key}, delta) DO UPDATE SET {added} \
+               RETURNING t.*) \
+             SELECT (SELECT count(*) FROM moved), \
+                    (SELECT coalesce(jsonb_agg(jsonb_build_object({object})), '[]') \
+                     FROM upserted WHERE {zero})"
+        ))
+        .fetch_one(&mut *conn)
+        .await?;
+        if emptied.as_array().is_some_and(|rows| !rows.is_empty()) {
+            sqlx::query(&format!(
+                "DELETE FROM {table} t USING jsonb_populate_recordset(NULL::{table}, $1) z \
+                 WHERE {matched} AND t.delta = 0 AND {zero}",
+                zero = sums
+                    .iter()
+                    .map(|c| format!("t.{c} = 0"))
+                    .collect::<Vec<_>>()
+                    .join(" AND "),
+            ))
+            .bind(&emptied)
+            .execute(&mut *conn)
+            .await?;
+        }
+        folded += moved;
+    }
+    Ok(folded)
 }

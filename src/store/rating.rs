@@ -48,6 +48,8 @@ pub struct AttemptRow {
     pub output_unit: Option<String>,
     #[sqlx(flatten)]
     pub telemetry: TelemetryRow,
+    /// The nodes the record ran on, sorted; `None` when it named none.
+    pub nodes: Option<Vec<String>>,
     pub currency: String,
 }
 
@@ -149,7 +151,7 @@ const RECORDS: &str = "r.project_id, r.task_id, r.attempt, r.gpu_model, r.billin
      r.provider, r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
      r.gpu_seconds_busy, r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, \
      r.gpu_util, r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
-     r.memory_total_gib, r.mig_profile, \
+     r.memory_total_gib, r.mig_profile, r.nodes, \
      (SELECT p.currency FROM projects p WHERE p.id = r.project_id) AS currency \
      FROM job_records r";
 
@@ -326,6 +328,8 @@ pub struct RecordColumns {
     completes_task: Vec<bool>,
     fails_task: Vec<bool>,
     queue_wait_seconds: Vec<Option<Decimal>>,
+    /// Each record's nodes as a JSON array, or null when it named none.
+    nodes: Vec<Option<String>>,
 }
 
 impl RecordColumns {
@@ -351,6 +355,12 @@ impl RecordColumns {
                     .queued_at
                     .map(|queued| duration_seconds(queued, attempt.started_at)),
             );
+            self.nodes.push(
+                attempt
+                    .nodes
+                    .as_ref()
+                    .map(|nodes| serde_json::to_string(nodes).expect("node names serialise")),
+            );
         }
     }
 
@@ -370,10 +380,17 @@ impl RecordColumns {
             binder.bind(&self.completes_task) + "::bool[]",
             binder.bind(&self.fails_task) + "::bool[]",
             binder.bind(&self.queue_wait_seconds) + "::numeric[]",
+            binder.bind(&self.nodes) + "::text[]",
         ];
         format!(
-            "UNNEST({}) AS r(project_id, task_id, attempt, end_hour, gpu_model, billing_mode, \
-             outcome, retries, failures, completes_task, fails_task, queue_wait_seconds)",
+            "(SELECT project_id, task_id, attempt, end_hour, gpu_model, billing_mode, outcome, \
+                     retries, failures, completes_task, fails_task, queue_wait_seconds, \
+                     CASE WHEN nodes IS NULL THEN NULL \
+                          ELSE ARRAY(SELECT jsonb_array_elements_text(nodes::jsonb)) END \
+                         AS nodes \
+              FROM UNNEST({}) AS u(project_id, task_id, attempt, end_hour, gpu_model, \
+                   billing_mode, outcome, retries, failures, completes_task, fails_task, \
+                   queue_wait_seconds, nodes)) AS r",
             columns.join(", ")
         )
     }
@@ -431,6 +448,46 @@ fn util_diff(changes: &str) -> String {
     )
 }
 
+/// A CTE `node_usage` appending to `capacity_usage_hourly` what the segment changes in
+/// `changes` put on the nodes their records were rated with (`nodes` of the record changes
+/// in `record_changes`: the old row for a segment taken out, the new one for a segment
+/// stored), each segment's card-seconds spread evenly over its record's nodes, tagged with
+/// the delta number in the CTE `tag`; it returns the node-hours whose usage changed.
+fn node_usage_diff(changes: &str, record_changes: &str) -> String {
+    let share = "round(c.card_seconds / cardinality(r.nodes), 20)";
+    format!(
+        "node_usage AS ( \
+           INSERT INTO capacity_usage_hourly (project_id, node, hour, gpu_seconds, delta) \
+           SELECT c.project_id, n.node, c.hour, sum({share}), min(tag.delta) \
+           FROM {changes} c \
+           JOIN {record_changes} r \
+             ON r.sign = c.sign \
+            AND (r.project_id, r.task_id, r.attempt) = (c.project_id, c.task_id, c.attempt) \
+           CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
+           CROSS JOIN tag \
+           WHERE r.nodes IS NOT NULL \
+           GROUP BY c.project_id, n.node, c.hour \
+           HAVING sum({share}) <> 0 \
+           RETURNING node, hour)"
+    )
+}
+
+/// The node-hours whose usage a rating call changed: their capacity rollup is refreshed
+/// before the transaction commits.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[must_use = "the capacity rollup of the node-hours a rating changed must be refreshed"]
+pub struct NodeHours(pub Vec<(String, DateTime<Utc>)>);
+
+impl NodeHours {
+    pub fn extend(&mut self, other: NodeHours) {
+        self.0.extend(other.0);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// What one rating call stores: the new segments of the records it rated, the per-record
 /// figures of every attempt of their tasks, and the tasks' status.
 pub struct Rated<'a> {
@@ -453,7 +510,11 @@ pub struct Rated<'a> {
 /// rollups as new delta rows (see [`crate::store::rollups`]) and added to the tasks' rows,
 /// and the tasks settled. Set-based: a fixed number of statements, whatever the number of
 /// keys. The caller holds the rows of the tasks.
-pub async fn store_rated(conn: &mut PgConnection, rated: Rated<'_>, tz: Tz) -> anyhow::Result<()> {
+pub async fn store_rated(
+    conn: &mut PgConnection,
+    rated: Rated<'_>,
+    tz: Tz,
+) -> anyhow::Result<NodeHours> {
     let Rated {
         keys,
         tasks,
@@ -515,6 +576,7 @@ pub async fn store_rated(conn: &mut PgConnection, rated: Rated<'_>, tz: Tz) -> a
          record_changes AS ( \
            SELECT -1 AS sign, * FROM old_records \
            UNION ALL SELECT 1, * FROM {new_records}), \
+         {node_usage}, \
          record_diff AS ( \
            SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
                   sum(sign) AS records, sum(sign * retries) AS retries, \
@@ -524,7 +586,9 @@ pub async fn store_rated(conn: &mut PgConnection, rated: Rated<'_>, tz: Tz) -> a
            FROM record_changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
          {record_levels}, \
          {tasks} \
-         SELECT {emptied}",
+         SELECT {emptied}, ARRAY(SELECT node FROM node_usage ORDER BY node, hour), \
+                ARRAY(SELECT hour FROM node_usage ORDER BY node, hour)",
+        node_usage = node_usage_diff("changes", "record_changes"),
         cost_diff = cost_diff("changes"),
         cost_levels = append_diff(Family::Cost, "diff", &zone),
         util_diff = util_diff("changes"),
@@ -533,12 +597,13 @@ pub async fn store_rated(conn: &mut PgConnection, rated: Rated<'_>, tz: Tz) -> a
         tasks = task_ledger::add_changes(&zone, "changes", "record_changes"),
         emptied = task_ledger::emptied_rows(),
     );
-    let emptied = binder
-        .query_as::<(Vec<String>,)>(&sql)?
+    let (emptied, nodes, hours) = binder
+        .query_as::<(Vec<String>, Vec<String>, Vec<DateTime<Utc>>)>(&sql)?
         .fetch_one(&mut *conn)
         .await
         .context("updating the rollups and the tasks")?;
-    settlement.emptied(emptied);
+    settlement.emptied((emptied,));
+    let touched = NodeHours(nodes.into_iter().zip(hours).collect());
 
     if !fresh {
         let mut binder = Binder::new();
@@ -565,7 +630,7 @@ pub async fn store_rated(conn: &mut PgConnection, rated: Rated<'_>, tz: Tz) -> a
         .fetch_one(&mut *conn)
         .await
         .context("storing per-record figures and settling the tasks")?;
-    Ok(())
+    Ok(touched)
 }
 
 /// The records a change of which contract prices which hours re-assigns: those of a model

@@ -334,6 +334,7 @@ fn rollups() -> Vec<Rollup> {
 fn delta_tables() -> Vec<String> {
     let mut tables: Vec<String> = rollups().into_iter().map(|rollup| rollup.table).collect();
     tables.push("contract_usage_hourly".to_owned());
+    tables.extend(crate::store::capacity::delta_tables().map(str::to_owned));
     tables
 }
 
@@ -484,6 +485,9 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
         .context("compacting contract_usage_hourly")?;
     done.delta_rows += moved;
     done.emptied_rows += usize::try_from(emptied)?;
+    done.delta_rows += crate::store::capacity::compact(&mut tx)
+        .await
+        .context("compacting the capacity rollups")?;
     tx.commit().await?;
     Ok(Some(done))
 }

@@ -4,6 +4,7 @@ mod alerts;
 mod browser;
 mod burn;
 mod capacity;
+mod capacity_rollup;
 mod commitments;
 mod common;
 mod contracts;

@@ -200,7 +200,10 @@ async fn rate_everything_again(app: &TestApp) {
     )
     .await
     .unwrap();
-    rating::rate_in_bounded_calls(&mut tx, &keys, chrono_tz::UTC, false)
+    let touched = rating::rate_in_bounded_calls(&mut tx, &keys, chrono_tz::UTC, false)
+        .await
+        .unwrap();
+    taskledger::ledger::capacity_rollup::refresh_rated(&mut tx, touched, chrono_tz::UTC)
         .await
         .unwrap();
     tx.commit().await.unwrap();

@@ -10,6 +10,7 @@ use sqlx::PgConnection;
 use super::model::{Amounts, CommitmentLine, ProjectLine, SharedContract, SharedLine};
 use crate::config::Settings;
 use crate::domain::burn::burn;
+use crate::domain::capacity::Detail;
 use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
@@ -156,7 +157,15 @@ async fn month_capacity(
     what_if: &WhatIf,
 ) -> LedgerResult<CapacityWindow> {
     let (from, to) = month_bounds(month.first_day(), tz);
-    CapacityWindow::load(conn, None, (from, to.min(as_of)), tz, what_if).await
+    CapacityWindow::load(
+        conn,
+        None,
+        (from, to.min(as_of)),
+        tz,
+        what_if,
+        Detail::Pools,
+    )
+    .await
 }
 
 /// Unused commitment of unscoped reserved contracts, in each contract's currency: it belongs
