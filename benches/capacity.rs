@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use taskledger::config::{Clock, Settings};
 use taskledger::db::embedded::EmbeddedOptions;
 use taskledger::domain::access::Role;
-use taskledger::domain::capacity::Detail;
+use taskledger::domain::capacity_plan::Detail;
 use taskledger::domain::what_if::WhatIf;
 use taskledger::http::state::AppState;
 use taskledger::ledger::capacity::CapacityWindow;

@@ -14,9 +14,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-mod plan;
-pub use plan::{Detail, NodeMonth, Plan, PoolDay, RollupSums, WindowFigures};
-
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
@@ -565,7 +562,7 @@ struct Piece<'a> {
     seconds: Decimal,
 }
 
-type DayKey = (String, String, NaiveDate, Option<Uuid>);
+pub(crate) type DayKey = (String, String, NaiveDate, Option<Uuid>);
 
 /// The capacity figures of `[from, to)`: `intervals` (of any pools, in any order) cut at
 /// every ledger day and at every boundary of a contract among `contracts` that could price
@@ -626,10 +623,10 @@ pub fn capacity_figures(
 }
 
 /// One node's usage by ledger hour.
-type HourUses<'a> = BTreeMap<DateTime<Utc>, Vec<&'a NodeUse>>;
+pub(crate) type HourUses<'a> = BTreeMap<DateTime<Utc>, Vec<&'a NodeUse>>;
 
 /// `intervals` overlapping `[from, to)`, by node, each node's sorted by start.
-fn by_node(
+pub(crate) fn by_node(
     intervals: &[CapacityInterval],
     (from, to): (DateTime<Utc>, DateTime<Utc>),
 ) -> BTreeMap<&str, Vec<&CapacityInterval>> {
@@ -675,7 +672,7 @@ fn finished(days: BTreeMap<DayKey, NodeDay>) -> Vec<NodeDay> {
 
 /// Sets each hour of one node's `uses` against the pieces of its intervals in that hour
 /// (see [`settle_hour`]); returns the GPU-seconds of the hours no interval covers.
-fn settle_node(
+pub(crate) fn settle_node(
     node_intervals: &[&CapacityInterval],
     uses: &HourUses<'_>,
     owners: &HashMap<String, Option<String>>,
@@ -875,7 +872,7 @@ fn pieces_of<'a>(
 /// The stretches of `interval` within `[from, to)` each priced by one contract among
 /// `contracts` (or by none), as a record of its model, billing mode, provider, region and
 /// its pool owner's project would be.
-fn priced_spans(
+pub(crate) fn priced_spans(
     interval: &CapacityInterval,
     owners: &HashMap<String, Option<String>>,
     contracts: &[Contract],

@@ -3,6 +3,7 @@
 pub mod access;
 pub mod burn;
 pub mod capacity;
+pub mod capacity_plan;
 pub mod commitment;
 pub mod csv_cell;
 pub mod demo;

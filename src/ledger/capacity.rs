@@ -20,9 +20,9 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::domain::capacity::{
-    CapacityInterval, CapacitySeconds, Detail, Plan, PoolSettings, RollupSums, ShareIdle,
-    WindowFigures, allocate, contracts_pricing,
+    CapacityInterval, CapacitySeconds, PoolSettings, ShareIdle, allocate, contracts_pricing,
 };
+use crate::domain::capacity_plan::{Detail, Plan, RollupSums, WindowFigures};
 use crate::domain::figures::{FigureSums, Grouping, SUM_SCALE};
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, month_bounds};
 use crate::domain::rating::{BillingMode, Contract, FxRates};

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::capacity::Detail;
+use crate::domain::capacity_plan::Detail;
 use crate::domain::focus::{
     self, BillingPeriod, CapacityLine, CommittedContract, ContractTerms, MonthData, ProjectAccount,
     UsageLine,

@@ -7,9 +7,10 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
 use crate::domain::capacity::{
-    CapacityInterval, Detail, JobSpan, NodeDayUse, NodeState, NodeUse, PoolSettings, RollupSums,
-    ShareIdle, UnmatchedDay,
+    CapacityInterval, JobSpan, NodeDayUse, NodeState, NodeUse, PoolSettings, ShareIdle,
+    UnmatchedDay,
 };
+use crate::domain::capacity_plan::{Detail, RollupSums};
 use crate::domain::rating::BillingMode;
 
 /// The foreign key from a pool to its owner project.

@@ -12,9 +12,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use taskledger::config::{Clock, Settings};
-use taskledger::domain::capacity::{
-    CapacitySeconds, Detail, NodeDay, ShareIdle, WindowFigures, capacity_figures,
-};
+use taskledger::domain::capacity::{CapacitySeconds, NodeDay, ShareIdle, capacity_figures};
+use taskledger::domain::capacity_plan::{Detail, WindowFigures};
 use taskledger::domain::ledger_time::{first_of_month, month_bounds};
 use taskledger::domain::what_if::WhatIf;
 use taskledger::ledger::capacity::CapacityWindow;
@@ -282,30 +281,34 @@ async fn from_scratch(
         ..WindowFigures::default()
     };
     for ((pool, day, contract_id, gpu_model), seconds) in days {
-        scratch.days.push(taskledger::domain::capacity::PoolDay {
-            pool,
-            day,
-            month: first_of_month(day),
-            contract_id,
-            billing_mode: if gpu_model == "H100" {
-                taskledger::domain::rating::BillingMode::OnDemand
-            } else {
-                taskledger::domain::rating::BillingMode::Spot
-            },
-            gpu_model,
-            seconds,
-        });
+        scratch
+            .days
+            .push(taskledger::domain::capacity_plan::PoolDay {
+                pool,
+                day,
+                month: first_of_month(day),
+                contract_id,
+                billing_mode: if gpu_model == "H100" {
+                    taskledger::domain::rating::BillingMode::OnDemand
+                } else {
+                    taskledger::domain::rating::BillingMode::Spot
+                },
+                gpu_model,
+                seconds,
+            });
     }
     for ((pool, node, month, contract_id), seconds) in node_months {
-        scratch.nodes.push(taskledger::domain::capacity::NodeMonth {
-            pool,
-            node,
-            month,
-            contract_id,
-            gpu_model: String::new(),
-            gpus: 0,
-            seconds,
-        });
+        scratch
+            .nodes
+            .push(taskledger::domain::capacity_plan::NodeMonth {
+                pool,
+                node,
+                month,
+                contract_id,
+                gpu_model: String::new(),
+                gpus: 0,
+                seconds,
+            });
     }
     (scratch, weights)
 }
@@ -427,4 +430,223 @@ async fn the_rollup_read_equals_the_figures_worked_out_from_scratch() {
     );
     assert_read_matches_scratch(&app, november, true).await;
     assert_read_matches_scratch(&app, october, true).await;
+}
+
+type NodeDayRow = (
+    String,
+    NaiveDate,
+    String,
+    Decimal,
+    Decimal,
+    Vec<String>,
+    Vec<Decimal>,
+);
+
+/// Every rollup row as stored, and the sums kept from them.
+async fn rollup_rows(
+    conn: &mut sqlx::PgConnection,
+) -> (Vec<NodeDayRow>, Vec<(String, NaiveDate, Decimal)>) {
+    let days = sqlx::query_as(
+        "SELECT node, day, pool_id, used, overbooked, usage_projects, usage_seconds \
+         FROM capacity_node_days ORDER BY node, day, pool_id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let unmatched = sqlx::query_as(
+        "SELECT node, day, gpu_seconds FROM capacity_unmatched_days ORDER BY node, day",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    (days, unmatched)
+}
+
+async fn query_rows<T>(app: &TestApp, sql: &str) -> Vec<T>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    sqlx::query_as(sql).fetch_all(&app.pool).await.unwrap()
+}
+
+/// Writers race on the same nodes: record batches, corrections that move records between
+/// nodes, capacity posts and replacements, price changes and compaction. Afterwards every
+/// level of the rollup is what working it out again from the stored intervals and segments
+/// gives, and so is the read.
+#[tokio::test]
+async fn racing_writers_leave_the_rollup_a_rebuild_from_scratch_makes() {
+    let app = std::sync::Arc::new(TestApp::spawn_with(settings("2026-11-25T00:00:00Z")).await);
+    fleet(&app).await;
+    records(&app, 3, "s", 120).await;
+    let mut writers = Vec::new();
+    for writer in 0..4u64 {
+        let app = app.clone();
+        writers.push(tokio::spawn(async move {
+            records(&app, 100 + writer, &format!("w{writer}-"), 120).await;
+        }));
+    }
+    {
+        // Corrections move the first records to other nodes and hours.
+        let app = app.clone();
+        writers.push(tokio::spawn(async move {
+            let mut lcg = Lcg(5);
+            for i in 0..60 {
+                let from = minutes(at("2026-11-02T00:00:00Z"), lcg.below(17 * 24 * 60));
+                let body = record(
+                    &format!("s{i}"),
+                    &from.to_rfc3339(),
+                    &minutes(from, 10 + lcg.below(300)).to_rfc3339(),
+                )
+                .gpu_count(1 + lcg.below(8))
+                .with(
+                    "nodes",
+                    json!([["a"], ["b"], ["c"], ["a", "c"]])[lcg.below(4) as usize].clone(),
+                )
+                .correction();
+                let project: String =
+                    sqlx::query_scalar("SELECT project_id FROM job_records WHERE task_id = $1")
+                        .bind(format!("s{i}"))
+                        .fetch_one(&app.pool)
+                        .await
+                        .unwrap();
+                let response = app
+                    .put(
+                        &format!("/v1/projects/{project}/job-records/s{i}/1"),
+                        &app.admin,
+                        body,
+                    )
+                    .await;
+                assert!(response.status.is_success(), "{}", response.text());
+            }
+        }));
+    }
+    {
+        // Capacity grows hour by hour past 20 November, and c's interval is replaced with
+        // fewer GPUs, while records land on those hours.
+        let app = app.clone();
+        writers.push(tokio::spawn(async move {
+            for hour in 0..12 {
+                let from = at("2026-11-20T00:00:00Z") + TimeDelta::minutes(30 * hour);
+                let until = from + TimeDelta::minutes(30);
+                post_capacity(
+                    &app,
+                    json!([
+                        interval(
+                            "a",
+                            "train",
+                            "H100",
+                            &from.to_rfc3339(),
+                            &until.to_rfc3339(),
+                            "up"
+                        ),
+                        interval(
+                            "b",
+                            "kept",
+                            "H100",
+                            &from.to_rfc3339(),
+                            &until.to_rfc3339(),
+                            "up"
+                        ),
+                    ]),
+                )
+                .await;
+                if hour == 5 {
+                    let mut replaced = interval(
+                        "c",
+                        "kept",
+                        "A100",
+                        "2026-11-08T00:00:00Z",
+                        "2026-11-18T00:00:00Z",
+                        "up",
+                    );
+                    replaced["gpus"] = json!(2);
+                    let response = app.put("/v1/capacity", &app.admin, json!([replaced])).await;
+                    assert!(response.status.is_success(), "{}", response.text());
+                }
+            }
+        }));
+    }
+    {
+        let app = app.clone();
+        writers.push(tokio::spawn(async move {
+            let contracts = app.get("/v1/contracts", &app.admin).await.json();
+            let id = contracts["items"][0]["id"].as_str().unwrap().to_owned();
+            for price in ["2.10", "2.20", "2.30", "2.40"] {
+                let response = app
+                    .patch(
+                        &format!("/v1/contracts/{id}"),
+                        &app.admin,
+                        json!({"price_per_gpu_hour": price}),
+                    )
+                    .await;
+                assert!(response.status.is_success(), "{}", response.text());
+                store::rollups::compact(&app.pool).await.unwrap();
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    // The hourly level equals the rated segments spread over their records' nodes.
+    let hourly: Vec<(String, String, DateTime<Utc>, Decimal)> = query_rows(
+        &app,
+        "SELECT project_id, node, hour, sum(gpu_seconds) FROM capacity_usage_hourly \
+         GROUP BY 1, 2, 3 HAVING sum(gpu_seconds) <> 0 ORDER BY 1, 2, 3",
+    )
+    .await;
+    let scratch: Vec<(String, String, DateTime<Utc>, Decimal)> = query_rows(
+        &app,
+        "SELECT s.project_id, n.node, s.hour, sum(round(s.card_seconds / cardinality(r.nodes), 20)) \
+         FROM job_records r CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
+         JOIN rated_segments s \
+           ON (s.project_id, s.task_id, s.attempt) = (r.project_id, r.task_id, r.attempt) \
+         WHERE r.nodes IS NOT NULL \
+         GROUP BY 1, 2, 3 HAVING sum(round(s.card_seconds / cardinality(r.nodes), 20)) <> 0 \
+         ORDER BY 1, 2, 3",
+    )
+    .await;
+    assert!(hourly.len() > 1000, "{} node-hours", hourly.len());
+    assert_eq!(hourly, scratch, "the hourly level");
+    // The sums kept from the node-day rows equal the rows summed.
+    let pool_days: Vec<(String, NaiveDate, Decimal, Decimal)> = query_rows(
+        &app,
+        "SELECT pool_id, day, sum(used), sum(overbooked) FROM capacity_pool_days \
+         GROUP BY 1, 2 HAVING (sum(used), sum(overbooked)) <> (0, 0) ORDER BY 1, 2",
+    )
+    .await;
+    let summed: Vec<(String, NaiveDate, Decimal, Decimal)> = query_rows(
+        &app,
+        "SELECT pool_id, day, sum(used), sum(overbooked) FROM capacity_node_days \
+         GROUP BY 1, 2 HAVING (sum(used), sum(overbooked)) <> (0, 0) ORDER BY 1, 2",
+    )
+    .await;
+    assert_eq!(pool_days, summed, "per pool and day");
+    let weights: Vec<(String, NaiveDate, String, Decimal)> = query_rows(
+        &app,
+        "SELECT pool_id, month, project_id, sum(gpu_seconds) FROM capacity_pool_weights \
+         GROUP BY 1, 2, 3 HAVING sum(gpu_seconds) <> 0 ORDER BY 1, 2, 3",
+    )
+    .await;
+    let summed: Vec<(String, NaiveDate, String, Decimal)> = query_rows(
+        &app,
+        "SELECT d.pool_id, date_trunc('month', d.day)::date, u.project, sum(u.seconds) \
+         FROM capacity_node_days d, unnest(d.usage_projects, d.usage_seconds) AS u(project, seconds) \
+         GROUP BY 1, 2, 3 HAVING sum(u.seconds) <> 0 ORDER BY 1, 2, 3",
+    )
+    .await;
+    assert_eq!(weights, summed, "by_usage weights");
+    // The node-day rows equal those a rebuild from the intervals and the hourly level makes.
+    let mut tx = app.pool.begin().await.unwrap();
+    let stored = rollup_rows(&mut tx).await;
+    store::capacity::lock_rollup(&mut tx).await.unwrap();
+    taskledger::ledger::capacity_rollup::rebuild(&mut tx, BERLIN)
+        .await
+        .unwrap();
+    let rebuilt = rollup_rows(&mut tx).await;
+    tx.rollback().await.unwrap();
+    assert!(stored.0.len() > 50, "{} node-day rows", stored.0.len());
+    assert_eq!(stored, rebuilt, "the node-day rows");
+    let november = month_bounds(NaiveDate::from_ymd_opt(2026, 11, 1).unwrap(), BERLIN);
+    assert_read_matches_scratch(&app, november, true).await;
 }

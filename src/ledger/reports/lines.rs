@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 use super::model::{Amounts, CommitmentLine, ProjectLine, SharedContract, SharedLine};
 use crate::config::Settings;
 use crate::domain::burn::burn;
-use crate::domain::capacity::Detail;
+use crate::domain::capacity_plan::Detail;
 use crate::domain::figures::Figures;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;

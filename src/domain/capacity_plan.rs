@@ -7,7 +7,7 @@
 //! by the database per day (and per node). A pool priced by several takes it per node-day,
 //! each from the contract pricing the node-day, except where that contract changes within
 //! the day: such node-days, and the days the window cuts, are settled hour by hour from the
-//! hourly usage, as [`super::capacity_figures`] settles every hour. The figures are the
+//! hourly usage, as [`crate::domain::capacity::capacity_figures`] settles every hour. The figures are the
 //! same either way.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -17,8 +17,8 @@ use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use super::{
-    CapacityInterval, CapacitySeconds, HourUses, NodeDay, NodeDayUse, NodeState, NodeUse,
+use crate::domain::capacity::{
+    CapacityInterval, CapacitySeconds, DayKey, HourUses, NodeDay, NodeDayUse, NodeState, NodeUse,
     UnmatchedDay, by_node, day_bounds, priced_spans, settle_node,
 };
 use crate::domain::ledger_time::first_of_month;
@@ -509,7 +509,7 @@ impl Plan {
                     continue;
                 };
                 let node_intervals = all.get(node).cloned().unwrap_or_default();
-                let mut settled: BTreeMap<super::DayKey, NodeDay> = BTreeMap::new();
+                let mut settled: BTreeMap<DayKey, NodeDay> = BTreeMap::new();
                 let outside = settle_node(
                     &node_intervals,
                     uses,
