@@ -1,12 +1,14 @@
 //! How long a month of capacity takes to read: 1,000 nodes of 8 GPUs, each known for every
 //! hour of November 2026 (up, with six hours down mid-month), in four pools of 250 nodes
 //! with each idle rule, and jobs that keep the nodes about half busy: 240 records a node,
-//! each naming its node, rated into hourly segments.
+//! each naming its node, rated into hourly segments; the capacity rollup is built from them
+//! as the service builds it at its first start.
 //!
 //! Measured, alternating: the whole fleet's month as the monthly report reads it (every
 //! pool's paid, used, idle and down time, priced and charged), one pool's utilisation node by
 //! node through the router, an owner project's month cost (which charges it its pools' idle
-//! time), and the monthly report of every project and pool.
+//! time), and the monthly report of every project and pool. Then, alternating, a batch of
+//! 1,000 records each naming a node, and the same batch naming none.
 //!
 //! Run with `cargo bench --bench capacity`.
 
@@ -233,6 +235,64 @@ fn main() {
                 p95.as_secs_f64() * 1000.0
             );
         }
+        // What naming nodes costs ingest: a batch of 1,000 one-hour records, one per node
+        // (each rewrites its node-day's rollup rows), against the same batch naming none.
+        let post = |body: String| {
+            let router = router.clone();
+            let secret = secret.clone();
+            async move {
+                let request = Request::post("/v1/job-records")
+                    .header(header::AUTHORIZATION, format!("Bearer {secret}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body))
+                    .unwrap();
+                let started = Instant::now();
+                let response = router.oneshot(request).await.unwrap();
+                let status = response.status();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                let elapsed = started.elapsed();
+                assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+                elapsed
+            }
+        };
+        let batch = |run: usize, with_nodes: bool| {
+            let records: Vec<serde_json::Value> = (0..1000)
+                .map(|n| {
+                    let mut record = serde_json::json!({
+                        "project": format!("p{:03}", n % 10),
+                        "task_id": format!("ingest-{run}-{with_nodes}-{n}"),
+                        "gpu_model": "H100", "gpu_count": 4,
+                        "started_at": format!("2026-11-{:02}T{:02}:00:00Z", 1 + run, n % 24),
+                        "ended_at": format!("2026-11-{:02}T{:02}:59:00Z", 1 + run, n % 24),
+                        "outcome": "completed"
+                    });
+                    if with_nodes {
+                        record["nodes"] = serde_json::json!([format!("node-{n:04}")]);
+                    }
+                    record
+                })
+                .collect();
+            serde_json::to_string(&records).unwrap()
+        };
+        let mut with_nodes = Vec::new();
+        let mut without_nodes = Vec::new();
+        for run in 0..RUNS + 2 {
+            let named = post(batch(run, true)).await;
+            let unnamed = post(batch(run, false)).await;
+            if run >= 2 {
+                with_nodes.push(named);
+                without_nodes.push(unnamed);
+            }
+        }
+        let (named, _) = median(&mut with_nodes);
+        let (unnamed, _) = median(&mut without_nodes);
+        println!(
+            "ingest of 1,000 records: naming a node each {:.1} ms, naming none {:.1} ms \
+             (ratio {:.2})",
+            named.as_secs_f64() * 1000.0,
+            unnamed.as_secs_f64() * 1000.0,
+            named.as_secs_f64() / unnamed.as_secs_f64()
+        );
         pool.close().await;
         cluster.stop().await.unwrap();
     });

@@ -2,12 +2,12 @@
 //! every paid GPU-hour went — a job, the idle or down time of a named node, charged to a
 //! project or kept on its pool's line.
 //!
-//! Figures are worked out when read, in the reader's snapshot, from the intervals, the
-//! rated segments of the records that name nodes, and the contracts and FX rates in force:
-//! a price, contract or rate change is seen by the next read, and nothing is stored that a
-//! change could leave stale. Writers of intervals hold each node's advisory lock while they
-//! check for overlaps, so two requests racing for one node cannot both store overlapping
-//! intervals.
+//! Figures are read in the reader's snapshot from the intervals and the capacity rollup
+//! (GPU-seconds only; see [`crate::ledger::capacity_rollup`]), and priced by the contracts
+//! and FX rates in force: a price, contract or rate change is seen by the next read, and
+//! nothing is stored that a change could leave stale. Writers of intervals hold each node's
+//! advisory lock while they check for overlaps and rewrite the node's rollup rows, so two
+//! requests racing for one node cannot both store overlapping intervals.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 

@@ -364,6 +364,11 @@ impl RecordColumns {
         }
     }
 
+    /// Whether a record among them names nodes.
+    fn name_nodes(&self) -> bool {
+        self.nodes.iter().any(Option::is_some)
+    }
+
     /// The new per-record rows as a row set with the `rated_records` columns, bound to
     /// `binder`.
     fn rows(&self, binder: &mut Binder) -> String {
@@ -551,6 +556,21 @@ pub async fn store_rated(
         }
     };
     let new_records = records.rows(&mut binder);
+    // New records that name no nodes put nothing on them; a re-rating may take time off
+    // the nodes an earlier version named.
+    let (node_usage, touched) = if fresh && !records.name_nodes() {
+        (
+            String::new(),
+            "ARRAY[]::text[], ARRAY[]::timestamptz[]".to_owned(),
+        )
+    } else {
+        (
+            format!("{}, ", node_usage_diff("changes", "record_changes")),
+            "ARRAY(SELECT node FROM node_usage ORDER BY node, hour), \
+             ARRAY(SELECT hour FROM node_usage ORDER BY node, hour)"
+                .to_owned(),
+        )
+    };
     let task_projects = binder.bind(tasks.iter().map(|t| t.0).collect::<Vec<_>>());
     let task_ids = binder.bind(tasks.iter().map(|t| t.1).collect::<Vec<_>>());
     let sql = format!(
@@ -576,7 +596,7 @@ pub async fn store_rated(
          record_changes AS ( \
            SELECT -1 AS sign, * FROM old_records \
            UNION ALL SELECT 1, * FROM {new_records}), \
-         {node_usage}, \
+         {node_usage} \
          record_diff AS ( \
            SELECT project_id, end_hour AS hour, gpu_model, billing_mode, outcome, \
                   sum(sign) AS records, sum(sign * retries) AS retries, \
@@ -586,9 +606,9 @@ pub async fn store_rated(
            FROM record_changes GROUP BY project_id, end_hour, gpu_model, billing_mode, outcome), \
          {record_levels}, \
          {tasks} \
-         SELECT {emptied}, ARRAY(SELECT node FROM node_usage ORDER BY node, hour), \
-                ARRAY(SELECT hour FROM node_usage ORDER BY node, hour)",
-        node_usage = node_usage_diff("changes", "record_changes"),
+         SELECT {emptied}, {touched}",
+        node_usage = node_usage,
+        touched = touched,
         cost_diff = cost_diff("changes"),
         cost_levels = append_diff(Family::Cost, "diff", &zone),
         util_diff = util_diff("changes"),
