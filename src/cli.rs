@@ -20,7 +20,7 @@ use crate::domain::values::{Month, ProjectId};
 use crate::domain::what_if::WhatIf;
 use crate::ledger::import::{self, Summary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, reports, setup, sources};
+use crate::ledger::{LedgerError, reports, sacct_import, setup, sources};
 
 /// The data dir when none is given.
 pub const DEFAULT_DATA_DIR: &str = "./taskledger-data";
@@ -501,7 +501,8 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
 }
 
 /// `import --format slurm-json|sacct`: every file is read and converted first; nothing is
-/// stored when any job of any of them cannot be read.
+/// stored when any job of any of them cannot be read. sacct's text is read in runs of lines
+/// (see [`sacct_import`]); `sacct --json` is one document, read whole.
 async fn import_slurm(
     config: &Config,
     files: &[PathBuf],
@@ -519,6 +520,33 @@ async fn import_slurm(
         }),
     };
     let mapping = args.mapping.mapping();
+    if let Format::Text(options) = &format {
+        let mut inputs = Vec::with_capacity(files.len());
+        for file in files {
+            inputs.push(if file.as_os_str() == "-" {
+                sacct_import::Input::stdin()?
+            } else {
+                anyhow::ensure!(
+                    file.is_file(),
+                    "cannot read {}: no such file",
+                    file.display()
+                );
+                sacct_import::Input::file(file.clone())
+            });
+        }
+        let database = open(config).await?;
+        prepare(&database.pool, config).await?;
+        let outcome = sacct_import::import(
+            &database.pool,
+            &inputs,
+            options,
+            &mapping,
+            &config.settings(),
+        )
+        .await;
+        database.close().await?;
+        return report_slurm(outcome?);
+    }
     let mut batch = SourceBatch::default();
     for file in files {
         let (name, text) = if file.as_os_str() == "-" {
@@ -537,7 +565,11 @@ async fn import_slurm(
     prepare(&database.pool, config).await?;
     let outcome = sources::store(&database.pool, batch, &config.settings()).await;
     database.close().await?;
-    let summary = outcome?;
+    report_slurm(outcome?)
+}
+
+/// Prints an import's summary; an error when anything could not be read or stored.
+fn report_slurm(summary: sources::SourceSummary) -> anyhow::Result<()> {
     print!("{}", summary.render(100));
     anyhow::ensure!(
         !summary.failed(),

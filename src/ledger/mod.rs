@@ -20,6 +20,7 @@ pub mod rating;
 pub mod records;
 pub mod reports;
 pub mod rightsizing;
+pub mod sacct_import;
 pub mod setup;
 pub mod sources;
 pub mod tasks;

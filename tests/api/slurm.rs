@@ -691,3 +691,70 @@ async fn collect_slurm_posts_each_job_once_to_a_server() {
     assert!(!state.exists());
     served.stop().await;
 }
+
+/// `import --format sacct` reads its file in runs of lines: a requeued job whose two runs lie
+/// in different runs is numbered over the whole file, a step that follows its job in the
+/// next run's first lines is still its job's, and nothing is stored when a line far into
+/// the file cannot be read.
+#[tokio::test]
+async fn sacct_text_is_read_in_runs_and_attempts_are_numbered_over_the_whole_file() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let jobs = taskledger::ledger::sacct_import::JOBS_PER_RUN + 5;
+    let mut text = String::from("JobID|State|Submit|Start|End|AllocTRES|TRESUsageInMax\n");
+    // Job 9 runs twice: first near the start, submitted later than its run near the end.
+    text.push_str(
+        "9|COMPLETED|2026-11-10T02:00:00|2026-11-10T02:00:00|2026-11-10T03:00:00|gres/gpu:h100=1|\n",
+    );
+    for n in 1..jobs - 1 {
+        let id = 100_000 + n;
+        let hour = n % 20;
+        text.push_str(&format!(
+            "{id}|COMPLETED|2026-11-11T{hour:02}:00:00|2026-11-11T{hour:02}:00:00|\
+             2026-11-11T{hour:02}:30:00|gres/gpu:h100=1|\n"
+        ));
+    }
+    text.push_str(
+        "9|FAILED|2026-11-10T00:00:00|2026-11-10T00:00:00|2026-11-10T01:00:00|gres/gpu:h100=1|\n",
+    );
+    text.push_str(
+        "9.0|FAILED|2026-11-10T00:00:00|2026-11-10T00:00:00|2026-11-10T01:00:00|gres/gpu:h100=1|gres/gpuutil=40\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sacct.txt");
+    std::fs::write(&path, &text).unwrap();
+
+    // A bad line after the first run: nothing stored.
+    let broken = dir.path().join("broken.txt");
+    std::fs::write(&broken, format!("{text}1|COMPLETED|not a time\n")).unwrap();
+    let output = run_import_with(&app, "sacct", &broken, &["--project", "vision"]);
+    assert!(!output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("broken.txt:{}", jobs + 3)),
+        "the bad line is named: {stdout}"
+    );
+    assert_eq!(record_count(&app).await, 0);
+
+    let output = run_import_with(&app, "sacct", &path, &["--project", "vision"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "jobs read {jobs}, records {jobs}: accepted {jobs}"
+        )),
+        "{stdout}"
+    );
+    assert_eq!(record_count(&app).await, jobs as i64);
+    // By submission: the failed run (submitted at 00:00) is attempt 1, the completed one 2;
+    // the failed run's step, in the next run of lines, gave it its utilisation.
+    let first = stored(&app, "vision", "9", 1).await;
+    assert_eq!(first["outcome"], "failed");
+    assert_eq!(first["gpu_util"], "0.4");
+    let second = stored(&app, "vision", "9", 2).await;
+    assert_eq!(second["outcome"], "completed");
+}

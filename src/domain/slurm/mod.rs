@@ -166,11 +166,17 @@ pub fn batch(format: &Format, name: &str, input: &str, mapping: &Mapping) -> Sou
 /// counted by reason. A requeued job's runs are its attempts: `Restarts + 1` where every run
 /// of it reports Restarts, else their order of submission.
 pub fn convert(jobs: Vec<SlurmJob>, mapping: &Mapping) -> SourceBatch {
+    let attempts = attempts(&jobs);
+    convert_as(jobs, &attempts, mapping)
+}
+
+/// [`convert`] with each job's attempt given.
+pub fn convert_as(jobs: Vec<SlurmJob>, attempts: &[u32], mapping: &Mapping) -> SourceBatch {
     let mut batch = SourceBatch {
         jobs_read: jobs.len(),
         ..SourceBatch::default()
     };
-    let attempts = attempts(&jobs);
+    let attempts = attempts.iter().copied();
     for (job, attempt) in jobs.into_iter().zip(attempts) {
         match record_of(&job, attempt, mapping, &mut batch) {
             Ok(Some(value)) => batch.records.push(SourceRecord {
@@ -188,28 +194,59 @@ pub fn convert(jobs: Vec<SlurmJob>, mapping: &Mapping) -> SourceBatch {
 }
 
 fn attempts(jobs: &[SlurmJob]) -> Vec<u32> {
-    let mut runs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut runs: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
     for (index, job) in jobs.iter().enumerate() {
-        runs.entry(&job.job_id).or_default().push(index);
+        runs.entry(&job.job_id)
+            .or_default()
+            .push(Run::of(job, index));
     }
     let mut attempts = vec![1; jobs.len()];
-    for mut indices in runs.into_values() {
-        let restarts: Vec<Option<u32>> = indices.iter().map(|&i| jobs[i].restarts).collect();
-        let mut distinct: Vec<u32> = restarts.iter().flatten().copied().collect();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if distinct.len() == indices.len() {
-            for (&i, restarts) in indices.iter().zip(restarts) {
-                attempts[i] = restarts.unwrap_or(0).saturating_add(1);
-            }
-        } else {
-            indices.sort_by_key(|&i| (jobs[i].submit, jobs[i].start, i));
-            for (order, &i) in indices.iter().enumerate() {
-                attempts[i] = order as u32 + 1;
-            }
+    for job_runs in runs.into_values() {
+        for (index, attempt) in attempts_of(job_runs) {
+            attempts[index] = attempt;
         }
     }
     attempts
+}
+
+/// What numbers one run of a job among its runs: its restarts, submission, start and
+/// position in what was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub restarts: Option<u32>,
+    pub submit: Option<chrono::DateTime<chrono::Utc>>,
+    pub start: Option<chrono::DateTime<chrono::Utc>>,
+    pub index: usize,
+}
+
+impl Run {
+    pub fn of(job: &SlurmJob, index: usize) -> Self {
+        Self {
+            restarts: job.restarts,
+            submit: job.submit,
+            start: job.start,
+            index,
+        }
+    }
+}
+
+/// The attempt of each run of one job (by the runs' `index`): `Restarts + 1` where every
+/// run reports a distinct Restarts, else their order of submission.
+pub fn attempts_of(mut runs: Vec<Run>) -> Vec<(usize, u32)> {
+    let mut distinct: Vec<u32> = runs.iter().filter_map(|run| run.restarts).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() == runs.len() {
+        runs.iter()
+            .map(|run| (run.index, run.restarts.unwrap_or(0).saturating_add(1)))
+            .collect()
+    } else {
+        runs.sort_by_key(|run| (run.submit, run.start, run.index));
+        runs.iter()
+            .enumerate()
+            .map(|(order, run)| (run.index, order as u32 + 1))
+            .collect()
+    }
 }
 
 fn record_of(

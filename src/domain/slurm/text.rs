@@ -51,11 +51,25 @@ pub struct TextRead {
 
 /// Reads sacct's text output named `name`.
 pub fn read(name: &str, text: &str, options: &TextOptions) -> TextRead {
+    read_lines(
+        name,
+        text.lines()
+            .enumerate()
+            .map(|(index, line)| (index + 1, line)),
+        options,
+    )
+}
+
+/// Reads sacct's text output named `name` given as its lines, each with its number: the
+/// header first, then any run of lines that holds every step of its allocations.
+pub fn read_lines<'a>(
+    name: &str,
+    lines: impl Iterator<Item = (usize, &'a str)>,
+    options: &TextOptions,
+) -> TextRead {
     let mut read = TextRead::default();
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .map(|(index, line)| (index + 1, line.trim_end_matches('\r')))
+    let mut lines = lines
+        .map(|(number, line)| (number, line.trim_end_matches('\r')))
         .filter(|(_, line)| !line.trim().is_empty());
     let Some((header_line, header)) = lines.next() else {
         read.problems.push(Problem::new(
@@ -147,6 +161,24 @@ pub fn read(name: &str, text: &str, options: &TextOptions) -> TextRead {
         }
     }
     read
+}
+
+/// Where the JobID field is in lines under `header`, and the delimiter and trailing
+/// delimiter its lines have; `None` when the header names no JobID.
+pub fn job_id_column(header: &str, options: &TextOptions) -> Option<(usize, String, bool)> {
+    let header = header.trim_end_matches('\r');
+    let delimiter = options.delimiter.clone().or_else(|| delimiter_of(header))?;
+    let trailing = header.ends_with(delimiter.as_str());
+    let column = split(header, &delimiter, trailing)
+        .position(|field| field.trim().eq_ignore_ascii_case("JobID"))?;
+    Some((column, delimiter, trailing))
+}
+
+/// Whether `line` is a step's (its JobID has a `.`), given [`job_id_column`]'s answer.
+pub fn is_step(line: &str, (column, delimiter, trailing): &(usize, String, bool)) -> bool {
+    split(line.trim_end_matches('\r'), delimiter, *trailing)
+        .nth(*column)
+        .is_some_and(|id| id.contains('.'))
 }
 
 /// The first run of characters between the header's field names.
