@@ -1310,3 +1310,98 @@ async fn two_replicas_on_one_database_share_the_background_work() {
     second.stop();
     pg.stop().await.expect("stop cluster");
 }
+
+/// The most kibibytes of a process's `status` line `field` (`VmRSS`, `VmHWM`).
+fn status_kib(pid: i32, field: &str) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("the process status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in the status"))
+}
+
+/// A 16 MiB body of numbers where records belong, as a POST (one array of them, or NDJSON
+/// lines of them) or as a correction's labels, and a batch of 10,000 records with 55 bad
+/// fields each: every one is refused, and the service's peak memory grows by less than four
+/// bodies. Parsing such a body into a tree took 0.5–0.8 GiB.
+#[tokio::test]
+async fn a_hostile_body_is_refused_without_holding_a_tree_of_it() {
+    let dir = data_dir();
+    let (service, _) = service_with_a_record(dir.path()).await;
+    let before = status_kib(service.pid(), "VmRSS");
+    let zeros = |n: usize| vec!["0"; n].join(",");
+    let limit = 16 * 1024 * 1024;
+    let count = (limit - 16) / 2;
+
+    let posted = service
+        .call(
+            reqwest::Method::POST,
+            "/v1/job-records",
+            Some(&format!("[[{}]]", zeros(count))),
+        )
+        .await;
+    assert_eq!(
+        posted.status,
+        422,
+        "{}",
+        &posted.body[..200.min(posted.body.len())]
+    );
+    assert!(posted.body.contains("a job record must be a JSON object"));
+
+    let huge_record = service
+        .call(
+            reqwest::Method::POST,
+            "/v1/job-records",
+            Some(&format!(r#"[{{"labels": [{}]}}]"#, zeros(count - 8))),
+        )
+        .await;
+    assert_eq!(huge_record.status, 422);
+    assert!(huge_record.body.contains("holds at most 10000 JSON values"));
+
+    let corrected = service
+        .call(
+            reqwest::Method::PUT,
+            RECORD_PATH,
+            Some(&format!(r#"{{"labels": [{}]}}"#, zeros(count - 8))),
+        )
+        .await;
+    assert_eq!(
+        corrected.status,
+        422,
+        "{}",
+        &corrected.body[..200.min(corrected.body.len())]
+    );
+    assert!(corrected.body.contains("holds at most 10000 JSON values"));
+
+    // 10,000 records, each with 55 fields it does not know: the problem lists 1,000.
+    let unknown: Vec<String> = (0..55).map(|f| format!(r#""f{f}": 0"#)).collect();
+    let record = format!(
+        r#"{{"project": "vision", "task_id": "t", "gpu_model": "H100", "gpu_count": 1,
+            "started_at": "2026-11-20T10:00:00Z", "ended_at": "2026-11-20T11:00:00Z",
+            "outcome": "completed", {}}}"#,
+        unknown.join(", ")
+    );
+    let many = service
+        .call(
+            reqwest::Method::POST,
+            "/v1/job-records",
+            Some(&format!("[{}]", vec![record; 10_000].join(","))),
+        )
+        .await;
+    assert_eq!(many.status, 422);
+    let problem: serde_json::Value = serde_json::from_str(&many.body).unwrap();
+    assert_eq!(problem["errors"].as_array().unwrap().len(), 1_000);
+    assert_eq!(
+        problem["detail"],
+        "550000 fields are invalid; the first 1000 are listed"
+    );
+
+    let peak = status_kib(service.pid(), "VmHWM");
+    let grown = peak.saturating_sub(before);
+    assert!(
+        grown < 4 * 16 * 1024,
+        "peak memory grew by {grown} KiB from {before} KiB"
+    );
+    eprintln!("peak memory grew by {grown} KiB from {before} KiB");
+}

@@ -63,6 +63,32 @@ pub fn escape_pointer_token(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
 }
 
+/// An upper bound of the values `json` holds (a container, a member or an element each
+/// count one), found without parsing it: what parsing it into a tree would allocate grows
+/// with this, not with its bytes.
+pub fn json_values(json: &[u8]) -> usize {
+    let mut values = 1;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in json {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b',' | b'[' | b'{' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    values
+}
+
 /// The JSON Pointer of the first key that an object of `json` repeats, if any. serde_json
 /// keeps the last of repeated keys, which would silently drop what the first said.
 pub fn repeated_key(json: &[u8]) -> Option<String> {

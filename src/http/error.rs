@@ -42,6 +42,9 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("the request is invalid")]
     Validation(Vec<FieldError>),
+    /// The first of more invalid fields than a problem lists, and how many there were.
+    #[error("the request is invalid")]
+    ValidationOf(Vec<FieldError>, usize),
     #[error("the request took too long and was cancelled")]
     Timeout,
     #[error("the service is not ready: {0}")]
@@ -65,7 +68,7 @@ impl ApiError {
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Validation(_) | Self::ValidationOf(..) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -82,7 +85,7 @@ impl ApiError {
             Self::MethodNotAllowed(_) => "method-not-allowed",
             Self::PayloadTooLarge(_) => "payload-too-large",
             Self::UnsupportedMediaType(_) => "unsupported-media-type",
-            Self::Validation(_) => "validation-error",
+            Self::Validation(_) | Self::ValidationOf(..) => "validation-error",
             Self::Timeout => "timeout",
             Self::Unavailable(_) => "unavailable",
             Self::Internal(_) => "internal-error",
@@ -98,10 +101,15 @@ impl ApiError {
                 format!("{}: {}", errors[0].pointer, errors[0].message)
             }
             Self::Validation(errors) => format!("{} fields are invalid", errors.len()),
+            Self::ValidationOf(errors, total) => format!(
+                "{total} fields are invalid; the first {} are listed",
+                errors.len()
+            ),
             other => other.to_string(),
         };
         let errors = match self {
             Self::Validation(errors)
+            | Self::ValidationOf(errors, _)
             | Self::Conflict(_, errors)
             | Self::ForbiddenFields(_, errors) => errors.clone(),
             _ => Vec::new(),

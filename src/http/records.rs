@@ -17,12 +17,12 @@ use uuid::Uuid;
 use crate::domain::access::{Principal, Role};
 use crate::domain::rating::Outcome;
 use crate::domain::record::{JobRecord, RecordKey};
-use crate::domain::validation::{FieldError, Violations, repeated_key};
+use crate::domain::validation::{FieldError, Violations, json_values, repeated_key};
 use crate::domain::values::parse_day_or_instant;
 use crate::http::auth::project_not_found;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{
-    ApiJson, ApiPath, ApiQuery, body_rejection, classify_json_error, require_json_content_type,
+    ApiPath, ApiQuery, body_rejection, classify_json_error, parse_json, require_json_content_type,
 };
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
@@ -275,8 +275,28 @@ impl From<RecordHistory> for RecordWithHistory {
     }
 }
 
-/// The records of a request body: a JSON array, or NDJSON with one record per line.
-pub struct RecordBatch(pub Vec<Value>);
+/// The most JSON values one record may hold (its labels included): a larger element is
+/// refused without being read into memory.
+pub const MAX_VALUES_PER_RECORD: usize = 10_000;
+/// The most invalid fields a 422 lists; its detail says how many there were.
+pub const MAX_LISTED_ERRORS: usize = 1_000;
+
+/// The records of a request body: a JSON array, or NDJSON with one record per line. They
+/// are read one at a time (see [`RecordBatch::each`]), so that what a request holds in
+/// memory is its body and the records it made, not a tree of the whole body.
+pub struct RecordBatch {
+    body: Bytes,
+    ndjson: bool,
+}
+
+/// One element of a batch, as read.
+enum Element {
+    Object(Value),
+    /// Holds more than [`MAX_VALUES_PER_RECORD`] values.
+    TooLarge,
+    /// Valid JSON, not an object.
+    NotObject,
+}
 
 impl<S: Send + Sync> FromRequest<S> for RecordBatch {
     type Rejection = ApiError;
@@ -308,56 +328,76 @@ impl<S: Send + Sync> FromRequest<S> for RecordBatch {
         let body = Bytes::from_request(req, state)
             .await
             .map_err(body_rejection)?;
-        let records = if ndjson {
-            parse_ndjson(&body)?
-        } else {
-            parse_array(&body)?
-        };
-        if records.len() > MAX_RECORDS_PER_REQUEST {
-            return Err(too_many_records());
-        }
-        Ok(RecordBatch(records))
+        Ok(RecordBatch { body, ndjson })
     }
+}
+
+impl RecordBatch {
+    /// Hands each element to `each`, in order; an error when the body is not a JSON array
+    /// (or NDJSON) of at most [`MAX_RECORDS_PER_REQUEST`] elements.
+    fn each(&self, each: impl FnMut(Element)) -> Result<(), ApiError> {
+        if self.ndjson {
+            each_line(&self.body, each)
+        } else {
+            each_element(&self.body, each)
+        }
+    }
+}
+
+/// Reads one element from its JSON text, unless it is too large or no object.
+fn element(json: &[u8]) -> Result<Element, serde_json::Error> {
+    let object = json.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    if !object || json_values(json) > MAX_VALUES_PER_RECORD {
+        // Checked for syntax without being kept.
+        serde_json::from_slice::<serde::de::IgnoredAny>(json)?;
+        return Ok(if object {
+            Element::TooLarge
+        } else {
+            Element::NotObject
+        });
+    }
+    serde_json::from_slice(json).map(Element::Object)
 }
 
 /// A JSON array of records, read element by element: one element past the limit ends the
 /// read, so memory stays proportional to the limit, not to the body.
-fn parse_array(body: &[u8]) -> Result<Vec<Value>, ApiError> {
-    use serde::de::{Deserializer as _, SeqAccess, Visitor};
+fn each_element(body: &[u8], each: impl FnMut(Element)) -> Result<(), ApiError> {
+    use serde::de::{Deserializer as _, Error as _, SeqAccess, Visitor};
+    use serde_json::value::RawValue;
 
-    struct Records;
+    struct Records<F>(F);
 
-    impl<'de> Visitor<'de> for Records {
-        type Value = Option<Vec<Value>>;
+    impl<'de, F: FnMut(Element)> Visitor<'de> for Records<F> {
+        type Value = bool;
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON array of job records")
         }
 
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut records = Vec::new();
-            while let Some(record) = seq.next_element::<Value>()? {
-                if records.len() == MAX_RECORDS_PER_REQUEST {
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<bool, A::Error> {
+            let mut read = 0;
+            while let Some(raw) = seq.next_element::<&RawValue>()? {
+                if read == MAX_RECORDS_PER_REQUEST {
                     // The rest is only skipped, so that a syntax error still tells.
                     while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                    return Ok(None);
+                    return Ok(false);
                 }
-                records.push(record);
+                read += 1;
+                (self.0)(element(raw.get().as_bytes()).map_err(A::Error::custom)?);
             }
-            Ok(Some(records))
+            Ok(true)
         }
     }
 
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    match deserializer.deserialize_seq(Records) {
-        Ok(None) => Err(too_many_records()),
-        Ok(Some(_)) if let Some(pointer) = repeated_key(body) => Err(ApiError::invalid(
+    match deserializer.deserialize_seq(Records(each)) {
+        Ok(false) => Err(too_many_records()),
+        Ok(true) if let Some(pointer) = repeated_key(body) => Err(ApiError::invalid(
             pointer,
             "this key appears more than once",
         )),
-        Ok(Some(records)) => deserializer
+        Ok(true) => deserializer
             .end()
-            .map(|()| records)
             .map_err(|error| classify_json_error(String::new(), &error)),
         Err(error) if error.is_data() => Err(ApiError::invalid(
             "",
@@ -373,27 +413,28 @@ fn too_many_records() -> ApiError {
     ))
 }
 
-fn parse_ndjson(body: &[u8]) -> Result<Vec<Value>, ApiError> {
-    let mut records = Vec::new();
+fn each_line(body: &[u8], mut each: impl FnMut(Element)) -> Result<(), ApiError> {
+    let mut read = 0;
     for (number, line) in body.split(|&b| b == b'\n').enumerate() {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let value = serde_json::from_slice::<Value>(line).map_err(|error| {
+        if read == MAX_RECORDS_PER_REQUEST {
+            return Err(too_many_records());
+        }
+        let value = element(line).map_err(|error| {
             ApiError::BadRequest(format!("line {} is not valid JSON: {error}", number + 1))
         })?;
         if let Some(pointer) = repeated_key(line) {
             return Err(ApiError::invalid(
-                format!("/{}{pointer}", records.len()),
+                format!("/{read}{pointer}"),
                 "this key appears more than once",
             ));
         }
-        records.push(value);
-        if records.len() > MAX_RECORDS_PER_REQUEST {
-            break;
-        }
+        each(value);
+        read += 1;
     }
-    Ok(records)
+    Ok(())
 }
 
 /// Post job records (all or nothing).
@@ -423,7 +464,7 @@ fn parse_ndjson(body: &[u8]) -> Result<Vec<Value>, ApiError> {
 pub async fn post_job_records(
     State(state): State<AppState>,
     principal: Principal,
-    RecordBatch(values): RecordBatch,
+    records: RecordBatch,
 ) -> ApiResult<axum::Json<IngestResult>> {
     if !principal.is_admin() && principal.role != Role::Ingest {
         return Err(ApiError::Forbidden(
@@ -431,18 +472,47 @@ pub async fn post_job_records(
         ));
     }
     let rules = state.settings.record_rules();
-    let mut violations = Violations::default();
-    let mut batch = Vec::with_capacity(values.len());
-    for (position, value) in values.iter().enumerate() {
-        match JobRecord::parse(value, &format!("/{position}"), rules) {
-            Ok(record) => batch.push(Submitted { position, record }),
-            Err(errors) => violations.extend(errors),
+    let mut batch = Vec::new();
+    let mut errors: Vec<FieldError> = Vec::new();
+    let (mut invalid_fields, mut invalid_records, mut position) = (0, 0, 0);
+    records.each(|element| {
+        let pointer = format!("/{position}");
+        let found = match element {
+            Element::Object(value) => match JobRecord::parse(&value, &pointer, rules) {
+                Ok(record) => {
+                    batch.push(Submitted { position, record });
+                    Vec::new()
+                }
+                Err(violations) => violations.into_vec(),
+            },
+            Element::NotObject => vec![FieldError::new(
+                pointer,
+                "a job record must be a JSON object",
+            )],
+            Element::TooLarge => vec![FieldError::new(
+                pointer,
+                format!(
+                    "a job record holds at most {MAX_VALUES_PER_RECORD} JSON values; this one \
+                     holds more"
+                ),
+            )],
+        };
+        if !found.is_empty() {
+            invalid_records += 1;
+            invalid_fields += found.len();
+            let room = MAX_LISTED_ERRORS.saturating_sub(errors.len());
+            errors.extend(found.into_iter().take(room));
         }
+        position += 1;
+    })?;
+    if invalid_records > 0 {
+        instruments::job_records_rejected(invalid_records);
+        return Err(if invalid_fields > errors.len() {
+            ApiError::ValidationOf(errors, invalid_fields)
+        } else {
+            ApiError::Validation(errors)
+        });
     }
-    if !violations.is_empty() {
-        instruments::job_records_rejected(values.len() - batch.len());
-    }
-    violations.into_result()?;
     check_scope(&principal, &batch)?;
     check_work(&batch)?;
     let stored = ingest::ingest(&state.pool, batch, &state.settings).await?;
@@ -618,8 +688,20 @@ pub async fn put_job_record(
     State(state): State<AppState>,
     principal: Principal,
     ApiPath((id, task_id, attempt)): ApiPath<(String, String, i32)>,
-    ApiJson(mut body): ApiJson<Value>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
 ) -> ApiResult<axum::Json<RecordWithHistory>> {
+    require_json_content_type(&headers)?;
+    if json_values(&body) > MAX_VALUES_PER_RECORD {
+        // Checked for syntax, never held as a tree.
+        serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+            .map_err(|error| classify_json_error(String::new(), &error))?;
+        return Err(ApiError::invalid(
+            "",
+            format!("a job record holds at most {MAX_VALUES_PER_RECORD} JSON values"),
+        ));
+    }
+    let mut body: Value = parse_json(&body)?;
     if !principal.can_ingest(&id) {
         return Err(if principal.can_read(&id) {
             ApiError::Forbidden(format!(
