@@ -22,6 +22,8 @@ use crate::domain::values::redacted_url;
 
 /// How many per-pod DCGM queries are in flight at once.
 const PARALLEL_QUERIES: usize = 8;
+/// The largest answer read; a larger one is refused with what to narrow, never held.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct PrometheusCollector {
@@ -53,15 +55,11 @@ impl PrometheusCollector {
             range: window.until - window.since,
             resolution: self.resolution,
         };
-        let answers =
-            futures::future::try_join_all(queries.all().into_iter().map(|(fact, query)| {
-                let client = &client;
-                async move {
-                    let samples = self.query(client, &query, window.until).await?;
-                    anyhow::Ok((fact, samples))
-                }
-            }))
-            .await?;
+        // One at a time: an answer grows with the pods, and only one is held unread.
+        let mut answers = Vec::new();
+        for (fact, query) in queries.all() {
+            answers.push((fact, self.query(&client, &query, window.until).await?));
+        }
         let pods = kubernetes::pods(answers).map_err(|error| self.unreadable(error))?;
         let horizon = Horizon {
             since: window.since,
@@ -185,10 +183,31 @@ impl PrometheusCollector {
             }
         })?;
         let status = response.status();
-        let body = response
-            .bytes()
+        let too_large = || {
+            failed(format!(
+                "the answer is larger than {} MiB; narrow --selector or collect shorter windows \
+                 (--since, --until)",
+                MAX_ANSWER_BYTES / (1024 * 1024)
+            ))
+        };
+        if response
+            .content_length()
+            .is_some_and(|length| length > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let mut response = response;
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
             .await
-            .map_err(|error| failed(format!("the answer broke off ({})", error.without_url())))?;
+            .map_err(|error| failed(format!("the answer broke off ({})", error.without_url())))?
+        {
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
         match promql::vector(&body) {
             Ok(samples) if status.is_success() => Ok(samples),
             Ok(_) => Err(failed(format!("answered {status}"))),

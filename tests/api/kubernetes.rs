@@ -948,6 +948,12 @@ enum Fake {
     Garbage,
     /// Answers a range vector where an instant vector belongs.
     Matrix,
+    /// Answers more than the collector reads, saying so in its Content-Length.
+    Huge,
+    /// Answers more than the collector reads, without a Content-Length.
+    HugeUntold,
+    /// Answers a million numbers where the series belong.
+    Numbers,
 }
 
 /// Serves `fake` on a loopback port; returns its URL.
@@ -976,12 +982,40 @@ async fn fake_prometheus(fake: Fake) -> String {
                     }
                     Fake::TimedOut => (
                         "503 Service Unavailable",
-                        r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#,
+                        r#"{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}"#.to_owned(),
                     ),
-                    Fake::Garbage => ("200 OK", "<html><body>Bad Gateway</body></html>"),
+                    Fake::Garbage => ("200 OK", "<html><body>Bad Gateway</body></html>".to_owned()),
                     Fake::Matrix => (
                         "200 OK",
-                        r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#,
+                        r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#.to_owned(),
+                    ),
+                    Fake::Huge | Fake::HugeUntold => {
+                        // 65 MiB of series, sent without being built whole.
+                        let head = if matches!(fake, Fake::Huge) {
+                            format!("content-length: {}\r\n", 65 * 1024 * 1024)
+                        } else {
+                            String::new()
+                        };
+                        let _ = socket
+                            .write_all(
+                                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{head}connection: close\r\n\r\n")
+                                    .as_bytes(),
+                            )
+                            .await;
+                        let block = vec![b' '; 1024 * 1024];
+                        for _ in 0..65 {
+                            if socket.write_all(&block).await.is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    }
+                    Fake::Numbers => (
+                        "200 OK",
+                        format!(
+                            r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+                            vec!["0"; 1_000_000].join(",")
+                        ),
                     ),
                 };
                 let response = format!(
@@ -1021,6 +1055,18 @@ async fn collect_prometheus_fails_clearly_and_keeps_its_state_when_prometheus_do
         (
             fake_prometheus(Fake::Matrix).await,
             "is a `matrix`, not an instant vector",
+        ),
+        (
+            fake_prometheus(Fake::Huge).await,
+            "the answer is larger than 64 MiB; narrow --selector or collect shorter windows (--since, --until)",
+        ),
+        (
+            fake_prometheus(Fake::HugeUntold).await,
+            "the answer is larger than 64 MiB",
+        ),
+        (
+            fake_prometheus(Fake::Numbers).await,
+            "the answer is not an instant vector of series",
         ),
     ] {
         // A password in the URL is never printed.

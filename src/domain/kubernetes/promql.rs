@@ -54,8 +54,52 @@ impl Sample {
     }
 }
 
+/// An instant query's answer as Prometheus writes it when it succeeds: read straight into
+/// its samples, with no tree of the whole answer.
+#[derive(serde::Deserialize)]
+struct Answer {
+    status: String,
+    data: Data,
+}
+
+#[derive(serde::Deserialize)]
+struct Data {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Vec<Series>,
+}
+
+#[derive(serde::Deserialize)]
+struct Series {
+    metric: BTreeMap<String, String>,
+    value: (serde::de::IgnoredAny, String),
+}
+
+/// The most values of an answer that is no vector read again to say what is wrong with it.
+const MAX_VALUES_READ_AGAIN: usize = 100_000;
+
 /// The samples of an instant query's answer (`resultType` `vector`), or what is wrong with it.
 pub fn vector(body: &[u8]) -> Result<Vec<Sample>, String> {
+    match serde_json::from_slice::<Answer>(body) {
+        Ok(Answer { status, data }) if status == "success" && data.result_type == "vector" => {
+            return Ok(data
+                .result
+                .into_iter()
+                .map(|series| Sample {
+                    labels: series.metric,
+                    value: series.value.1,
+                })
+                .collect());
+        }
+        // Anything else is read again, generically, to say what is wrong with it, unless it
+        // is too large to hold as a tree.
+        Err(error) if crate::domain::validation::json_values(body) > MAX_VALUES_READ_AGAIN => {
+            return Err(format!(
+                "the answer is not an instant vector of series ({error})"
+            ));
+        }
+        _ => {}
+    }
     let answer: Value = serde_json::from_slice(body).map_err(|error| {
         let start = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
         format!("the answer is not JSON ({error}): `{start}`")
