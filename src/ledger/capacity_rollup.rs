@@ -140,22 +140,12 @@ async fn rewrite(
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
     store::capacity::lock_rollup(&mut tx).await?;
-    let built_for: Option<String> = sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
-        .bind(SETTING_TIMEZONE)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let built_for = store::settings::get(&mut tx, SETTING_TIMEZONE).await?;
     if built_for.as_deref() == Some(tz.name()) {
         return Ok(false);
     }
     rebuild(&mut tx, tz).await?;
-    sqlx::query(
-        "INSERT INTO settings (key, value) VALUES ($1, $2) \
-         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-    )
-    .bind(SETTING_TIMEZONE)
-    .bind(tz.name())
-    .execute(&mut *tx)
-    .await?;
+    store::settings::put(&mut tx, SETTING_TIMEZONE, tz.name()).await?;
     tx.commit().await?;
     Ok(true)
 }

@@ -16,9 +16,9 @@ use crate::config::Settings;
 use crate::domain::slurm::text::{self, TextOptions, is_step, job_id_column};
 use crate::domain::slurm::{Mapping, Run, SlurmJob, attempts_of, convert, convert_as};
 use crate::domain::source::{Problem, SourceBatch};
-use crate::ledger::import::{BATCH_SIZE, Rejection};
-use crate::ledger::ingest::{self, IngestError, Submitted};
-use crate::ledger::sources::{SourceSummary, validate};
+use crate::ledger::import::Rejection;
+use crate::ledger::ingest::Submitted;
+use crate::ledger::sources::{SourceSummary, store_checked, validate};
 use crate::store;
 
 /// Allocations read at once.
@@ -179,7 +179,7 @@ fn single_attempt(job: &SlurmJob) -> u32 {
 }
 
 /// Imports sacct's text `inputs`: every job is checked first; then, when nothing is wrong,
-/// the records are stored in batches of [`BATCH_SIZE`].
+/// the records are stored in batches (see [`store_checked`]).
 pub async fn import(
     pool: &PgPool,
     inputs: &[Input],
@@ -296,7 +296,15 @@ pub async fn import(
                     continue;
                 }
             };
-            store_valid(pool, &valid, settings, &mut summary).await?;
+            let submitted: Vec<Submitted> = valid
+                .iter()
+                .enumerate()
+                .map(|(position, (_, record))| Submitted {
+                    position,
+                    record: record.clone(),
+                })
+                .collect();
+            store_checked(pool, &valid, &submitted, settings, &mut summary).await?;
         }
     }
     // Fold the rollup rows the import appended, in case no `serve` is running to do it.
@@ -322,47 +330,4 @@ fn count(summary: &mut SourceSummary, batch: &SourceBatch) {
     for (left_out, n) in counted.left_out {
         *summary.left_out.entry(left_out).or_default() += n;
     }
-}
-
-/// Stores checked records in batches; a batch with a record that conflicts with a stored
-/// one is left out whole and its conflicts reported.
-async fn store_valid(
-    pool: &PgPool,
-    valid: &[(String, crate::domain::record::JobRecord)],
-    settings: &Settings,
-    summary: &mut SourceSummary,
-) -> anyhow::Result<()> {
-    let submitted: Vec<Submitted> = valid
-        .iter()
-        .enumerate()
-        .map(|(position, (_, record))| Submitted {
-            position,
-            record: record.clone(),
-        })
-        .collect();
-    for chunk in submitted.chunks(BATCH_SIZE) {
-        match ingest::store_batch(pool, chunk.to_vec(), settings).await {
-            Ok(stored) => {
-                summary.accepted += stored.accepted;
-                summary.duplicates += stored.duplicates;
-            }
-            Err(IngestError::Conflicts(conflicts)) => {
-                summary
-                    .problems
-                    .extend(conflicts.iter().map(|conflict| Rejection {
-                        location: valid[conflict.position].0.clone(),
-                        reason: format!(
-                            "{}; nothing of its {} records was stored",
-                            conflict.message(),
-                            chunk.len()
-                        ),
-                    }));
-            }
-            Err(IngestError::Database(error)) => return Err(error.into()),
-            Err(IngestError::Rating(error) | IngestError::IdleGpuAlerts(error)) => {
-                return Err(error);
-            }
-        }
-    }
-    Ok(())
 }

@@ -146,6 +146,43 @@ pub fn validate(
     }
 }
 
+/// Stores checked records (`submitted`, made of `valid`, which says where each came from)
+/// in batches of [`BATCH_SIZE`]; a batch with a record that conflicts with a stored one is
+/// left out whole and its conflicts reported.
+pub(crate) async fn store_checked(
+    pool: &PgPool,
+    valid: &[(String, JobRecord)],
+    submitted: &[Submitted],
+    settings: &Settings,
+    summary: &mut SourceSummary,
+) -> anyhow::Result<()> {
+    for chunk in submitted.chunks(BATCH_SIZE) {
+        match ingest::store_batch(pool, chunk.to_vec(), settings).await {
+            Ok(stored) => {
+                summary.accepted += stored.accepted;
+                summary.duplicates += stored.duplicates;
+            }
+            Err(IngestError::Conflicts(conflicts)) => {
+                summary
+                    .problems
+                    .extend(conflicts.iter().map(|conflict| Rejection {
+                        location: valid[conflict.position].0.clone(),
+                        reason: format!(
+                            "{}; nothing of its {} records was stored",
+                            conflict.message(),
+                            chunk.len()
+                        ),
+                    }));
+            }
+            Err(IngestError::Database(error)) => return Err(error.into()),
+            Err(IngestError::Rating(error) | IngestError::IdleGpuAlerts(error)) => {
+                return Err(error);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Stores a batch in the local database, or nothing of it when any part is unreadable,
 /// invalid or names a project that does not exist.
 pub async fn store(
@@ -190,30 +227,7 @@ pub async fn store(
             .collect();
         return Ok(summary);
     }
-    for chunk in submitted.chunks(BATCH_SIZE) {
-        match ingest::store_batch(pool, chunk.to_vec(), settings).await {
-            Ok(stored) => {
-                summary.accepted += stored.accepted;
-                summary.duplicates += stored.duplicates;
-            }
-            Err(IngestError::Conflicts(conflicts)) => {
-                summary
-                    .problems
-                    .extend(conflicts.iter().map(|conflict| Rejection {
-                        location: valid[conflict.position].0.clone(),
-                        reason: format!(
-                            "{}; nothing of its {} records was stored",
-                            conflict.message(),
-                            chunk.len()
-                        ),
-                    }));
-            }
-            Err(IngestError::Database(error)) => return Err(error.into()),
-            Err(IngestError::Rating(error) | IngestError::IdleGpuAlerts(error)) => {
-                return Err(error);
-            }
-        }
-    }
+    store_checked(pool, &valid, &submitted, settings, &mut summary).await?;
     // Fold the rollup rows the import appended, in case no `serve` is running to do it.
     store::rollups::compact(pool).await?;
     Ok(summary)
