@@ -286,6 +286,10 @@ pub struct PrometheusCollectArgs {
     /// The longest one query may take (`90s`, `2m`).
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub query_timeout: chrono::TimeDelta,
+    /// About how many pods are read and delivered at a time: a window of more is read in
+    /// pages of this many, cut by pod UID, so memory grows with the page, not the cluster.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub page_pods: u32,
     /// The pod label naming the project; default, or on pods without it: the namespace.
     #[arg(long)]
     pub project_label: Option<String>,

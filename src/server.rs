@@ -23,6 +23,7 @@ use crate::domain::kubernetes;
 use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
+use crate::ledger::sources::SourceSummary;
 use crate::ledger::{demo, setup, tokens};
 use crate::workers;
 
@@ -76,7 +77,7 @@ fn init_tracing() {
 #[derive(Debug, Clone)]
 enum Collector {
     Slurm(SlurmCollector),
-    Prometheus(PrometheusCollector),
+    Prometheus(Box<PrometheusCollector>),
 }
 
 impl Collector {
@@ -96,15 +97,20 @@ impl Collector {
         }
     }
 
-    /// Reads a window; `now` is when the run began.
-    async fn read(
+    /// Reads a window, handing on each part as it is read (the Prometheus collector's pages,
+    /// Slurm's window whole); `now` is when the run began. Answers how many parts there were.
+    async fn read_pages(
         &self,
         window: Window,
         now: chrono::DateTime<chrono::Utc>,
-    ) -> anyhow::Result<SourceBatch> {
+        mut hand_on: impl AsyncFnMut(SourceBatch) -> anyhow::Result<()>,
+    ) -> anyhow::Result<usize> {
         match self {
-            Collector::Slurm(collector) => collector.read(window).await,
-            Collector::Prometheus(collector) => collector.read(window, now).await,
+            Collector::Slurm(collector) => {
+                hand_on(collector.read(window).await?).await?;
+                Ok(1)
+            }
+            Collector::Prometheus(collector) => collector.read_pages(window, now, hand_on).await,
         }
     }
 }
@@ -125,7 +131,7 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
         }
         CollectSource::Prometheus(args) => {
             let collector = prometheus_collector(&args)?;
-            (args.run, Collector::Prometheus(collector))
+            (args.run, Collector::Prometheus(Box::new(collector)))
         }
     };
     let state = run.state.clone().map(|path| StateFile {
@@ -197,6 +203,7 @@ fn prometheus_collector(args: &PrometheusCollectArgs) -> anyhow::Result<Promethe
             .ok()
             .filter(|timeout| !timeout.is_zero())
             .ok_or_else(|| anyhow::anyhow!("--query-timeout must be longer than nothing"))?,
+        page_pods: args.page_pods as usize,
         mapping: kubernetes::Mapping {
             project_label: args.project_label.clone(),
             projects,
@@ -218,8 +225,7 @@ async fn collect_once(
 ) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     let window = collectors::window(request, state, now)?;
-    let batch = collector.read(window, now).await?;
-    let summary = match &run.server {
+    let (destination, database) = match &run.server {
         Some(url) => {
             let token = std::env::var("TASKLEDGER_TOKEN")
                 .ok()
@@ -228,14 +234,15 @@ async fn collect_once(
                 .ok_or_else(|| {
                     anyhow::anyhow!("--server needs an ingest token in TASKLEDGER_TOKEN")
                 })?;
+            let client = reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(300))
+                .build()?;
             let destination = Destination::Server {
                 url: url.clone(),
                 token,
-                client: reqwest::Client::builder()
-                    .timeout(std::time::Duration::from_secs(300))
-                    .build()?,
+                client,
             };
-            collectors::deliver(&destination, batch).await?
+            (destination, None)
         }
         None => {
             let database = cli::open(config).await?;
@@ -244,10 +251,31 @@ async fn collect_once(
                 pool: database.pool.clone(),
                 settings: config.settings(),
             };
-            let delivered = collectors::deliver(&destination, batch).await;
-            database.close().await?;
-            delivered?
+            (destination, Some(database))
         }
+    };
+    let mut summary = SourceSummary::default();
+    let read = collector
+        .read_pages(window, now, async |batch| {
+            summary.absorb(collectors::deliver(&destination, batch).await?);
+            Ok(())
+        })
+        .await;
+    drop(destination);
+    if let Some(database) = database {
+        database.close().await?;
+    }
+    let pages = match read {
+        Ok(pages) => pages,
+        Err(error) if summary.records == 0 => return Err(error),
+        Err(error) => anyhow::bail!(
+            "{error:#}; the {} records read before it were delivered ({} accepted, {} \
+             duplicates), and the state stays where it was, so the next run reads this window \
+             again and counts them as duplicates",
+            summary.records,
+            summary.accepted,
+            summary.duplicates
+        ),
     };
     println!(
         "{} {} .. {}",
@@ -256,6 +284,9 @@ async fn collect_once(
         window.until.to_rfc3339()
     );
     print!("{}", summary.render_counting(collector.reads(), 100));
+    if pages > 1 {
+        println!("read and delivered in {pages} pages");
+    }
     collectors::remember(state, window, &summary)?;
     anyhow::ensure!(
         !summary.failed(),

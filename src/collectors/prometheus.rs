@@ -2,9 +2,11 @@
 //! recorded of the pods that finished in the window, and maps them as
 //! [`crate::domain::kubernetes`] says.
 //!
-//! Every answer is read before anything is handed on: Prometheus down, a query timing out or
-//! an answer that cannot be read ends the run with an error, nothing delivered and the state
-//! where it was.
+//! A window is read in pages of pods, cut by the first characters of their UIDs, and each page
+//! is handed on whole before the next is read: memory grows with the page, not the cluster.
+//! Prometheus down, a query timing out or an answer that cannot be read ends the run with an
+//! error, the pages before it delivered and the state where it was, so the next run reads the
+//! window again and counts them as duplicates.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -16,7 +18,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::Window;
 use crate::domain::kubernetes::promql::{self, PodQueries, Sample, TaskSource};
 use crate::domain::kubernetes::telemetry::Dcgm;
-use crate::domain::kubernetes::{self, Horizon, Mapping, Measured};
+use crate::domain::kubernetes::{self, Horizon, Mapping, Measured, Plan, PodTable};
 use crate::domain::source::SourceBatch;
 use crate::domain::values::redacted_url;
 
@@ -41,12 +43,34 @@ pub struct PrometheusCollector {
     pub attempt_lookback: TimeDelta,
     /// The longest one query may take.
     pub query_timeout: Duration,
+    /// About how many pods one page holds: a window of more is read and handed on a page at
+    /// a time.
+    pub page_pods: usize,
     pub mapping: Mapping,
 }
 
 impl PrometheusCollector {
-    /// Reads the window: its pods, the other pods of their tasks, and what DCGM measured.
+    /// Reads the window whole: its pods, the other pods of their tasks, and what DCGM
+    /// measured.
     pub async fn read(&self, window: Window, now: DateTime<Utc>) -> anyhow::Result<SourceBatch> {
+        let mut whole = SourceBatch::default();
+        self.read_pages(window, now, async |page| {
+            whole.absorb(page);
+            Ok(())
+        })
+        .await?;
+        Ok(whole)
+    }
+
+    /// Reads the window a page of about [`Self::page_pods`] pods at a time and hands each page
+    /// on before the next is read, so that what is held grows with the page, not the cluster.
+    /// Answers how many pages there were.
+    pub async fn read_pages(
+        &self,
+        window: Window,
+        now: DateTime<Utc>,
+        mut hand_on: impl AsyncFnMut(SourceBatch) -> anyhow::Result<()>,
+    ) -> anyhow::Result<usize> {
         let client = reqwest::Client::builder()
             .timeout(self.client_timeout())
             .build()?;
@@ -55,19 +79,87 @@ impl PrometheusCollector {
             range: window.until - window.since,
             resolution: self.resolution,
         };
-        // One at a time: an answer grows with the pods, and only one is held unread.
-        let mut answers = Vec::new();
-        for (fact, query) in queries.all() {
-            answers.push((fact, self.query(&client, &query, window.until).await?));
-        }
-        let pods = kubernetes::pods(answers).map_err(|error| self.unreadable(error))?;
+        let counted = self
+            .query(&client, &queries.uid_prefixes(), window.until)
+            .await?;
+        let counts = counted
+            .iter()
+            .map(|sample| {
+                let count = sample.decimal().and_then(|count| u64::try_from(count).ok());
+                match count {
+                    Some(count) => Ok((sample.label("prefix").unwrap_or("").to_owned(), count)),
+                    None => {
+                        Err(self.unreadable(format!("`{}` is not a count of pods", sample.value)))
+                    }
+                }
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let pages = promql::uid_pages(&counts, self.page_pods.max(1) as u64);
+        // A pod that stopped being reported counts as gone by when any pod was last
+        // reported, which a page alone does not know.
+        let reported_until = if pages.len() > 1 {
+            let answer = self
+                .query(&client, &queries.reported_until(), window.until)
+                .await?;
+            answer.first().and_then(Sample::time)
+        } else {
+            None
+        };
         let horizon = Horizon {
             since: window.since,
             until: window.until,
             now,
             settle: self.settle,
+            reported_until,
         };
-        let plan = kubernetes::plan(pods, &horizon, &self.mapping);
+        let products = self
+            .query(&client, &queries.node_products(), window.until)
+            .await?;
+        let node_products: BTreeMap<String, String> = products
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    s.label("node")?.to_owned(),
+                    s.label("label_nvidia_com_gpu_product")?.to_owned(),
+                ))
+            })
+            .collect();
+        for page in &pages {
+            let selector = [self.selector.as_str(), page]
+                .into_iter()
+                .filter(|matcher| !matcher.is_empty())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let page_queries = PodQueries {
+                selector: &selector,
+                ..queries.clone()
+            };
+            // One answer at a time: each is folded into the table and dropped.
+            let mut table = PodTable::default();
+            for (fact, query) in page_queries.all() {
+                let samples = self.query(&client, &query, window.until).await?;
+                table
+                    .add(fact, samples)
+                    .map_err(|error| self.unreadable(error))?;
+            }
+            let plan = kubernetes::plan(table.finish(), &horizon, &self.mapping);
+            let batch = self
+                .read_page(&client, plan, window, node_products.clone())
+                .await?;
+            hand_on(batch).await?;
+        }
+        Ok(pages.len())
+    }
+
+    /// The records of a page's planned pods: their attempts among their tasks' pods, and
+    /// what DCGM measured of them.
+    async fn read_page(
+        &self,
+        client: &reqwest::Client,
+        plan: Plan,
+        window: Window,
+        node_products: BTreeMap<String, String>,
+    ) -> anyhow::Result<SourceBatch> {
         if plan.candidates.is_empty() {
             return Ok(kubernetes::records(
                 plan,
@@ -76,7 +168,6 @@ impl PrometheusCollector {
                 &self.mapping,
             ));
         }
-
         let earliest = plan
             .candidates
             .iter()
@@ -96,41 +187,26 @@ impl PrometheusCollector {
             let query = promql::task_pods(&self.selector, source, names, task_range);
             members.insert(
                 source.clone(),
-                self.query(&client, &query, window.until).await?,
+                self.query(client, &query, window.until).await?,
             );
         }
         let attempts = kubernetes::attempts(&plan.candidates, &members)
             .map_err(|error| self.unreadable(error))?;
-
-        let products = self
-            .query(&client, &queries.node_products(), window.until)
-            .await?;
-        let node_products = products
-            .iter()
-            .filter_map(|s| {
-                Some((
-                    s.label("node")?.to_owned(),
-                    s.label("label_nvidia_com_gpu_product")?.to_owned(),
-                ))
-            })
-            .collect();
+        drop(members);
         let dcgm: BTreeMap<_, _> = futures::stream::iter(plan.candidates.iter())
-            .map(|candidate| {
-                let client = &client;
-                async move {
-                    let key = &candidate.pod.key;
-                    let query = promql::dcgm(
-                        &self.selector,
-                        &key.namespace,
-                        &key.name,
-                        Some(key.uid.as_str()).filter(|uid| !uid.is_empty()),
-                        candidate.ended - candidate.started,
-                    );
-                    let samples = self.query(client, &query, candidate.ended).await?;
-                    let dcgm = Dcgm::read(&samples)
-                        .map_err(|error| self.unreadable(format!("{}: {error}", key.location())))?;
-                    anyhow::Ok((key.clone(), dcgm))
-                }
+            .map(|candidate| async move {
+                let key = &candidate.pod.key;
+                let query = promql::dcgm(
+                    &self.selector,
+                    &key.namespace,
+                    &key.name,
+                    Some(key.uid.as_str()).filter(|uid| !uid.is_empty()),
+                    candidate.ended - candidate.started,
+                );
+                let samples = self.query(client, &query, candidate.ended).await?;
+                let dcgm = Dcgm::read(&samples)
+                    .map_err(|error| self.unreadable(format!("{}: {error}", key.location())))?;
+                anyhow::Ok((key.clone(), dcgm))
             })
             .buffer_unordered(PARALLEL_QUERIES)
             .try_collect()

@@ -43,6 +43,21 @@ impl SourceSummary {
         }
     }
 
+    /// Adds what became of another part of the same source.
+    pub fn absorb(&mut self, other: SourceSummary) {
+        self.jobs_read += other.jobs_read;
+        self.records += other.records;
+        self.accepted += other.accepted;
+        self.duplicates += other.duplicates;
+        for (reason, count) in other.skipped {
+            *self.skipped.entry(reason).or_default() += count;
+        }
+        self.problems.extend(other.problems);
+        for (left_out, count) in other.left_out {
+            *self.left_out.entry(left_out).or_default() += count;
+        }
+    }
+
     /// Whether anything could not be read or stored: the command exits non-zero.
     pub fn failed(&self) -> bool {
         !self.problems.is_empty()

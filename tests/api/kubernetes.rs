@@ -115,8 +115,22 @@ impl Spec {
         self
     }
 
+    /// A UID shaped as Kubernetes makes them, spread over its first characters as theirs
+    /// are (the collector pages by them), and the same on every run.
     fn uid(&self) -> String {
-        format!("uid-{}-{}", self.namespace, self.name)
+        let hash = format!("{}/{}", self.namespace, self.name)
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            });
+        format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            hash >> 32,
+            (hash >> 16) & 0xffff,
+            hash & 0xfff,
+            (hash >> 20) & 0xfff,
+            hash & 0xffff_ffff_ffff
+        )
     }
 
     /// Whether kube-state-metrics reports a completion time.
@@ -934,7 +948,101 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
         assert_eq!(response.status, 200, "{}: {}", spec.name, response.text());
         assert_record(&response.json()["record"], &expected(spec, *attempt, base));
     }
+
+    // The whole day again, read whole and then a page of about two pods at a time: the same
+    // pods, the same records, all of them already stored.
+    let day = (at(base, 0), at(base, DATA_END));
+    let mut summaries = Vec::new();
+    for pages in [&[][..], &["--page-pods", "2"]] {
+        let (ok, out) = collect(
+            &app,
+            &prometheus.url,
+            &dir.path().join("again.state"),
+            (&day.0, &day.1),
+            None,
+            pages,
+        )
+        .await;
+        assert!(ok, "{out}");
+        assert!(
+            out.contains(&format!(
+                "records {}: accepted 0, duplicates {}",
+                recorded.len(),
+                recorded.len()
+            )),
+            "{out}"
+        );
+        summaries.push(out);
+    }
+    let pages = summaries[1]
+        .lines()
+        .find_map(|line| line.strip_prefix("read and delivered in "))
+        .and_then(|rest| rest.strip_suffix(" pages"))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("{}", summaries[1]));
+    assert!(pages >= 5, "{}", summaries[1]);
+    assert!(!summaries[0].contains(" pages"), "{}", summaries[0]);
+    assert_eq!(
+        summaries[0],
+        summaries[1].replace(&format!("read and delivered in {pages} pages\n"), "")
+    );
+
+    // Prometheus failing halfway: the pages read before are delivered, the run fails saying
+    // so, and the state stays where it was.
+    let failing = failing_after(&prometheus.url, 40).await;
+    let halfway = dir.path().join("halfway.state");
+    let (ok, out) = collect(
+        &app,
+        &failing,
+        &halfway,
+        (&day.0, &day.1),
+        None,
+        &["--page-pods", "2"],
+    )
+    .await;
+    assert!(!ok, "{out}");
+    assert!(out.contains("answered 503 Service Unavailable"), "{out}");
+    assert!(
+        out.contains("records read before it were delivered (0 accepted, "),
+        "{out}"
+    );
+    assert!(!halfway.exists());
+    assert_eq!(record_count(&app).await, recorded.len() as i64);
     served.stop().await;
+}
+
+/// A proxy to Prometheus at `upstream` that passes on the first `answered` queries and
+/// answers every later one with 503; returns its URL.
+async fn failing_after(upstream: &str, answered: usize) -> String {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let upstream = upstream.trim_end_matches('/').to_owned();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let client = reqwest::Client::new();
+    let proxy = axum::Router::new().fallback(
+        move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let (seen, client, upstream) = (seen.clone(), client.clone(), upstream.clone());
+            async move {
+                if seen.fetch_add(1, Ordering::SeqCst) >= answered {
+                    return (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable".to_owned(),
+                    );
+                }
+                let mut request = client.post(format!("{upstream}{uri}")).body(body);
+                if let Some(kind) = headers.get("content-type") {
+                    request = request.header("content-type", kind.as_bytes());
+                }
+                let answer = request.send().await.unwrap();
+                let status = axum::http::StatusCode::from_u16(answer.status().as_u16()).unwrap();
+                (status, answer.text().await.unwrap())
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, proxy).await });
+    format!("http://{address}")
 }
 
 /// How a stand-in for Prometheus answers.

@@ -150,10 +150,30 @@ impl Pod {
 
 /// Joins the answers of the pod queries into pods, by namespace, name and UID.
 pub fn pods(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
-    let mut pods: BTreeMap<PodKey, Pod> = BTreeMap::new();
-    let mut limits: BTreeMap<PodKey, Vec<(String, Decimal)>> = BTreeMap::new();
-    let mut requested: BTreeMap<PodKey, BTreeSet<String>> = BTreeMap::new();
+    let mut table = PodTable::default();
     for (fact, samples) in answers {
+        table.add(fact, samples)?;
+    }
+    Ok(table.finish())
+}
+
+/// The pods of a page as the answers of its pod queries arrive: each answer is folded in and
+/// dropped, so no more than one is held at a time.
+#[derive(Debug, Default)]
+pub struct PodTable {
+    pods: BTreeMap<PodKey, Pod>,
+    limits: BTreeMap<PodKey, Vec<(String, Decimal)>>,
+    requested: BTreeMap<PodKey, BTreeSet<String>>,
+}
+
+impl PodTable {
+    /// Folds in the answer of one pod query.
+    pub fn add(&mut self, fact: PodFact, samples: Vec<Sample>) -> Result<(), String> {
+        let Self {
+            pods,
+            limits,
+            requested,
+        } = self;
         for sample in samples {
             let key = PodKey::of(&sample).ok_or_else(|| {
                 format!("a series answered for {fact:?} names no namespace and pod")
@@ -225,20 +245,30 @@ pub fn pods(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
                 PodFact::Node => pod.node = sample.label("node").map(str::to_owned),
             }
         }
+        Ok(())
     }
-    // Kubernetes copies an extended resource's limit into its request when only the limit
-    // is given; a limit counts only where no request was read.
-    for (key, resources) in limits {
-        let already = requested.get(&key);
-        if let Some(pod) = pods.get_mut(&key) {
-            for (resource, amount) in resources {
-                if !already.is_some_and(|names| names.contains(&resource)) {
-                    pod.request.add(&resource, amount);
+
+    /// The pods, once every answer is in.
+    pub fn finish(self) -> Vec<Pod> {
+        let Self {
+            mut pods,
+            limits,
+            requested,
+        } = self;
+        // Kubernetes copies an extended resource's limit into its request when only the
+        // limit is given; a limit counts only where no request was read.
+        for (key, resources) in limits {
+            let already = requested.get(&key);
+            if let Some(pod) = pods.get_mut(&key) {
+                for (resource, amount) in resources {
+                    if !already.is_some_and(|names| names.contains(&resource)) {
+                        pod.request.add(&resource, amount);
+                    }
                 }
             }
         }
+        pods.into_values().collect()
     }
-    Ok(pods.into_values().collect())
 }
 
 /// The Prometheus label kube-state-metrics gives a Kubernetes label (`label_` and the key
@@ -352,6 +382,9 @@ pub struct Horizon {
     /// How long after a pod ended (or was last seen) its data counts as complete; also how
     /// long a pod that stopped being reported must stay unseen to count as gone.
     pub settle: TimeDelta,
+    /// When any pod of the window was last reported, where the pods planned are only a page
+    /// of them; `None`: the latest of theirs.
+    pub reported_until: Option<DateTime<Utc>>,
 }
 
 /// A pod that finished in the window with GPUs: it becomes a record.
@@ -380,7 +413,9 @@ pub struct Plan {
 /// passed since its end, it is still running, and a later window decides it.
 pub fn plan(pods: Vec<Pod>, horizon: &Horizon, mapping: &Mapping) -> Plan {
     let mut plan = Plan::default();
-    let reported_until = pods.iter().filter_map(|pod| pod.last_seen).max();
+    let reported_until = horizon
+        .reported_until
+        .or_else(|| pods.iter().filter_map(|pod| pod.last_seen).max());
     let decided_until = horizon.until.min(horizon.now - horizon.settle);
     for pod in pods {
         let finished = pod.phase.is_some_and(Phase::is_final);
@@ -727,6 +762,7 @@ mod tests {
             until: utc("2026-03-02T00:00:00Z"),
             now: utc("2026-03-05T00:00:00Z"),
             settle: TimeDelta::minutes(5),
+            reported_until: None,
         }
     }
 
@@ -853,6 +889,26 @@ mod tests {
         };
         let plan = self::plan(vec![recent], &late, &Mapping::default());
         assert_eq!(plan.batch.skipped, [(STILL_RUNNING, 1)].into());
+    }
+
+    #[test]
+    fn a_page_alone_knows_a_pod_is_gone_by_when_any_pod_was_reported() {
+        let mut gone = pod("gone");
+        gone.phase = Some(Phase::Running);
+        gone.completed = None;
+        gone.last_seen = Some(utc("2026-03-01T12:00:00Z"));
+        gone.last_running = gone.last_seen;
+        // Alone on its page, it is the latest pod reported: still running.
+        let alone = plan(vec![gone.clone()], &horizon(), &Mapping::default());
+        assert_eq!(alone.batch.skipped, [(STILL_RUNNING, 1)].into());
+        // Other pages' pods were reported until the window's end: it is gone.
+        let paged = Horizon {
+            reported_until: Some(utc("2026-03-01T23:59:30Z")),
+            ..horizon()
+        };
+        let decided = plan(vec![gone], &paged, &Mapping::default());
+        assert_eq!(decided.candidates.len(), 1);
+        assert_eq!(decided.candidates[0].outcome, Outcome::Cancelled);
     }
 
     #[test]

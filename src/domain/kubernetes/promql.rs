@@ -163,19 +163,73 @@ pub fn string(text: &str) -> String {
 
 /// A regular expression matching exactly these values, as a PromQL string literal.
 pub fn any_of<'a>(values: impl IntoIterator<Item = &'a str>) -> String {
-    let alternatives: Vec<String> = values
+    let alternatives: Vec<String> = values.into_iter().map(literal).collect();
+    string(&alternatives.join("|"))
+}
+
+/// `value` as a regular expression matching it alone.
+fn literal(value: &str) -> String {
+    value
+        .chars()
+        .flat_map(|c| {
+            let escape = "\\.+*?()|[]{}^$".contains(c);
+            escape.then_some('\\').into_iter().chain([c])
+        })
+        .collect()
+}
+
+/// How many characters of a pod's UID name the slice of pods it is counted in.
+pub const UID_PREFIX_CHARS: usize = 2;
+
+/// The pods whose UID starts with one of `prefixes`, as [`PodQueries::uid_prefixes`] answers
+/// them (`uid=~"0a.*|0b.*"`), or, with `within` false, every other pod: a prefix shorter than
+/// [`UID_PREFIX_CHARS`] is a whole UID (the empty one of pods exported without a UID).
+fn uid_matcher<'a>(prefixes: impl IntoIterator<Item = &'a str>, within: bool) -> String {
+    let alternatives: Vec<String> = prefixes
         .into_iter()
-        .map(|value| {
-            value
-                .chars()
-                .flat_map(|c| {
-                    let escape = "\\.+*?()|[]{}^$".contains(c);
-                    escape.then_some('\\').into_iter().chain([c])
-                })
-                .collect()
+        .map(|prefix| {
+            let exact = literal(prefix);
+            if prefix.chars().count() < UID_PREFIX_CHARS {
+                exact
+            } else {
+                format!("{exact}.*")
+            }
         })
         .collect();
-    string(&alternatives.join("|"))
+    let operator = if within { "=~" } else { "!~" };
+    format!("uid{operator}{}", string(&alternatives.join("|")))
+}
+
+/// Cuts the pods of a window into pages of about `page_pods`, from how many pods each UID
+/// prefix holds (the answer of [`PodQueries::uid_prefixes`]): each page is the matcher that
+/// selects its pods, and together they select every pod exactly once, the last page taking
+/// whatever the others do not (pods that appeared since the count included). A prefix holding
+/// more than `page_pods` makes a page of its own. One page is the empty matcher: the window
+/// whole, as without paging.
+pub fn uid_pages(counts: &[(String, u64)], page_pods: u64) -> Vec<String> {
+    let mut prefixes: Vec<(&str, u64)> = counts.iter().map(|(p, n)| (p.as_str(), *n)).collect();
+    prefixes.sort_unstable();
+    let mut pages: Vec<Vec<&str>> = vec![Vec::new()];
+    let mut filled = 0;
+    for (prefix, count) in prefixes {
+        if filled + count > page_pods && filled > 0 {
+            pages.push(Vec::new());
+            filled = 0;
+        }
+        filled += count;
+        pages.last_mut().expect("one page at least").push(prefix);
+    }
+    if pages.len() == 1 {
+        return vec![String::new()];
+    }
+    let (last, earlier) = pages.split_last().expect("two pages at least");
+    let mut matchers: Vec<String> = earlier
+        .iter()
+        .map(|page| uid_matcher(page.iter().copied(), true))
+        .collect();
+    debug_assert!(!last.is_empty());
+    matchers.push(uid_matcher(earlier.iter().flatten().copied(), false));
+    matchers
 }
 
 /// A range or resolution in whole seconds, at least one.
@@ -327,6 +381,26 @@ impl PodQueries<'_> {
                 s("kube_pod_info", &[])
             ),
         }
+    }
+
+    /// How many pods the window holds, by the first [`UID_PREFIX_CHARS`] characters of their
+    /// UID (label `prefix`): a cheap answer of at most a few hundred series from which the
+    /// pods are cut into pages.
+    pub fn uid_prefixes(&self) -> String {
+        format!(
+            "count by (prefix) (label_replace({}, \"prefix\", \"$1\", \"uid\", \"(.{{0,{UID_PREFIX_CHARS}}}).*\"))",
+            self.query(PodFact::Created)
+        )
+    }
+
+    /// When any pod of the window was last reported: the latest of [`PodFact::LastSeen`].
+    pub fn reported_until(&self) -> String {
+        format!(
+            "max(max_over_time(timestamp({})[{}:{}]))",
+            select("kube_pod_created", self.selector, &[]),
+            seconds(self.range),
+            seconds(self.resolution)
+        )
     }
 
     /// The GPU product label of each node, as NVIDIA's GPU feature discovery sets it.
@@ -519,10 +593,44 @@ mod tests {
             plain.query(PodFact::Created),
             "max by (namespace, pod, uid) (max_over_time(kube_pod_created{}[3600s]))"
         );
+        assert_eq!(
+            plain.uid_prefixes(),
+            "count by (prefix) (label_replace(max by (namespace, pod, uid) (max_over_time(\
+             kube_pod_created{}[3600s])), \"prefix\", \"$1\", \"uid\", \"(.{0,2}).*\"))"
+        );
+        assert_eq!(
+            queries.reported_until(),
+            "max(max_over_time(timestamp(kube_pod_created{cluster=\"a\"})[3600s:30s]))"
+        );
+        assert_eq!(
+            uid_matcher(["0a", "0b", "x", ""], true),
+            r#"uid=~"0a.*|0b.*|x|""#
+        );
+        assert_eq!(uid_matcher(["a."], false), r#"uid!~"a\\..*""#);
         let dcgm = dcgm("", "ml", "p-1", Some("u1"), TimeDelta::minutes(10));
         assert!(dcgm.contains(
             "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{namespace=\"ml\", pod=\"p-1\", \
              pod_uid=~\"u1|\"}[600s]))"
         ));
+    }
+
+    #[test]
+    fn pages_select_every_pod_once() {
+        let counts = |raw: &[(&str, u64)]| -> Vec<(String, u64)> {
+            raw.iter().map(|(p, n)| ((*p).to_owned(), *n)).collect()
+        };
+        assert_eq!(uid_pages(&counts(&[("0a", 3), ("0b", 4)]), 10), [""]);
+        assert_eq!(uid_pages(&[], 10), [""]);
+        assert_eq!(
+            uid_pages(
+                &counts(&[("0b", 4), ("0a", 3), ("ff", 12), ("", 1), ("c1", 2)]),
+                8
+            ),
+            [
+                r#"uid=~"|0a.*|0b.*""#,
+                r#"uid=~"c1.*""#,
+                r#"uid!~"|0a.*|0b.*|c1.*""#,
+            ]
+        );
     }
 }
