@@ -157,6 +157,7 @@ fn measure(url: &str, page_pods: usize) {
         attempt_lookback: TimeDelta::days(7),
         query_timeout: Duration::from_secs(120),
         page_pods,
+        capacity: None,
         mapping: Mapping {
             gpu_models: [("NVIDIA H100 80GB HBM3".to_owned(), "H100".to_owned())].into(),
             ..Mapping::default()

@@ -290,6 +290,21 @@ pub struct PrometheusCollectArgs {
     /// pages of this many, cut by pod UID, so memory grows with the page, not the cluster.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub page_pods: u32,
+    /// Read no node capacity: only pods become records.
+    #[arg(long)]
+    pub no_capacity: bool,
+    /// A node label naming the node's pool (repeat; the first a node has wins); default
+    /// cloud.google.com/gke-nodepool, eks.amazonaws.com/nodegroup, karpenter.sh/nodepool,
+    /// kubernetes.azure.com/agentpool.
+    #[arg(long = "pool-label", value_name = "KEY", value_parser = parse_label_key)]
+    pub pool_labels: Vec<String>,
+    /// The pool of GPU nodes with none of the pool labels.
+    #[arg(long, default_value = "default")]
+    pub default_pool: String,
+    /// The billing mode of GPU nodes whose labels do not mark them spot (`on_demand`,
+    /// `reserved` for owned or committed nodes).
+    #[arg(long, default_value = "on_demand", value_parser = parse_billing_mode)]
+    pub node_billing_mode: crate::domain::rating::BillingMode,
     /// The pod label naming the project; default, or on pods without it: the namespace.
     #[arg(long)]
     pub project_label: Option<String>,
@@ -308,6 +323,11 @@ pub struct PrometheusCollectArgs {
     /// nvidia.com/gpu.product label) names NAME (repeat), as contracts name it.
     #[arg(long = "gpu-model", value_name = "NAME=MODEL", value_parser = parse_pair)]
     pub gpu_models: Vec<(String, String)>,
+}
+
+fn parse_billing_mode(raw: &str) -> Result<crate::domain::rating::BillingMode, String> {
+    crate::domain::rating::BillingMode::parse(raw)
+        .ok_or_else(|| format!("`{raw}` is not a billing mode: on_demand, spot or reserved"))
 }
 
 /// A Kubernetes label key that is also a record label key.

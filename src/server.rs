@@ -16,10 +16,12 @@ use tokio::net::TcpListener;
 use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, PrometheusCollectArgs};
 use crate::collectors::prometheus::PrometheusCollector;
 use crate::collectors::slurm::SlurmCollector;
-use crate::collectors::{self, Destination, StateFile, Window, WindowRequest};
+use crate::collectors::{self, CapacitySummary, Destination, StateFile, Window, WindowRequest};
 use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
+use crate::domain::capacity::pool_id;
 use crate::domain::kubernetes;
+use crate::domain::kubernetes::nodes::NodeMapping;
 use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
@@ -113,6 +115,23 @@ impl Collector {
             Collector::Prometheus(collector) => collector.read_pages(window, now, hand_on).await,
         }
     }
+
+    /// Reads the window's node capacity, handing on each part as it is read; `None` when
+    /// the collector reads none.
+    async fn read_capacity(
+        &self,
+        window: Window,
+        now: chrono::DateTime<chrono::Utc>,
+        hand_on: impl AsyncFnMut(Vec<serde_json::Value>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Option<usize>> {
+        match self {
+            Collector::Prometheus(collector) if collector.capacity.is_some() => collector
+                .read_capacity(window, now, hand_on)
+                .await
+                .map(Some),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// `collect <source>`: once, or with `--every` until SIGTERM, each run as [`collect_once`].
@@ -175,8 +194,10 @@ fn prometheus_collector(args: &PrometheusCollectArgs) -> anyhow::Result<Promethe
         args.run.overlap
     );
     anyhow::ensure!(
-        args.resolution > chrono::TimeDelta::zero(),
-        "--resolution must be longer than nothing"
+        args.resolution > chrono::TimeDelta::zero()
+            && args.resolution.subsec_nanos() == 0
+            && 3600 % args.resolution.num_seconds() == 0,
+        "--resolution must be whole seconds that divide an hour (15s, 30s, 1m)"
     );
     let projects = match &args.project_map {
         Some(path) => {
@@ -204,6 +225,20 @@ fn prometheus_collector(args: &PrometheusCollectArgs) -> anyhow::Result<Promethe
             .filter(|timeout| !timeout.is_zero())
             .ok_or_else(|| anyhow::anyhow!("--query-timeout must be longer than nothing"))?,
         page_pods: args.page_pods as usize,
+        capacity: (!args.no_capacity)
+            .then(|| -> anyhow::Result<NodeMapping> {
+                let mut nodes = NodeMapping {
+                    default_pool: pool_id(&args.default_pool)
+                        .map_err(|error| anyhow::anyhow!("--default-pool: {error}"))?,
+                    billing_mode: args.node_billing_mode,
+                    ..NodeMapping::default()
+                };
+                if !args.pool_labels.is_empty() {
+                    nodes.pool_labels = args.pool_labels.clone();
+                }
+                Ok(nodes)
+            })
+            .transpose()?,
         mapping: kubernetes::Mapping {
             project_label: args.project_label.clone(),
             projects,
@@ -261,20 +296,33 @@ async fn collect_once(
             Ok(())
         })
         .await;
+    let mut capacity = CapacitySummary::default();
+    let read = match read {
+        Ok(pages) => collector
+            .read_capacity(window, now, async |intervals| {
+                collectors::deliver_capacity(&destination, intervals, &mut capacity).await
+            })
+            .await
+            .map(|hours| (pages, hours)),
+        Err(error) => Err(error),
+    };
     drop(destination);
     if let Some(database) = database {
         database.close().await?;
     }
-    let pages = match read {
-        Ok(pages) => pages,
-        Err(error) if summary.records == 0 => return Err(error),
+    let (pages, hours) = match read {
+        Ok(read) => read,
+        Err(error) if summary.records == 0 && capacity.intervals == 0 => return Err(error),
         Err(error) => anyhow::bail!(
-            "{error:#}; the {} records read before it were delivered ({} accepted, {} \
-             duplicates), and the state stays where it was, so the next run reads this window \
-             again and counts them as duplicates",
+            "{error:#}; the {} records and {} capacity intervals read before it were delivered \
+             ({} and {} stored, {} and {} duplicates), and the state stays where it was, so \
+             the next run reads this window again and counts them as duplicates",
             summary.records,
+            capacity.intervals,
             summary.accepted,
-            summary.duplicates
+            capacity.inserted,
+            summary.duplicates,
+            capacity.duplicates
         ),
     };
     println!(
@@ -283,9 +331,15 @@ async fn collect_once(
         window.since.to_rfc3339(),
         window.until.to_rfc3339()
     );
+    // Capacity that could not be stored fails the run as records do.
+    summary.problems.append(&mut capacity.problems);
     print!("{}", summary.render_counting(collector.reads(), 100));
     if pages > 1 {
         println!("read and delivered in {pages} pages");
+    }
+    if let Some(hours) = hours {
+        capacity.hours = hours;
+        print!("{}", capacity.render());
     }
     collectors::remember(state, window, &summary)?;
     anyhow::ensure!(

@@ -9,6 +9,7 @@
 pub mod prometheus;
 pub mod slurm;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -18,10 +19,13 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::config::Settings;
+use crate::domain::capacity::parse_intervals;
 use crate::domain::record::RecordRules;
 use crate::domain::source::SourceBatch;
+use crate::domain::validation::FieldError;
 use crate::ledger::import::{BATCH_SIZE, Rejection};
 use crate::ledger::sources::{self, SourceSummary};
+use crate::ledger::{LedgerError, capacity, zombies};
 
 /// How far back a first run without `--since` or a state looks.
 pub const FIRST_LOOKBACK: TimeDelta = TimeDelta::hours(24);
@@ -227,6 +231,156 @@ async fn post(
         }
     }
     Ok(summary)
+}
+
+/// What became of the capacity a run read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapacitySummary {
+    /// The whole hours read.
+    pub hours: usize,
+    /// The nodes with GPUs in them.
+    pub nodes: BTreeSet<String>,
+    pub intervals: usize,
+    pub inserted: usize,
+    pub duplicates: usize,
+    /// Intervals refused, each with its node and start, or the request refused.
+    pub problems: Vec<Rejection>,
+}
+
+impl CapacitySummary {
+    /// The line the run's summary ends with.
+    pub fn render(&self) -> String {
+        format!(
+            "capacity: hours {}, nodes {}, intervals {}: inserted {}, duplicates {}\n",
+            self.hours,
+            self.nodes.len(),
+            self.intervals,
+            self.inserted,
+            self.duplicates
+        )
+    }
+}
+
+/// The most intervals one capacity request carries.
+const CAPACITY_BATCH: usize = 5_000;
+
+/// Hands on capacity intervals (as `POST /v1/capacity` takes them) in requests of at most
+/// [`CAPACITY_BATCH`], each stored whole or not at all; an interval stored before with the
+/// same content is a duplicate.
+pub async fn deliver_capacity(
+    destination: &Destination,
+    intervals: Vec<Value>,
+    summary: &mut CapacitySummary,
+) -> anyhow::Result<()> {
+    summary.intervals += intervals.len();
+    summary.nodes.extend(
+        intervals
+            .iter()
+            .filter_map(|interval| interval["node"].as_str().map(str::to_owned)),
+    );
+    for chunk in intervals.chunks(CAPACITY_BATCH) {
+        let body = Value::Array(chunk.to_vec());
+        let located = |pointer: &str| {
+            let position = pointer
+                .trim_start_matches('/')
+                .split('/')
+                .next()
+                .and_then(|p| p.parse::<usize>().ok());
+            position.and_then(|p| chunk.get(p)).map_or_else(
+                || "capacity".to_owned(),
+                |interval| {
+                    format!(
+                        "node {} from {}",
+                        interval["node"].as_str().unwrap_or("?"),
+                        interval["from"].as_str().unwrap_or("?")
+                    )
+                },
+            )
+        };
+        let refused = |errors: Vec<FieldError>| {
+            errors
+                .into_iter()
+                .map(|error| Rejection {
+                    location: located(&error.pointer),
+                    reason: format!(
+                        "{}; nothing of its {} intervals was stored",
+                        error.message,
+                        chunk.len()
+                    ),
+                })
+                .collect::<Vec<_>>()
+        };
+        match destination {
+            Destination::Local { pool, settings } => {
+                let parsed = match parse_intervals(&body, settings.clock.now()) {
+                    Ok(parsed) => parsed,
+                    Err(violations) => {
+                        summary.problems.extend(refused(violations.into_vec()));
+                        continue;
+                    }
+                };
+                let nodes: Vec<String> = parsed.iter().map(|i| i.node.clone()).collect();
+                match capacity::post_capacity(pool, parsed, false, settings.timezone).await {
+                    Ok(receipt) => {
+                        summary.inserted += receipt.inserted;
+                        summary.duplicates += receipt.duplicates;
+                        zombies::judge(pool, Some(nodes), settings).await?;
+                    }
+                    Err(LedgerError::Invalid(errors) | LedgerError::Conflict(_, errors)) => {
+                        summary.problems.extend(refused(errors));
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            Destination::Server { url, token, client } => {
+                let endpoint = url
+                    .join("v1/capacity")
+                    .context("the --server URL cannot take a path")?;
+                let response = client
+                    .post(endpoint.clone())
+                    .bearer_auth(token)
+                    .json(&body)
+                    .send()
+                    .await
+                    .with_context(|| format!("cannot reach {endpoint}"))?;
+                let status = response.status();
+                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                if status.is_success() {
+                    summary.inserted += answer["inserted"].as_u64().unwrap_or(0) as usize;
+                    summary.duplicates += answer["duplicates"].as_u64().unwrap_or(0) as usize;
+                    continue;
+                }
+                let detail = answer["detail"].as_str().unwrap_or("no detail").to_owned();
+                anyhow::ensure!(
+                    matches!(status.as_u16(), 403 | 409 | 422),
+                    "{endpoint} answered {status}: {detail}"
+                );
+                let errors: Vec<FieldError> = answer["errors"]
+                    .as_array()
+                    .map(|errors| {
+                        errors
+                            .iter()
+                            .map(|error| {
+                                FieldError::new(
+                                    error["pointer"].as_str().unwrap_or(""),
+                                    error["message"].as_str().unwrap_or("refused"),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if errors.is_empty() {
+                    summary.problems.push(Rejection {
+                        location: endpoint.to_string(),
+                        reason: format!("{status}: {detail}"),
+                    });
+                } else {
+                    summary.problems.extend(refused(errors));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Moves the state on to the end of the window when everything of it was delivered.

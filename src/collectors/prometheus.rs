@@ -12,11 +12,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context;
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use futures::{StreamExt, TryStreamExt};
+use serde_json::Value;
 
 use super::Window;
-use crate::domain::kubernetes::promql::{self, PodQueries, Sample, TaskSource};
+use crate::domain::kubernetes::nodes::{self, NodeFacts, NodeMapping};
+use crate::domain::kubernetes::promql::{
+    self, NodeQueries, PodQueries, RangeSeries, Sample, TaskSource,
+};
 use crate::domain::kubernetes::telemetry::Dcgm;
 use crate::domain::kubernetes::{self, Horizon, Mapping, Measured, Plan, PodTable};
 use crate::domain::source::SourceBatch;
@@ -47,6 +51,8 @@ pub struct PrometheusCollector {
     /// a time.
     pub page_pods: usize,
     pub mapping: Mapping,
+    /// How nodes become capacity; `None`: nodes are not read.
+    pub capacity: Option<NodeMapping>,
 }
 
 impl PrometheusCollector {
@@ -151,6 +157,68 @@ impl PrometheusCollector {
         Ok(pages.len())
     }
 
+    /// Reads the GPU nodes of every whole UTC hour that ended in the window and has settled
+    /// (and the hour the window starts in), an hour at a time, handing on each hour's capacity
+    /// intervals. Answers how many hours were read.
+    pub async fn read_capacity(
+        &self,
+        window: Window,
+        now: DateTime<Utc>,
+        mut hand_on: impl AsyncFnMut(Vec<Value>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<usize> {
+        let Some(node_mapping) = &self.capacity else {
+            return Ok(0);
+        };
+        let hour = TimeDelta::hours(1);
+        let decided = window.until.min(now - self.settle);
+        let first = window.since.duration_trunc(hour).map_err(|error| {
+            anyhow::anyhow!("cannot find the hour of {}: {error}", window.since)
+        })?;
+        let hours: Vec<DateTime<Utc>> = std::iter::successors(Some(first), |h| Some(*h + hour))
+            .take_while(|h| *h + hour <= decided)
+            .collect();
+        let (Some(earliest), Some(latest)) = (hours.first(), hours.last()) else {
+            return Ok(0);
+        };
+        let client = reqwest::Client::builder()
+            .timeout(self.client_timeout())
+            .build()?;
+        let queries = NodeQueries {
+            selector: &self.selector,
+        };
+        let end = *latest + hour;
+        let span = end - *earliest;
+        let mut facts = NodeFacts::default();
+        for query in [queries.labels(span), queries.info(span)] {
+            let answer = self.query(&client, &query, end).await?;
+            facts.add(answer.into_iter().map(|sample| sample.labels));
+        }
+        let step = self.resolution;
+        for start in &hours {
+            let range = (*start, *start + hour - step);
+            let gpus = self
+                .query_range(&client, &queries.gpus(), range, step)
+                .await?;
+            if gpus.is_empty() {
+                continue;
+            }
+            let down = self
+                .query_range(&client, &queries.down(), range, step)
+                .await?;
+            let hour = nodes::Hour {
+                start: *start,
+                step,
+                gpus: &gpus,
+                down: &down,
+            };
+            let intervals = nodes::intervals(&hour, &facts, node_mapping, &self.mapping);
+            if !intervals.is_empty() {
+                hand_on(intervals).await?;
+            }
+        }
+        Ok(hours.len())
+    }
+
     /// The records of a page's planned pods: their attempts among their tasks' pods, and
     /// what DCGM measured of them.
     async fn read_page(
@@ -230,17 +298,55 @@ impl PrometheusCollector {
         promql: &str,
         at: DateTime<Utc>,
     ) -> anyhow::Result<Vec<Sample>> {
+        let time = seconds(at);
+        self.ask(
+            client,
+            "api/v1/query",
+            promql,
+            &[("time", &time)],
+            promql::vector,
+        )
+        .await
+    }
+
+    /// Runs a range query from `start` to `end` (both included) every `step`.
+    async fn query_range(
+        &self,
+        client: &reqwest::Client,
+        promql: &str,
+        (start, end): (DateTime<Utc>, DateTime<Utc>),
+        step: TimeDelta,
+    ) -> anyhow::Result<Vec<RangeSeries>> {
+        let (start, end) = (seconds(start), seconds(end));
+        let step = step.num_seconds().max(1).to_string();
+        let parameters = [("start", start.as_str()), ("end", &end), ("step", &step)];
+        self.ask(
+            client,
+            "api/v1/query_range",
+            promql,
+            &parameters,
+            promql::matrix,
+        )
+        .await
+    }
+
+    /// Asks `promql` of the endpoint at `path` and reads the answer with `read`.
+    async fn ask<T>(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        promql: &str,
+        parameters: &[(&str, &str)],
+        read: fn(&[u8]) -> Result<T, String>,
+    ) -> anyhow::Result<T> {
         let endpoint = self
             .url
-            .join("api/v1/query")
+            .join(path)
             .context("the --prometheus URL cannot take a path")?;
-        let time = format!("{}.{:03}", at.timestamp(), at.timestamp_subsec_millis());
         let timeout = format!("{}ms", self.query_timeout.as_millis());
-        let mut request = client.post(endpoint.clone()).form(&[
-            ("query", promql),
-            ("time", &time),
-            ("timeout", &timeout),
-        ]);
+        let mut form = vec![("query", promql), ("timeout", &timeout)];
+        form.extend_from_slice(parameters);
+        let mut request = client.post(endpoint.clone()).form(&form);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -284,7 +390,7 @@ impl PrometheusCollector {
             }
             body.extend_from_slice(&chunk);
         }
-        match promql::vector(&body) {
+        match read(&body) {
             Ok(samples) if status.is_success() => Ok(samples),
             Ok(_) => Err(failed(format!("answered {status}"))),
             Err(error) if status.is_success() => Err(failed(error)),
@@ -304,4 +410,9 @@ impl PrometheusCollector {
             redacted_url(self.url.as_str())
         )
     }
+}
+
+/// A time as Prometheus' API takes it: Unix seconds, to the millisecond.
+fn seconds(at: DateTime<Utc>) -> String {
+    format!("{}.{:03}", at.timestamp(), at.timestamp_subsec_millis())
 }

@@ -628,17 +628,69 @@ fn openmetrics(specs: &[Spec], base: i64) -> String {
         }
     }
     for t in (DATA_START..=DATA_END).step_by(SCRAPE as usize) {
-        for (node, product) in [
-            ("gpu-node-1", "NVIDIA-A100-SXM4-80GB"),
-            ("gpu-node-9", "NVIDIA-A100-SXM4-80GB"),
-        ] {
+        for node in NODES {
+            let mut labels = vec![
+                ("node", node.name),
+                ("label_nvidia_com_gpu_product", "NVIDIA-A100-SXM4-80GB"),
+                (node.pool_label, node.pool),
+            ];
+            if node.spot {
+                labels.push(("label_karpenter_sh_capacity_type", "spot"));
+            }
+            emit("kube_node_labels", &labels, 1.0, t);
+            let provider_id = format!("gce://proj/us-central1-a/{}", node.name);
             emit(
-                "kube_node_labels",
-                &[("node", node), ("label_nvidia_com_gpu_product", product)],
+                "kube_node_info",
+                &[("node", node.name), ("provider_id", &provider_id)],
                 1.0,
                 t,
             );
+            let gpus = node.gpus.to_string();
+            for resource in ["nvidia_com_gpu", "cpu"] {
+                let amount = if resource == "cpu" {
+                    64.0
+                } else {
+                    f64::from(node.gpus)
+                };
+                emit(
+                    "kube_node_status_capacity",
+                    &[("node", node.name), ("resource", resource), ("unit", &gpus)],
+                    amount,
+                    t,
+                );
+            }
+            let during = |(from, until): (i64, i64)| t >= from && t < until;
+            emit(
+                "kube_node_spec_unschedulable",
+                &[("node", node.name)],
+                f64::from(u8::from(node.cordoned.is_some_and(during))),
+                t,
+            );
+            let ready = !node.not_ready.is_some_and(during);
+            for status in ["true", "false", "unknown"] {
+                let on = (status == "true") == ready && status != "unknown";
+                emit(
+                    "kube_node_status_condition",
+                    &[
+                        ("node", node.name),
+                        ("condition", "Ready"),
+                        ("status", status),
+                    ],
+                    f64::from(u8::from(on)),
+                    t,
+                );
+            }
         }
+        emit(
+            "kube_node_status_capacity",
+            &[
+                ("node", "cpu-node-1"),
+                ("resource", "cpu"),
+                ("unit", "core"),
+            ],
+            64.0,
+            t,
+        );
     }
     let mut text = String::new();
     for (name, lines) in families {
@@ -648,6 +700,50 @@ fn openmetrics(specs: &[Spec], base: i64) -> String {
     text.push_str("# EOF\n");
     text
 }
+
+/// A GPU node kube-state-metrics reports all day.
+struct Node {
+    name: &'static str,
+    gpus: u32,
+    /// The label naming its pool, as kube-state-metrics exports it, and the pool.
+    pool_label: &'static str,
+    pool: &'static str,
+    spot: bool,
+    /// When it was cordoned, from and until (offsets from the day's start).
+    cordoned: Option<(i64, i64)>,
+    /// When it was not Ready.
+    not_ready: Option<(i64, i64)>,
+}
+
+const NODES: [Node; 3] = [
+    Node {
+        name: "gpu-node-1",
+        gpus: 8,
+        pool_label: "label_cloud_google_com_gke_nodepool",
+        pool: "train",
+        spot: false,
+        cordoned: None,
+        not_ready: None,
+    },
+    Node {
+        name: "gpu-node-2",
+        gpus: 8,
+        pool_label: "label_cloud_google_com_gke_nodepool",
+        pool: "train",
+        spot: false,
+        cordoned: None,
+        not_ready: Some((7 * HOUR + 45 * MINUTE, 8 * HOUR + 15 * MINUTE)),
+    },
+    Node {
+        name: "gpu-node-9",
+        gpus: 4,
+        pool_label: "label_karpenter_sh_nodepool",
+        pool: "infer",
+        spot: true,
+        cordoned: Some((3 * HOUR + 10 * MINUTE, 5 * HOUR + 20 * MINUTE)),
+        not_ready: None,
+    },
+];
 
 fn seed_of(spec: &Spec) -> usize {
     spec.name.bytes().map(usize::from).sum()
@@ -697,6 +793,7 @@ fn expected(spec: &Spec, attempt: u32, base: i64) -> Value {
         },
         "retries": spec.restarts,
         "mig_profile": mig,
+        "nodes": [spec.node],
     });
     let mut labels = json!({"namespace": spec.namespace, "pod": spec.name, "node": spec.node});
     match spec.end {
@@ -863,6 +960,13 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
     for project in ["vision", "nlp", "research"] {
         app.create_project(project, "USD").await;
     }
+    for (pool, owner) in [("train", "vision"), ("infer", "nlp")] {
+        let body = json!({"name": pool, "owner_project": owner});
+        let response = app
+            .put(&format!("/v1/pools/{pool}"), &app.admin, body)
+            .await;
+        assert!(response.status.is_success(), "{}", response.text());
+    }
     let token = app.token("ingest", &["vision", "nlp", "research"]).await;
     let served = app.serve().await;
     let dir = tempfile::tempdir().unwrap();
@@ -897,6 +1001,11 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
         ),
         "{out}"
     );
+    // Fourteen whole hours of three GPU nodes, two of which changed state within two hours.
+    assert!(
+        out.contains("capacity: hours 14, nodes 3, intervals 46: inserted 46, duplicates 0"),
+        "{out}"
+    );
     let second = (at(base, 12 * HOUR), at(base, DATA_END));
     let (ok, out) = collect(
         &app,
@@ -914,6 +1023,71 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
         "{out}"
     );
     assert!(out.contains("skipped: no GPU 2, still running 1"), "{out}");
+    assert!(
+        out.contains("capacity: hours 12, nodes 3, intervals 36: inserted 30, duplicates 6"),
+        "{out}"
+    );
+    // The day's capacity, node by node: what was paid, and what of it could run nothing.
+    let seconds: Vec<(String, String, String, String, String, i64)> = sqlx::query_as(
+        "SELECT node, state, pool_id, billing_mode, coalesce(provider, ''), \
+                sum(gpus * extract(epoch FROM until_at - from_at))::bigint \
+         FROM capacity_intervals GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let row = |node: &str, state: &str, pool: &str, mode: &str, gpu_seconds: i64| {
+        (
+            node.to_owned(),
+            state.to_owned(),
+            pool.to_owned(),
+            mode.to_owned(),
+            "gcp".to_owned(),
+            gpu_seconds,
+        )
+    };
+    assert_eq!(
+        seconds,
+        [
+            row("gpu-node-1", "up", "train", "on_demand", 8 * 24 * HOUR),
+            row("gpu-node-2", "down", "train", "on_demand", 8 * 30 * MINUTE),
+            row(
+                "gpu-node-2",
+                "up",
+                "train",
+                "on_demand",
+                8 * (24 * HOUR - 30 * MINUTE)
+            ),
+            row(
+                "gpu-node-9",
+                "down",
+                "infer",
+                "spot",
+                4 * (2 * HOUR + 10 * MINUTE)
+            ),
+            row(
+                "gpu-node-9",
+                "up",
+                "infer",
+                "spot",
+                4 * (24 * HOUR - 130 * MINUTE)
+            ),
+        ]
+    );
+    let cordoned: (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+        "SELECT min(from_at), max(until_at) FROM capacity_intervals \
+         WHERE node = 'gpu-node-9' AND state = 'down'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        cordoned,
+        (
+            DateTime::from_timestamp(base + 3 * HOUR + 10 * MINUTE, 0).unwrap(),
+            DateTime::from_timestamp(base + 5 * HOUR + 20 * MINUTE, 0).unwrap()
+        )
+    );
     let stored: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(
         stored["until"]
@@ -1003,7 +1177,7 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
     assert!(!ok, "{out}");
     assert!(out.contains("answered 503 Service Unavailable"), "{out}");
     assert!(
-        out.contains("records read before it were delivered (0 accepted, "),
+        out.contains("capacity intervals read before it were delivered (0 and 0 stored, "),
         "{out}"
     );
     assert!(!halfway.exists());

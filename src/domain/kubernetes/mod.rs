@@ -7,6 +7,7 @@
 //! A pod is decided only once its data has settled, so that every run that sees it again
 //! makes exactly the same record and overlapping windows store it once.
 
+pub mod nodes;
 pub mod promql;
 pub mod resources;
 pub mod telemetry;
@@ -336,7 +337,7 @@ impl Mapping {
         }
     }
 
-    fn model_name(&self, raw: &str) -> String {
+    pub fn model_name(&self, raw: &str) -> String {
         self.gpu_models
             .get(raw)
             .cloned()
@@ -694,6 +695,9 @@ fn record_of(
     }
     if let Some(profile) = profile {
         record["mig_profile"] = json!(profile.name());
+    }
+    if let Some(node) = &pod.node {
+        record["nodes"] = json!([node]);
     }
     record["labels"] = Value::Object(labels(candidate, mapping));
     Ok(record)

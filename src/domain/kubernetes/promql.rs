@@ -17,6 +17,9 @@ use serde_json::Value;
 /// `nvidia_com_mig_1g_10gb`); other exporters keep Kubernetes' spelling.
 pub const GPU_RESOURCES: &str = "nvidia[._]com[/_].+";
 
+/// The node resources that are GPUs or MIG slices of them (not HAMi's cores and memory).
+pub const NODE_GPU_RESOURCES: &str = "nvidia[._]com[/_](gpu|mig.+)";
+
 /// The pod identity every pod query groups by.
 const POD: &str = "namespace, pod, uid";
 
@@ -145,6 +148,131 @@ fn sample(series: &Value) -> Result<Sample, String> {
         .ok_or("a series of the answer has no `value` [time, \"number\"]")?
         .to_owned();
     Ok(Sample { labels, value })
+}
+
+/// One series of a range query's answer: its labels and its values by Unix second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeSeries {
+    pub labels: BTreeMap<String, String>,
+    pub points: Vec<(i64, String)>,
+}
+
+impl RangeSeries {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .get(name)
+            .map(String::as_str)
+            .filter(|value| !value.is_empty())
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RangeAnswer {
+    status: String,
+    data: RangeData,
+}
+
+#[derive(serde::Deserialize)]
+struct RangeData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Vec<RangeResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct RangeResult {
+    metric: BTreeMap<String, String>,
+    values: Vec<(serde_json::Number, String)>,
+}
+
+/// The series of a range query's answer (`resultType` `matrix`), or what is wrong with it.
+/// Times are read to the second, as the collector asks for whole-second steps.
+pub fn matrix(body: &[u8]) -> Result<Vec<RangeSeries>, String> {
+    match serde_json::from_slice::<RangeAnswer>(body) {
+        Ok(RangeAnswer { status, data }) if status == "success" && data.result_type == "matrix" => {
+            data.result
+                .into_iter()
+                .map(|series| {
+                    let points = series
+                        .values
+                        .into_iter()
+                        .map(|(time, value)| {
+                            let seconds = time.as_i64().or_else(|| {
+                                Decimal::from_str(&time.to_string())
+                                    .ok()
+                                    .and_then(|t| i64::try_from(t.floor()).ok())
+                            });
+                            seconds
+                                .map(|seconds| (seconds, value))
+                                .ok_or_else(|| format!("`{time}` is not a time"))
+                        })
+                        .collect::<Result<_, String>>()?;
+                    Ok(RangeSeries {
+                        labels: series.metric,
+                        points,
+                    })
+                })
+                .collect()
+        }
+        Ok(RangeAnswer { data, .. }) if data.result_type != "matrix" => Err(format!(
+            "the answer is a `{}`, not a range of series",
+            data.result_type
+        )),
+        // Errors and unreadable answers are told as for instant queries.
+        _ => vector(body).and_then(|_| Err("the answer is not a range of series".to_owned())),
+    }
+}
+
+/// The range queries of node capacity, and the instant ones of node labels.
+#[derive(Debug, Clone)]
+pub struct NodeQueries<'a> {
+    /// Extra matchers for every series (`cluster="gpu-a"`), or empty.
+    pub selector: &'a str,
+}
+
+impl NodeQueries<'_> {
+    /// Each node's GPUs and MIG slices, by resource.
+    pub fn gpus(&self) -> String {
+        format!(
+            "max by (node, resource) ({})",
+            select(
+                "kube_node_status_capacity",
+                self.selector,
+                &[&format!("resource=~{}", string(NODE_GPU_RESOURCES))]
+            )
+        )
+    }
+
+    /// The nodes that cannot take pods: cordoned, or not `Ready`.
+    pub fn down(&self) -> String {
+        format!(
+            "max by (node) (({} == 1) or ({} == 1))",
+            select("kube_node_spec_unschedulable", self.selector, &[]),
+            select(
+                "kube_node_status_condition",
+                self.selector,
+                &["condition=\"Ready\"", "status!=\"true\""]
+            )
+        )
+    }
+
+    /// Each node's labels, as last seen in `range`.
+    pub fn labels(&self, range: TimeDelta) -> String {
+        format!(
+            "last_over_time({}[{}])",
+            select("kube_node_labels", self.selector, &[]),
+            seconds(range)
+        )
+    }
+
+    /// Each node's provider ID, as last seen in `range`.
+    pub fn info(&self, range: TimeDelta) -> String {
+        format!(
+            "max by (node, provider_id) (last_over_time({}[{}]))",
+            select("kube_node_info", self.selector, &[]),
+            seconds(range)
+        )
+    }
 }
 
 /// A PromQL string literal.
