@@ -453,9 +453,17 @@ impl JobRecord {
 
     /// SHA-256 of the canonical JSON, serialised straight into the hasher.
     pub fn content_hash(&self) -> Vec<u8> {
-        let mut hasher = Sha256::new();
-        serde_json::to_writer(&mut hasher, &self.canonical()).expect("hashing cannot fail");
-        hasher.finalize().to_vec()
+        hash_of(&self.canonical())
+    }
+
+    /// The hash of the same record naming no nodes: a record stored without its nodes and
+    /// sent again with them is the same record (a collector that learnt to read nodes sends
+    /// what an older one stored); a correction adds them.
+    pub fn content_hash_without_nodes(&self) -> Vec<u8> {
+        hash_of(&Canonical {
+            nodes: None,
+            ..self.canonical()
+        })
     }
 
     fn canonical(&self) -> Canonical<'_> {
@@ -491,6 +499,12 @@ impl JobRecord {
             tensor_active: canonical_decimal(self.telemetry.tensor_active),
         }
     }
+}
+
+fn hash_of(canonical: &Canonical<'_>) -> Vec<u8> {
+    let mut hasher = Sha256::new();
+    serde_json::to_writer(&mut hasher, canonical).expect("hashing cannot fail");
+    hasher.finalize().to_vec()
 }
 
 fn canonical_decimal(value: Option<Decimal>) -> Option<String> {

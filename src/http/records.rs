@@ -115,7 +115,8 @@ pub struct JobRecordInput {
     pub mig_profile: Option<String>,
     /// The nodes the attempt ran on (a pod's node, Slurm's NodeList expanded), 1 to 256
     /// distinct names: its held GPU-seconds are spread evenly over them, and they count as
-    /// used time of those nodes' capacity.
+    /// used time of those nodes' capacity. A record stored without nodes and sent again with
+    /// them is a duplicate, kept as stored.
     #[schema(example = json!(["gpu-node-07"]))]
     pub nodes: Option<Vec<String>>,
 }

@@ -143,6 +143,13 @@ pub async fn insert_batch(
     for index in pending {
         match existing.get(&records[index].key) {
             Some(hash) if *hash == hashes[index] => outcome.duplicates.push(index),
+            // Stored without its nodes, sent again with them: the same record.
+            Some(hash)
+                if !records[index].nodes.is_empty()
+                    && *hash == records[index].content_hash_without_nodes() =>
+            {
+                outcome.duplicates.push(index);
+            }
             _ => outcome.conflicts.push(index),
         }
     }

@@ -937,3 +937,51 @@ async fn the_focus_export_bills_idle_and_down_time_to_whoever_is_charged() {
         .sum();
     assert_eq!(billed, Decimal::from(208));
 }
+
+#[tokio::test]
+async fn a_record_stored_without_nodes_and_sent_again_with_them_is_a_duplicate() {
+    let app = TestApp::spawn_with(settings("2026-11-20T00:00:00Z")).await;
+    app.create_project("vision", "USD").await;
+    let plain = record("r1", "2026-11-02T01:00:00Z", "2026-11-02T03:00:00Z");
+    app.ingest(json!([plain.clone()])).await;
+    let again = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([plain.clone().with("nodes", json!(["gpu-a"]))]),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text());
+    assert_eq!(again.json()["duplicates"], 1);
+    assert_eq!(again.json()["accepted"], 0);
+    let stored = app
+        .get("/v1/projects/vision/job-records/r1/1", &app.admin)
+        .await;
+    assert!(
+        stored.json()["record"]
+            .get("nodes")
+            .is_none_or(Value::is_null)
+    );
+    // Changed otherwise, it is still a conflict.
+    let changed = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([plain.clone().gpu_count(2).with("nodes", json!(["gpu-a"]))]),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::CONFLICT, "{}", changed.text());
+    // Stored with nodes, sent with other nodes: a conflict.
+    let placed = record("r2", "2026-11-02T01:00:00Z", "2026-11-02T03:00:00Z");
+    app.ingest(json!([placed.clone().with("nodes", json!(["gpu-a"]))]))
+        .await;
+    for nodes in [json!(["gpu-b"]), Value::Null] {
+        let body = if nodes.is_null() {
+            json!([placed.clone()])
+        } else {
+            json!([placed.clone().with("nodes", nodes)])
+        };
+        let moved = app.post("/v1/job-records", &app.admin, body).await;
+        assert_eq!(moved.status, StatusCode::CONFLICT, "{}", moved.text());
+    }
+}

@@ -1067,7 +1067,7 @@ mod tests {
                 "gpu_count": "2", "started_at": "2026-03-01T10:00:00Z",
                 "ended_at": "2026-03-01T11:00:00Z", "queued_at": "2026-03-01T09:58:00Z",
                 "outcome": "completed", "retries": 2, "gpu_util": "0.9",
-                "memory_peak_gib": "30",
+                "memory_peak_gib": "30", "nodes": ["n1"],
                 "labels": {"namespace": "ml", "pod": "a", "node": "n1", "team": "nlp"}
             })
         );
