@@ -31,6 +31,8 @@ pub struct SlurmJob {
     pub gpus: GpuTres,
     /// The highest usage any of its steps measured.
     pub usage: GpuUsage,
+    /// The nodes it ran on, as Slurm's host list (`NodeList`, `gpu[01-04]`).
+    pub nodes: Option<String>,
 }
 
 /// A job state, reduced to what the ledger needs.

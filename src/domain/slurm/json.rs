@@ -115,6 +115,7 @@ fn job_of(job: &Value, job_id: String, location: String) -> Result<SlurmJob, Str
         restarts: number(&job["restart_cnt"])?.and_then(|n| u32::try_from(n).ok()),
         gpus: gpus_of(&job["tres"]["allocated"])?,
         usage,
+        nodes: text(&job["nodes"]),
     })
 }
 

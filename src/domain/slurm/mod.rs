@@ -6,6 +6,7 @@
 //! Pure: no files, processes or clock. What cannot be read is a [`Problem`] naming its line or
 //! job id; a caller stores nothing of a batch that has one.
 
+pub mod hostlist;
 pub mod job;
 pub mod json;
 pub mod telemetry;
@@ -17,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
-use crate::domain::record::{format_time, label_value};
-use crate::domain::source::{Problem, SourceBatch, SourceRecord};
+use crate::domain::record::{MAX_NODES, format_time, label_value};
+use crate::domain::source::{LeftOut, Problem, SourceBatch, SourceRecord};
 use crate::domain::values::ProjectId;
 
 pub use self::job::{SlurmJob, State, parse_elapsed, parse_time};
@@ -31,6 +32,12 @@ pub const NEVER_STARTED: &str = "never started";
 
 /// The model of GPUs nobody named: shown as unrated until a contract names it.
 pub const UNKNOWN_MODEL: &str = "unknown";
+
+/// Why a job's nodes are left out of its record.
+pub const UNREADABLE_NODE_LIST: LeftOut = LeftOut {
+    field: "nodes",
+    reason: "a NodeList that is not a host list, or names more than 256 nodes",
+};
 
 /// How Slurm's names become the ledger's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -317,6 +324,16 @@ fn record_of(
     if let Some(profile) = telemetry.mig_profile {
         record["mig_profile"] = json!(profile);
     }
+    match job
+        .nodes
+        .as_deref()
+        .map(|list| hostlist::expand(list, MAX_NODES))
+        .transpose()
+    {
+        Ok(Some(nodes)) if !nodes.is_empty() => record["nodes"] = json!(nodes),
+        Ok(_) => {}
+        Err(_) => batch.leave_out(UNREADABLE_NODE_LIST),
+    }
     let labels = labels(job);
     if !labels.is_empty() {
         record["labels"] = Value::Object(labels);
@@ -373,6 +390,7 @@ mod tests {
             restarts: None,
             gpus,
             usage: GpuUsage::default(),
+            nodes: Some("gpu[01-02]".to_owned()),
         }
     }
 
@@ -393,6 +411,12 @@ mod tests {
             record["labels"],
             json!({"user": "ada", "partition": "gpu", "qos": "normal", "cluster": "c1", "job_name": "train"})
         );
+        assert_eq!(record["nodes"], json!(["gpu01", "gpu02"]));
+        let mut unreadable = job("8");
+        unreadable.nodes = Some("gpu[01-".to_owned());
+        let batch = convert(vec![unreadable], &Mapping::default());
+        assert_eq!(batch.records[0].value.get("nodes"), None);
+        assert_eq!(batch.left_out, [(UNREADABLE_NODE_LIST, 1)].into());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::domain::source::Problem;
 pub const REQUIRED_FIELDS: [&str; 5] = ["JobID", "State", "Start", "End", "AllocTRES"];
 
 /// The fields read, which `taskledger collect slurm` asks sacct for.
-pub const COLLECTED_FIELDS: [&str; 16] = [
+pub const COLLECTED_FIELDS: [&str; 17] = [
     "JobID",
     "JobName",
     "Account",
@@ -31,6 +31,7 @@ pub const COLLECTED_FIELDS: [&str; 16] = [
     "Restarts",
     "AllocTRES",
     "TRESUsageInMax",
+    "NodeList",
 ];
 
 #[derive(Debug, Clone)]
@@ -260,6 +261,7 @@ impl<'a> Row<'a> {
             restarts,
             gpus: tres::gpus_of_text(self.get("AllocTRES").unwrap_or_default())?,
             usage,
+            nodes: self.text("NodeList"),
         })
     }
 }
