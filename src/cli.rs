@@ -256,6 +256,23 @@ pub struct SlurmCollectArgs {
     /// Another argument for sacct (repeat), e.g. --sacct-arg=--clusters=a,b.
     #[arg(long = "sacct-arg", allow_hyphen_values = true)]
     pub sacct_args: Vec<String>,
+    /// The command listing the nodes as JSON, run on each run for node capacity.
+    #[arg(long, default_value = "scontrol")]
+    pub nodes_command: PathBuf,
+    /// Its arguments (repeat to replace the default `show nodes --json`; `--json` for sinfo).
+    #[arg(long = "nodes-arg", allow_hyphen_values = true)]
+    pub nodes_args: Vec<String>,
+    /// Read no node capacity: only jobs become records.
+    #[arg(long)]
+    pub no_capacity: bool,
+    /// The billing mode of the nodes (`on_demand`, `reserved` for owned or committed
+    /// nodes, `spot`).
+    #[arg(long, default_value = "on_demand", value_parser = parse_billing_mode)]
+    pub node_billing_mode: crate::domain::rating::BillingMode,
+    /// Snapshots further apart than this do not extend a node's interval across the gap:
+    /// nothing is counted for the time nothing was seen.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub max_node_gap: chrono::TimeDelta,
     #[command(flatten)]
     pub mapping: SlurmMappingArgs,
 }

@@ -15,13 +15,14 @@ use tokio::net::TcpListener;
 
 use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, PrometheusCollectArgs};
 use crate::collectors::prometheus::PrometheusCollector;
-use crate::collectors::slurm::SlurmCollector;
+use crate::collectors::slurm::{SlurmCollector, SlurmNodes};
 use crate::collectors::{self, CapacitySummary, Destination, StateFile, Window, WindowRequest};
 use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
 use crate::domain::capacity::pool_id;
 use crate::domain::kubernetes;
 use crate::domain::kubernetes::nodes::NodeMapping;
+use crate::domain::slurm::nodes::NodeMapping as SlurmNodeMapping;
 use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
@@ -116,20 +117,51 @@ impl Collector {
         }
     }
 
-    /// Reads the window's node capacity, handing on each part as it is read; `None` when
-    /// the collector reads none.
+    /// Reads the node capacity and delivers it: Prometheus' hours of the window, Slurm's
+    /// nodes as they are now, carrying on the intervals the state file keeps open. `false`
+    /// when the collector reads none.
     async fn read_capacity(
         &self,
         window: Window,
         now: chrono::DateTime<chrono::Utc>,
-        hand_on: impl AsyncFnMut(Vec<serde_json::Value>) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Option<usize>> {
+        state: Option<&StateFile>,
+        destination: &Destination,
+        summary: &mut CapacitySummary,
+    ) -> anyhow::Result<bool> {
         match self {
-            Collector::Prometheus(collector) if collector.capacity.is_some() => collector
-                .read_capacity(window, now, hand_on)
-                .await
-                .map(Some),
-            _ => Ok(None),
+            Collector::Prometheus(collector) if collector.capacity.is_some() => {
+                let hours = collector
+                    .read_capacity(window, now, async |intervals| {
+                        collectors::deliver_capacity(destination, intervals, false, summary).await
+                    })
+                    .await?;
+                summary.hours = Some(hours);
+                Ok(true)
+            }
+            Collector::Slurm(collector) => {
+                let Some(nodes) = &collector.nodes else {
+                    return Ok(false);
+                };
+                let open = state
+                    .map(StateFile::open_nodes)
+                    .transpose()?
+                    .unwrap_or_default();
+                let read = collector
+                    .read_nodes(nodes, &open, now.trunc_subsecs(0))
+                    .await?;
+                summary.nodes.extend(read.nodes);
+                if !read.store.is_empty() {
+                    collectors::deliver_capacity(destination, read.store, true, summary).await?;
+                }
+                // What is open moves on only once what it extends is stored.
+                if summary.problems.is_empty()
+                    && let Some(state) = state
+                {
+                    state.keep_nodes(read.open)?;
+                }
+                Ok(true)
+            }
+            Collector::Prometheus(_) => Ok(false),
         }
     }
 }
@@ -145,6 +177,18 @@ async fn collect(config: Config, source: CollectSource) -> anyhow::Result<()> {
                     sacct: args.sacct,
                     extra_arguments: args.sacct_args,
                     mapping: args.mapping.mapping(),
+                    nodes: (!args.no_capacity).then(|| SlurmNodes {
+                        command: args.nodes_command,
+                        arguments: if args.nodes_args.is_empty() {
+                            ["show", "nodes", "--json"].map(str::to_owned).to_vec()
+                        } else {
+                            args.nodes_args
+                        },
+                        mapping: SlurmNodeMapping {
+                            billing_mode: args.node_billing_mode,
+                            max_gap: args.max_node_gap,
+                        },
+                    }),
                 }),
             )
         }
@@ -299,18 +343,16 @@ async fn collect_once(
     let mut capacity = CapacitySummary::default();
     let read = match read {
         Ok(pages) => collector
-            .read_capacity(window, now, async |intervals| {
-                collectors::deliver_capacity(&destination, intervals, &mut capacity).await
-            })
+            .read_capacity(window, now, state, &destination, &mut capacity)
             .await
-            .map(|hours| (pages, hours)),
+            .map(|read| (pages, read)),
         Err(error) => Err(error),
     };
     drop(destination);
     if let Some(database) = database {
         database.close().await?;
     }
-    let (pages, hours) = match read {
+    let (pages, capacity_read) = match read {
         Ok(read) => read,
         Err(error) if summary.records == 0 && capacity.intervals == 0 => return Err(error),
         Err(error) => anyhow::bail!(
@@ -337,8 +379,7 @@ async fn collect_once(
     if pages > 1 {
         println!("read and delivered in {pages} pages");
     }
-    if let Some(hours) = hours {
-        capacity.hours = hours;
+    if capacity_read {
         print!("{}", capacity.render());
     }
     collectors::remember(state, window, &summary)?;

@@ -9,7 +9,7 @@
 pub mod prometheus;
 pub mod slurm;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -21,6 +21,7 @@ use sqlx::PgPool;
 use crate::config::Settings;
 use crate::domain::capacity::parse_intervals;
 use crate::domain::record::RecordRules;
+use crate::domain::slurm::nodes::Open;
 use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
 use crate::ledger::import::{BATCH_SIZE, Rejection};
@@ -55,15 +56,20 @@ pub struct StateFile {
     pub collector: &'static str,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Stored {
     collector: String,
-    until: DateTime<Utc>,
+    /// Where the last run that delivered everything stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    until: Option<DateTime<Utc>>,
+    /// The capacity intervals still open, by node, for collectors that read nodes as
+    /// snapshots.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    nodes: BTreeMap<String, Open>,
 }
 
 impl StateFile {
-    /// Where the last successful run stopped, if it ever ran.
-    pub fn read(&self) -> anyhow::Result<Option<DateTime<Utc>>> {
+    fn load(&self) -> anyhow::Result<Option<Stored>> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -84,25 +90,50 @@ impl StateFile {
             stored.collector,
             self.collector
         );
-        Ok(Some(stored.until))
+        Ok(Some(stored))
     }
 
-    /// Records that everything up to `until` was delivered; never moves backwards (a backfill
-    /// of an older window leaves it as it was). Written to a temporary file and renamed, so a
-    /// crash leaves the old state or the new one.
-    pub fn advance(&self, until: DateTime<Utc>) -> anyhow::Result<()> {
-        if self.read()?.is_some_and(|stored| stored >= until) {
-            return Ok(());
-        }
-        let stored = Stored {
-            collector: self.collector.to_owned(),
-            until,
-        };
+    /// Written to a temporary file and renamed, so a crash leaves the old state or the new.
+    fn save(&self, stored: &Stored) -> anyhow::Result<()> {
         let temporary = temporary_path(&self.path);
-        std::fs::write(&temporary, serde_json::to_vec_pretty(&stored)?)
+        std::fs::write(&temporary, serde_json::to_vec_pretty(stored)?)
             .with_context(|| format!("cannot write {}", temporary.display()))?;
         std::fs::rename(&temporary, &self.path)
             .with_context(|| format!("cannot replace {}", self.path.display()))
+    }
+
+    /// Where the last successful run stopped, if it ever ran.
+    pub fn read(&self) -> anyhow::Result<Option<DateTime<Utc>>> {
+        Ok(self.load()?.and_then(|stored| stored.until))
+    }
+
+    /// Records that everything up to `until` was delivered; never moves backwards (a backfill
+    /// of an older window leaves it as it was).
+    pub fn advance(&self, until: DateTime<Utc>) -> anyhow::Result<()> {
+        let mut stored = self.load()?.unwrap_or_else(|| Stored {
+            collector: self.collector.to_owned(),
+            ..Stored::default()
+        });
+        if stored.until.is_some_and(|stored| stored >= until) {
+            return Ok(());
+        }
+        stored.until = Some(until);
+        self.save(&stored)
+    }
+
+    /// The capacity intervals the last run left open.
+    pub fn open_nodes(&self) -> anyhow::Result<BTreeMap<String, Open>> {
+        Ok(self.load()?.map(|stored| stored.nodes).unwrap_or_default())
+    }
+
+    /// Keeps the capacity intervals open after a run that stored them.
+    pub fn keep_nodes(&self, nodes: BTreeMap<String, Open>) -> anyhow::Result<()> {
+        let mut stored = self.load()?.unwrap_or_else(|| Stored {
+            collector: self.collector.to_owned(),
+            ..Stored::default()
+        });
+        stored.nodes = nodes;
+        self.save(&stored)
     }
 }
 
@@ -236,12 +267,15 @@ async fn post(
 /// What became of the capacity a run read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CapacitySummary {
-    /// The whole hours read.
-    pub hours: usize,
+    /// The whole hours read, where capacity is read by the hour.
+    pub hours: Option<usize>,
     /// The nodes with GPUs in them.
     pub nodes: BTreeSet<String>,
     pub intervals: usize,
     pub inserted: usize,
+    /// Intervals that replaced what was stored under their node and start (an interval
+    /// extended run by run).
+    pub replaced: usize,
     pub duplicates: usize,
     /// Intervals refused, each with its node and start, or the request refused.
     pub problems: Vec<Rejection>,
@@ -250,9 +284,17 @@ pub struct CapacitySummary {
 impl CapacitySummary {
     /// The line the run's summary ends with.
     pub fn render(&self) -> String {
+        let hours = self
+            .hours
+            .map(|hours| format!("hours {hours}, "))
+            .unwrap_or_default();
+        let replaced = if self.replaced > 0 {
+            format!("replaced {}, ", self.replaced)
+        } else {
+            String::new()
+        };
         format!(
-            "capacity: hours {}, nodes {}, intervals {}: inserted {}, duplicates {}\n",
-            self.hours,
+            "capacity: {hours}nodes {}, intervals {}: inserted {}, {replaced}duplicates {}\n",
             self.nodes.len(),
             self.intervals,
             self.inserted,
@@ -266,10 +308,11 @@ const CAPACITY_BATCH: usize = 5_000;
 
 /// Hands on capacity intervals (as `POST /v1/capacity` takes them) in requests of at most
 /// [`CAPACITY_BATCH`], each stored whole or not at all; an interval stored before with the
-/// same content is a duplicate.
+/// same content is a duplicate; with other content it is refused, unless `replace` (`PUT`).
 pub async fn deliver_capacity(
     destination: &Destination,
     intervals: Vec<Value>,
+    replace: bool,
     summary: &mut CapacitySummary,
 ) -> anyhow::Result<()> {
     summary.intervals += intervals.len();
@@ -320,9 +363,10 @@ pub async fn deliver_capacity(
                     }
                 };
                 let nodes: Vec<String> = parsed.iter().map(|i| i.node.clone()).collect();
-                match capacity::post_capacity(pool, parsed, false, settings.timezone).await {
+                match capacity::post_capacity(pool, parsed, replace, settings.timezone).await {
                     Ok(receipt) => {
                         summary.inserted += receipt.inserted;
+                        summary.replaced += receipt.replaced;
                         summary.duplicates += receipt.duplicates;
                         zombies::judge(pool, Some(nodes), settings).await?;
                     }
@@ -336,8 +380,12 @@ pub async fn deliver_capacity(
                 let endpoint = url
                     .join("v1/capacity")
                     .context("the --server URL cannot take a path")?;
-                let response = client
-                    .post(endpoint.clone())
+                let request = if replace {
+                    client.put(endpoint.clone())
+                } else {
+                    client.post(endpoint.clone())
+                };
+                let response = request
                     .bearer_auth(token)
                     .json(&body)
                     .send()
@@ -347,6 +395,7 @@ pub async fn deliver_capacity(
                 let answer: Value = response.json().await.unwrap_or(Value::Null);
                 if status.is_success() {
                     summary.inserted += answer["inserted"].as_u64().unwrap_or(0) as usize;
+                    summary.replaced += answer["replaced"].as_u64().unwrap_or(0) as usize;
                     summary.duplicates += answer["duplicates"].as_u64().unwrap_or(0) as usize;
                     continue;
                 }

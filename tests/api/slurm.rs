@@ -571,6 +571,17 @@ async fn collect(
     until: &str,
     server: Option<(&str, &str)>,
 ) -> (bool, String) {
+    collect_with(app, bin, state, until, server, &["--no-capacity"]).await
+}
+
+async fn collect_with(
+    app: &TestApp,
+    bin: &Path,
+    state: &Path,
+    until: &str,
+    server: Option<(&str, &str)>,
+    extra: &[&str],
+) -> (bool, String) {
     let path = format!(
         "{}:{}",
         bin.display(),
@@ -583,7 +594,8 @@ async fn collect(
         .args(["--database-url", &app.database_url, "collect", "slurm"])
         .arg("--state")
         .arg(state)
-        .args(["--until", until, "--project-map", "ml-research=vision"]);
+        .args(["--until", until, "--project-map", "ml-research=vision"])
+        .args(extra);
     if let Some((url, token)) = server {
         command
             .args(["--server", url])
@@ -757,4 +769,163 @@ async fn sacct_text_is_read_in_runs_and_attempts_are_numbered_over_the_whole_fil
     assert_eq!(first["gpu_util"], "0.4");
     let second = stored(&app, "vision", "9", 2).await;
     assert_eq!(second["outcome"], "completed");
+}
+
+/// A fake `scontrol`: logs its arguments, then prints the next of the snapshots.
+fn fake_scontrol(dir: &Path, snapshots: &[String]) {
+    for (index, snapshot) in snapshots.iter().enumerate() {
+        std::fs::write(dir.join(format!("snapshot{index}.json")), snapshot).unwrap();
+    }
+    let script = dir.join("scontrol");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             dir='{}'\n\
+             n=$(cat \"$dir/taken\" 2>/dev/null || echo 0)\n\
+             echo $((n + 1)) > \"$dir/taken\"\n\
+             echo \"TZ=$TZ $*\" >> \"$dir/scontrol-calls\"\n\
+             cat \"$dir/snapshot$n.json\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Node snapshots of Slurm 21.08.5 (`tests/fixtures/slurm-nodes/sinfo_21_08_5.json`): as
+/// listed, then with one GPU node drained, twice.
+fn snapshots() -> Vec<String> {
+    let listed = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/slurm-nodes/sinfo_21_08_5.json"),
+    )
+    .unwrap();
+    let mut drained: Value = serde_json::from_str(&listed).unwrap();
+    drained["nodes"][1]["state_flags"] = json!(["DRAIN"]);
+    let drained = serde_json::to_string_pretty(&drained).unwrap();
+    vec![listed, drained.clone(), drained]
+}
+
+#[tokio::test]
+async fn collect_slurm_extends_node_capacity_run_by_run_until_a_node_changes() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let response = app
+        .put(
+            "/v1/pools/hw",
+            &app.admin,
+            json!({"name": "hw", "owner_project": "vision"}),
+        )
+        .await;
+    assert!(response.status.is_success(), "{}", response.text());
+    let dir = tempfile::tempdir().unwrap();
+    let bin = fake_sacct(dir.path());
+    fake_scontrol(dir.path(), &snapshots());
+    let state = dir.path().join("slurm.state");
+    let scontrol = dir.path().join("scontrol");
+    let extra = ["--nodes-command", scontrol.to_str().unwrap()];
+    let open = |name: &str| -> (String, String) {
+        let stored: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+        let node = &stored["nodes"][name];
+        (
+            node["from"].as_str().unwrap().to_owned(),
+            node["node"]["state"].as_str().unwrap().to_owned(),
+        )
+    };
+
+    // The first snapshot opens an interval for each GPU node; nothing is stored yet.
+    let (ok, out) = collect_with(&app, &bin, &state, "2024-05-25T00:00:00Z", None, &extra).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("capacity: nodes 2, intervals 0: inserted 0, duplicates 0"),
+        "{out}"
+    );
+    let (first, _) = open("cs2.example.company.com");
+    assert_eq!(open("cs3.example.company.com").0, first);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    // cs3 is drained: its up interval ends, a down one opens; cs2's runs on.
+    let (ok, out) = collect_with(&app, &bin, &state, "2024-05-26T00:00:00Z", None, &extra).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("capacity: nodes 2, intervals 2: inserted 2, duplicates 0"),
+        "{out}"
+    );
+    let (drained, condition) = open("cs3.example.company.com");
+    assert_eq!(condition, "down");
+    assert!(drained > first);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    // Through the server: cs2's interval is extended in place, cs3's down one stored.
+    let token = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let url = served.url();
+    let (ok, out) = collect_with(
+        &app,
+        &bin,
+        &state,
+        "2024-05-26T00:00:00Z",
+        Some((&url, &token)),
+        &extra,
+    )
+    .await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("capacity: nodes 2, intervals 2: inserted 1, replaced 1, duplicates 0"),
+        "{out}"
+    );
+    served.stop().await;
+    let last: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let third = last["nodes"]["cs2.example.company.com"]["last_seen"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let rows: Vec<(String, String, String, String, String, i32, String)> = sqlx::query_as(
+        "SELECT node, to_char(from_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                to_char(until_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                state, pool_id, gpus, gpu_model \
+         FROM capacity_intervals ORDER BY node, from_at",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let row = |node: &str, from: &str, until: &str, state: &str, gpus: i32, model: &str| {
+        (
+            node.to_owned(),
+            from.to_owned(),
+            until.to_owned(),
+            state.to_owned(),
+            "hw".to_owned(),
+            gpus,
+            model.to_owned(),
+        )
+    };
+    assert_eq!(
+        rows,
+        [
+            row("cs2.example.company.com", &first, &third, "up", 8, "a100"),
+            row(
+                "cs3.example.company.com",
+                &first,
+                &drained,
+                "up",
+                6,
+                "a100+h100"
+            ),
+            row(
+                "cs3.example.company.com",
+                &drained,
+                &third,
+                "down",
+                6,
+                "a100+h100"
+            ),
+        ]
+    );
+    let calls = std::fs::read_to_string(dir.path().join("scontrol-calls")).unwrap();
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        ["TZ=UTC show nodes --json"; 3]
+    );
 }

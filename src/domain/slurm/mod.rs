@@ -9,6 +9,7 @@
 pub mod hostlist;
 pub mod job;
 pub mod json;
+pub mod nodes;
 pub mod telemetry;
 pub mod text;
 pub mod tres;
