@@ -929,3 +929,94 @@ async fn collect_slurm_extends_node_capacity_run_by_run_until_a_node_changes() {
         ["TZ=UTC show nodes --json"; 3]
     );
 }
+
+#[tokio::test]
+async fn node_listings_import_as_the_capacity_between_them() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let dir = tempfile::tempdir().unwrap();
+    let listing = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/slurm-nodes/node_24_11_0.json"),
+    )
+    .unwrap();
+    // The same node listed ten minutes later, drained.
+    let mut later: Value = serde_json::from_str(&listing).unwrap();
+    later["last_update"]["number"] = json!(1_722_010_273 + 600);
+    later["nodes"][0]["state"] = json!(["IDLE", "DRAIN"]);
+    let (first, second) = (
+        dir.path().join("first.json"),
+        dir.path().join("second.json"),
+    );
+    std::fs::write(&first, &listing).unwrap();
+    std::fs::write(&second, later.to_string()).unwrap();
+    let second_arg = second.to_str().unwrap();
+
+    // The pool does not exist yet: refused, nothing stored.
+    let output = run_import_with(&app, "sinfo-json", &first, &[second_arg]);
+    let out = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{out}");
+    assert!(
+        out.contains("no pool `debug`; create it with PUT /v1/pools/debug"),
+        "{out}"
+    );
+
+    let response = app
+        .put(
+            "/v1/pools/debug",
+            &app.admin,
+            json!({"name": "debug", "owner_project": "vision"}),
+        )
+        .await;
+    assert!(response.status.is_success(), "{}", response.text());
+    for expected in [
+        "capacity: nodes 1, intervals 1: inserted 1, duplicates 0",
+        "capacity: nodes 1, intervals 1: inserted 0, duplicates 1",
+    ] {
+        let output = run_import_with(&app, "sinfo-json", &first, &[second_arg]);
+        let out = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{out}");
+        assert!(out.contains(expected), "{out}");
+    }
+    let stored: (String, i64, i32, String, String) = sqlx::query_as(
+        "SELECT node, extract(epoch FROM until_at - from_at)::bigint, gpus, gpu_model, state \
+         FROM capacity_intervals",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored,
+        (
+            "host1".to_owned(),
+            600,
+            2,
+            "fake1+fake2".to_owned(),
+            "up".to_owned()
+        )
+    );
+
+    // A listing that does not say when it was taken needs --taken-at, for one file at a time.
+    let old =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/slurm-nodes/sinfo_21_08_5.json");
+    let output = run_import_with(&app, "sinfo-json", &old, &[]);
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("give --taken-at with one file"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = run_import_with(
+        &app,
+        "sinfo-json",
+        &old,
+        &["--taken-at", "2026-11-02T00:00:00Z"],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("intervals 0"));
+}

@@ -386,6 +386,30 @@ pub fn advance(
     (store, after)
 }
 
+/// The intervals a series of snapshots makes, taken in order of time: each node's interval
+/// as far as the snapshots extend it (one value per node and start).
+pub fn intervals_of(
+    mut snapshots: Vec<(DateTime<Utc>, Vec<NodeSnapshot>)>,
+    slurm: &Mapping,
+    nodes: &NodeMapping,
+) -> Vec<Value> {
+    snapshots.sort_by_key(|(at, _)| *at);
+    let mut open = BTreeMap::new();
+    let mut latest: BTreeMap<(String, String), Value> = BTreeMap::new();
+    for (at, listed) in &snapshots {
+        let (store, after) = advance(&open, listed, *at, slurm, nodes);
+        for interval in store {
+            let key = (
+                interval["node"].as_str().unwrap_or_default().to_owned(),
+                interval["from"].as_str().unwrap_or_default().to_owned(),
+            );
+            latest.insert(key, interval);
+        }
+        open = after;
+    }
+    latest.into_values().collect()
+}
+
 fn interval(
     name: &str,
     node: &Described,
@@ -567,5 +591,68 @@ mod tests {
         let (store, open) = advance(&open, &[], at(80), &mapping, &nodes);
         assert_eq!(span(&store), [(t(75), t(80), "up".to_owned())]);
         assert!(open.is_empty());
+    }
+
+    #[test]
+    fn a_series_of_snapshots_makes_each_interval_once_at_its_longest() {
+        let at = |minute: i64| {
+            "2026-03-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap() + TimeDelta::minutes(minute)
+        };
+        let node = |states: &[&str]| NodeSnapshot {
+            name: "gpu01".to_owned(),
+            partitions: vec!["gpu".to_owned()],
+            gpus: vec![(String::new(), 4)],
+            states: states.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let nodes = NodeMapping {
+            billing_mode: BillingMode::Reserved,
+            max_gap: TimeDelta::hours(1),
+        };
+        let mapping = Mapping {
+            gpu_models: [("gpu".to_owned(), "A100".to_owned())].into(),
+            ..Mapping::default()
+        };
+        // Out of order, as files may be given.
+        let made = intervals_of(
+            vec![
+                (at(10), vec![node(&["MIXED"])]),
+                (at(0), vec![node(&["IDLE"])]),
+                (at(20), vec![node(&["DOWN"])]),
+                (at(30), vec![node(&["DOWN"])]),
+            ],
+            &mapping,
+            &nodes,
+        );
+        let brief: Vec<(&str, &str, &str, &str, &str)> = made
+            .iter()
+            .map(|i| {
+                (
+                    i["from"].as_str().unwrap(),
+                    i["until"].as_str().unwrap(),
+                    i["state"].as_str().unwrap(),
+                    i["gpu_model"].as_str().unwrap(),
+                    i["billing_mode"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            brief,
+            [
+                (
+                    "2026-03-01T10:00:00Z",
+                    "2026-03-01T10:20:00Z",
+                    "up",
+                    "A100",
+                    "reserved"
+                ),
+                (
+                    "2026-03-01T10:20:00Z",
+                    "2026-03-01T10:30:00Z",
+                    "down",
+                    "A100",
+                    "reserved"
+                ),
+            ]
+        );
     }
 }
