@@ -16,7 +16,7 @@ use crate::domain::slurm::text::TextOptions;
 use crate::domain::slurm::{self, Format, Mapping};
 use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
-use crate::domain::values::{Month, ProjectId, parse_day_or_instant};
+use crate::domain::values::{Month, ProjectId};
 use crate::domain::what_if::WhatIf;
 use crate::ledger::import::{self, Summary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
@@ -500,11 +500,6 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         }
         Command::Import {
             files,
-            format: Some(ImportFormat::SinfoJson),
-            slurm,
-        } => import_nodes(&config, &files, &slurm).await,
-        Command::Import {
-            files,
             format: Some(format),
             slurm,
         } => import_slurm(&config, &files, format, &slurm).await,
@@ -572,7 +567,8 @@ async fn import_slurm(
     args: &SlurmImportArgs,
 ) -> anyhow::Result<()> {
     let format = match format {
-        ImportFormat::SlurmJson | ImportFormat::SinfoJson => Format::Json,
+        ImportFormat::SlurmJson => Format::Json,
+        ImportFormat::SinfoJson => anyhow::bail!("node listings are imported as capacity"),
         ImportFormat::Sacct => Format::Text(TextOptions {
             delimiter: args.delimiter.clone(),
             timezone: match args.source_timezone {
@@ -628,81 +624,6 @@ async fn import_slurm(
     let outcome = sources::store(&database.pool, batch, &config.settings()).await;
     database.close().await?;
     report_slurm(outcome?)
-}
-
-/// `import --format sinfo-json`: every listing is read first, each at Slurm's `last_update`
-/// (or `--taken-at`), and the capacity between them stored, all or nothing per 5,000
-/// intervals; a listing imported again counts as duplicates.
-async fn import_nodes(
-    config: &Config,
-    files: &[PathBuf],
-    args: &SlurmImportArgs,
-) -> anyhow::Result<()> {
-    let taken_at = args
-        .taken_at
-        .as_deref()
-        .map(|raw| parse_day_or_instant(raw, config.timezone))
-        .transpose()
-        .map_err(|error| anyhow::anyhow!("--taken-at: {error}"))?;
-    anyhow::ensure!(
-        taken_at.is_none() || files.len() == 1,
-        "--taken-at names the time of one listing: give one file, or listings that carry \
-         Slurm's last_update"
-    );
-    let mut snapshots = Vec::with_capacity(files.len());
-    for file in files {
-        let (name, text) = if file.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .context("cannot read standard input")?;
-            ("stdin".to_owned(), text)
-        } else {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            (file.display().to_string(), text)
-        };
-        let snapshot = slurm::nodes::read_snapshot(&text)
-            .map_err(|error| anyhow::anyhow!("{name}: {error}"))?;
-        let at = snapshot.taken_at.or(taken_at).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{name}: the listing does not say when it was taken (Slurm before 24.05 prints \
-                 no last_update); give --taken-at with one file"
-            )
-        })?;
-        snapshots.push((at, snapshot.nodes));
-    }
-    let nodes = slurm::nodes::NodeMapping {
-        billing_mode: args
-            .node_billing_mode
-            .unwrap_or(crate::domain::rating::BillingMode::OnDemand),
-        max_gap: args.max_node_gap.unwrap_or(chrono::TimeDelta::hours(1)),
-    };
-    let intervals = slurm::nodes::intervals_of(snapshots, &args.mapping.mapping(), &nodes);
-    let database = open(config).await?;
-    prepare(&database.pool, config).await?;
-    let destination = crate::collectors::Destination::Local {
-        pool: database.pool.clone(),
-        settings: config.settings(),
-    };
-    let mut summary = crate::collectors::CapacitySummary::default();
-    let stored = if intervals.is_empty() {
-        Ok(())
-    } else {
-        crate::collectors::deliver_capacity(&destination, intervals, false, &mut summary).await
-    };
-    drop(destination);
-    database.close().await?;
-    stored?;
-    print!("{}", summary.render());
-    for problem in summary.problems.iter().take(100) {
-        println!("  {}: {}", problem.location, problem.reason);
-    }
-    anyhow::ensure!(
-        summary.problems.is_empty(),
-        "{} problems; nothing of a request with one was stored",
-        summary.problems.len()
-    );
-    Ok(())
 }
 
 /// Prints an import's summary; an error when anything could not be read or stored.

@@ -13,7 +13,10 @@ use chrono::SubsecRound;
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::cli::{self, Cli, CollectSource, CollectorArgs, Command, Config, PrometheusCollectArgs};
+use crate::cli::{
+    self, Cli, CollectSource, CollectorArgs, Command, Config, ImportFormat, PrometheusCollectArgs,
+    SlurmImportArgs,
+};
 use crate::collectors::prometheus::PrometheusCollector;
 use crate::collectors::slurm::{SlurmCollector, SlurmNodes};
 use crate::collectors::{self, CapacitySummary, Destination, StateFile, Window, WindowRequest};
@@ -53,6 +56,11 @@ pub fn main() -> ExitCode {
             }
             Command::Collect { source } => collect(cli.config, source).await,
             Command::Demo { until } => demo(cli.config, until).await,
+            Command::Import {
+                files,
+                format: Some(ImportFormat::SinfoJson),
+                slurm,
+            } => import_nodes(&cli.config, &files, &slurm).await,
             command => cli::run(cli.config, command).await,
         }
     });
@@ -164,6 +172,82 @@ impl Collector {
             Collector::Prometheus(_) => Ok(false),
         }
     }
+}
+
+/// `import --format sinfo-json`: every listing is read first, each at Slurm's `last_update`
+/// (or `--taken-at`), and the capacity between them stored, all or nothing per 5,000
+/// intervals; a listing imported again counts as duplicates.
+async fn import_nodes(
+    config: &Config,
+    files: &[PathBuf],
+    args: &SlurmImportArgs,
+) -> anyhow::Result<()> {
+    let taken_at = args
+        .taken_at
+        .as_deref()
+        .map(|raw| parse_day_or_instant(raw, config.timezone))
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--taken-at: {error}"))?;
+    anyhow::ensure!(
+        taken_at.is_none() || files.len() == 1,
+        "--taken-at names the time of one listing: give one file, or listings that carry \
+         Slurm's last_update"
+    );
+    let mut snapshots = Vec::with_capacity(files.len());
+    for file in files {
+        let (name, text) = if file.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("cannot read standard input")?;
+            ("stdin".to_owned(), text)
+        } else {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            (file.display().to_string(), text)
+        };
+        let snapshot = crate::domain::slurm::nodes::read_snapshot(&text)
+            .map_err(|error| anyhow::anyhow!("{name}: {error}"))?;
+        let at = snapshot.taken_at.or(taken_at).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{name}: the listing does not say when it was taken (Slurm before 24.05 prints \
+                 no last_update); give --taken-at with one file"
+            )
+        })?;
+        snapshots.push((at, snapshot.nodes));
+    }
+    let nodes = crate::domain::slurm::nodes::NodeMapping {
+        billing_mode: args
+            .node_billing_mode
+            .unwrap_or(crate::domain::rating::BillingMode::OnDemand),
+        max_gap: args.max_node_gap.unwrap_or(chrono::TimeDelta::hours(1)),
+    };
+    let intervals =
+        crate::domain::slurm::nodes::intervals_of(snapshots, &args.mapping.mapping(), &nodes);
+    let database = cli::open(config).await?;
+    cli::prepare(&database.pool, config).await?;
+    let destination = collectors::Destination::Local {
+        pool: database.pool.clone(),
+        settings: config.settings(),
+    };
+    let mut summary = collectors::CapacitySummary::default();
+    let stored = if intervals.is_empty() {
+        Ok(())
+    } else {
+        collectors::deliver_capacity(&destination, intervals, false, &mut summary).await
+    };
+    drop(destination);
+    database.close().await?;
+    stored?;
+    print!("{}", summary.render());
+    for problem in summary.problems.iter().take(100) {
+        println!("  {}: {}", problem.location, problem.reason);
+    }
+    anyhow::ensure!(
+        summary.problems.is_empty(),
+        "{} problems; nothing of a request with one was stored",
+        summary.problems.len()
+    );
+    Ok(())
 }
 
 /// `collect <source>`: once, or with `--every` until SIGTERM, each run as [`collect_once`].
