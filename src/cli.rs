@@ -607,16 +607,7 @@ async fn import_slurm(
     }
     let mut batch = SourceBatch::default();
     for file in files {
-        let (name, text) = if file.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .context("cannot read standard input")?;
-            ("stdin".to_owned(), text)
-        } else {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            (file.display().to_string(), text)
-        };
+        let (name, text) = read_input(file)?;
         batch.absorb(slurm::batch(&format, &name, &text, &mapping));
     }
     let database = open(config).await?;
@@ -624,6 +615,20 @@ async fn import_slurm(
     let outcome = sources::store(&database.pool, batch, &config.settings()).await;
     database.close().await?;
     report_slurm(outcome?)
+}
+
+/// A file given to `import` whole, with the name it is shown by; `-` is standard input.
+pub fn read_input(file: &std::path::Path) -> anyhow::Result<(String, String)> {
+    if file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("cannot read standard input")?;
+        Ok(("stdin".to_owned(), text))
+    } else {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        Ok((file.display().to_string(), text))
+    }
 }
 
 /// Prints an import's summary; an error when anything could not be read or stored.

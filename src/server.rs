@@ -195,16 +195,7 @@ async fn import_nodes(
     );
     let mut snapshots = Vec::with_capacity(files.len());
     for file in files {
-        let (name, text) = if file.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .context("cannot read standard input")?;
-            ("stdin".to_owned(), text)
-        } else {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            (file.display().to_string(), text)
-        };
+        let (name, text) = cli::read_input(file)?;
         let snapshot = crate::domain::slurm::nodes::read_snapshot(&text)
             .map_err(|error| anyhow::anyhow!("{name}: {error}"))?;
         let at = snapshot.taken_at.or(taken_at).ok_or_else(|| {

@@ -213,15 +213,7 @@ async fn post(
         .context("the --server URL cannot take a path")?;
     for chunk in batch.records.chunks(BATCH_SIZE) {
         let body: Vec<&Value> = chunk.iter().map(|r| &r.value).collect();
-        let response = client
-            .post(endpoint.clone())
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {endpoint}"))?;
-        let status = response.status();
-        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        let (status, answer) = send(client.post(endpoint.clone()), &endpoint, token, &body).await?;
         if status.is_success() {
             summary.accepted += answer["accepted"].as_u64().unwrap_or(0) as usize;
             summary.duplicates += answer["duplicates"].as_u64().unwrap_or(0) as usize;
@@ -385,14 +377,7 @@ pub async fn deliver_capacity(
                 } else {
                     client.post(endpoint.clone())
                 };
-                let response = request
-                    .bearer_auth(token)
-                    .json(&body)
-                    .send()
-                    .await
-                    .with_context(|| format!("cannot reach {endpoint}"))?;
-                let status = response.status();
-                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                let (status, answer) = send(request, &endpoint, token, &body).await?;
                 if status.is_success() {
                     summary.inserted += answer["inserted"].as_u64().unwrap_or(0) as usize;
                     summary.replaced += answer["replaced"].as_u64().unwrap_or(0) as usize;
@@ -430,6 +415,24 @@ pub async fn deliver_capacity(
         }
     }
     Ok(())
+}
+
+/// Sends `body` as JSON with the ingest token; answers the status and the JSON answer (null
+/// when there is none).
+async fn send(
+    request: reqwest::RequestBuilder,
+    endpoint: &url::Url,
+    token: &str,
+    body: &impl Serialize,
+) -> anyhow::Result<(reqwest::StatusCode, Value)> {
+    let response = request
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {endpoint}"))?;
+    let status = response.status();
+    Ok((status, response.json().await.unwrap_or(Value::Null)))
 }
 
 /// Moves the state on to the end of the window when everything of it was delivered.

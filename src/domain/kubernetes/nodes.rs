@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use super::promql::RangeSeries;
 use super::{Mapping, UNKNOWN_MODEL, ksm_label, node_product};
+use crate::domain::gpu::COMPUTE_SLICES;
 use crate::domain::rating::BillingMode;
 use crate::domain::record::format_time;
 
@@ -28,9 +29,6 @@ pub const POOL_LABELS: [&str; 4] = [
     "karpenter.sh/nodepool",
     "kubernetes.azure.com/agentpool",
 ];
-
-/// MIG slices per card: a slice of `g` compute units is `g` sevenths of its card.
-const SLICES_PER_CARD: i64 = 7;
 
 /// How nodes become capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +168,7 @@ pub fn intervals(
         let state = |k: usize| {
             let (whole, sevenths) = row[k];
             let advertised = whole.trunc().try_into().unwrap_or(0i64)
-                + (sevenths + SLICES_PER_CARD - 1) / SLICES_PER_CARD;
+                + (sevenths + i64::from(COMPUTE_SLICES) - 1) / i64::from(COMPUTE_SLICES);
             let gpus = match counted {
                 Some(count) if advertised > 0 => count,
                 _ => advertised,

@@ -17,11 +17,9 @@ use serde_json::{Value, json};
 use super::hostlist;
 use super::tres::{GpuTres, split_gpu_type};
 use super::{Mapping, gpu_model};
+use crate::domain::gpu::COMPUTE_SLICES;
 use crate::domain::rating::BillingMode;
 use crate::domain::record::format_time;
-
-/// MIG slices per card: a `3g.40gb` slice is three sevenths of its card.
-const SLICES_PER_CARD: u64 = 7;
 
 /// The most node names one `sinfo` entry's host list may name.
 const MAX_LISTED_NODES: usize = 100_000;
@@ -306,7 +304,7 @@ pub fn describe(node: &NodeSnapshot, mapping: &Mapping) -> Option<Described> {
             *tres.typed.entry(kind.clone()).or_default() += count;
         }
     }
-    let gpus = whole + sevenths.div_ceil(SLICES_PER_CARD);
+    let gpus = whole + sevenths.div_ceil(u64::from(COMPUTE_SLICES));
     if gpus == 0 {
         return None;
     }
