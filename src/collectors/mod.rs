@@ -24,9 +24,10 @@ use crate::domain::record::RecordRules;
 use crate::domain::slurm::nodes::Open;
 use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
+use crate::ledger::capacity::{self, CapacityReceipt};
 use crate::ledger::import::{BATCH_SIZE, Rejection};
 use crate::ledger::sources::{self, SourceSummary};
-use crate::ledger::{LedgerError, capacity, zombies};
+use crate::ledger::{LedgerError, zombies};
 
 /// How far back a first run without `--since` or a state looks.
 pub const FIRST_LOOKBACK: TimeDelta = TimeDelta::hours(24);
@@ -315,106 +316,139 @@ pub async fn deliver_capacity(
     );
     for chunk in intervals.chunks(CAPACITY_BATCH) {
         let body = Value::Array(chunk.to_vec());
-        let located = |pointer: &str| {
-            let position = pointer
-                .trim_start_matches('/')
-                .split('/')
-                .next()
-                .and_then(|p| p.parse::<usize>().ok());
-            position.and_then(|p| chunk.get(p)).map_or_else(
-                || "capacity".to_owned(),
-                |interval| {
-                    format!(
-                        "node {} from {}",
-                        interval["node"].as_str().unwrap_or("?"),
-                        interval["from"].as_str().unwrap_or("?")
-                    )
-                },
-            )
-        };
-        let refused = |errors: Vec<FieldError>| {
-            errors
-                .into_iter()
-                .map(|error| Rejection {
-                    location: located(&error.pointer),
-                    reason: format!(
-                        "{}; nothing of its {} intervals was stored",
-                        error.message,
-                        chunk.len()
-                    ),
-                })
-                .collect::<Vec<_>>()
-        };
-        match destination {
+        let outcome = match destination {
             Destination::Local { pool, settings } => {
-                let parsed = match parse_intervals(&body, settings.clock.now()) {
-                    Ok(parsed) => parsed,
-                    Err(violations) => {
-                        summary.problems.extend(refused(violations.into_vec()));
-                        continue;
-                    }
-                };
-                let nodes: Vec<String> = parsed.iter().map(|i| i.node.clone()).collect();
-                match capacity::post_capacity(pool, parsed, replace, settings.timezone).await {
-                    Ok(receipt) => {
-                        summary.inserted += receipt.inserted;
-                        summary.replaced += receipt.replaced;
-                        summary.duplicates += receipt.duplicates;
-                        zombies::judge(pool, Some(nodes), settings).await?;
-                    }
-                    Err(LedgerError::Invalid(errors) | LedgerError::Conflict(_, errors)) => {
-                        summary.problems.extend(refused(errors));
-                    }
-                    Err(error) => return Err(error.into()),
-                }
+                store_capacity(pool, settings, &body, replace).await?
             }
             Destination::Server { url, token, client } => {
-                let endpoint = url
-                    .join("v1/capacity")
-                    .context("the --server URL cannot take a path")?;
-                let request = if replace {
-                    client.put(endpoint.clone())
-                } else {
-                    client.post(endpoint.clone())
-                };
-                let (status, answer) = send(request, &endpoint, token, &body).await?;
-                if status.is_success() {
-                    summary.inserted += answer["inserted"].as_u64().unwrap_or(0) as usize;
-                    summary.replaced += answer["replaced"].as_u64().unwrap_or(0) as usize;
-                    summary.duplicates += answer["duplicates"].as_u64().unwrap_or(0) as usize;
-                    continue;
-                }
-                let detail = answer["detail"].as_str().unwrap_or("no detail").to_owned();
-                anyhow::ensure!(
-                    matches!(status.as_u16(), 403 | 409 | 422),
-                    "{endpoint} answered {status}: {detail}"
-                );
-                let errors: Vec<FieldError> = answer["errors"]
-                    .as_array()
-                    .map(|errors| {
-                        errors
-                            .iter()
-                            .map(|error| {
-                                FieldError::new(
-                                    error["pointer"].as_str().unwrap_or(""),
-                                    error["message"].as_str().unwrap_or("refused"),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if errors.is_empty() {
-                    summary.problems.push(Rejection {
-                        location: endpoint.to_string(),
-                        reason: format!("{status}: {detail}"),
-                    });
-                } else {
-                    summary.problems.extend(refused(errors));
-                }
+                post_capacity(url, token, client, &body, replace).await?
             }
+        };
+        match outcome {
+            Ok(receipt) => {
+                summary.inserted += receipt.inserted;
+                summary.replaced += receipt.replaced;
+                summary.duplicates += receipt.duplicates;
+            }
+            Err(Refused::Fields(errors)) => {
+                summary
+                    .problems
+                    .extend(errors.into_iter().map(|error| Rejection {
+                        location: interval_at(chunk, &error.pointer),
+                        reason: format!(
+                            "{}; nothing of its {} intervals was stored",
+                            error.message,
+                            chunk.len()
+                        ),
+                    }));
+            }
+            Err(Refused::Whole(rejection)) => summary.problems.push(rejection),
         }
     }
     Ok(())
+}
+
+/// Why a request of capacity intervals stored nothing.
+enum Refused {
+    /// Its intervals, each at its pointer.
+    Fields(Vec<FieldError>),
+    /// The request as a whole.
+    Whole(Rejection),
+}
+
+/// The node and start of the interval a pointer (`/3/pool`) names.
+fn interval_at(chunk: &[Value], pointer: &str) -> String {
+    let position = pointer
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .and_then(|p| p.parse::<usize>().ok());
+    position.and_then(|p| chunk.get(p)).map_or_else(
+        || "capacity".to_owned(),
+        |interval| {
+            format!(
+                "node {} from {}",
+                interval["node"].as_str().unwrap_or("?"),
+                interval["from"].as_str().unwrap_or("?")
+            )
+        },
+    )
+}
+
+/// Stores one request's intervals in the local database, as `POST` (or `PUT`) /v1/capacity
+/// does, and judges their nodes for zombie capacity.
+async fn store_capacity(
+    pool: &PgPool,
+    settings: &Settings,
+    body: &Value,
+    replace: bool,
+) -> anyhow::Result<Result<CapacityReceipt, Refused>> {
+    let parsed = match parse_intervals(body, settings.clock.now()) {
+        Ok(parsed) => parsed,
+        Err(violations) => return Ok(Err(Refused::Fields(violations.into_vec()))),
+    };
+    let nodes: Vec<String> = parsed.iter().map(|i| i.node.clone()).collect();
+    match capacity::post_capacity(pool, parsed, replace, settings.timezone).await {
+        Ok(receipt) => {
+            zombies::judge(pool, Some(nodes), settings).await?;
+            Ok(Ok(receipt))
+        }
+        Err(LedgerError::Invalid(errors) | LedgerError::Conflict(_, errors)) => {
+            Ok(Err(Refused::Fields(errors)))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Posts (or, to replace, puts) one request's intervals to a server's /v1/capacity.
+async fn post_capacity(
+    url: &url::Url,
+    token: &str,
+    client: &reqwest::Client,
+    body: &Value,
+    replace: bool,
+) -> anyhow::Result<Result<CapacityReceipt, Refused>> {
+    let endpoint = url
+        .join("v1/capacity")
+        .context("the --server URL cannot take a path")?;
+    let request = if replace {
+        client.put(endpoint.clone())
+    } else {
+        client.post(endpoint.clone())
+    };
+    let (status, answer) = send(request, &endpoint, token, body).await?;
+    let count = |field: &str| answer[field].as_u64().unwrap_or(0) as usize;
+    if status.is_success() {
+        return Ok(Ok(CapacityReceipt {
+            inserted: count("inserted"),
+            duplicates: count("duplicates"),
+            replaced: count("replaced"),
+        }));
+    }
+    let detail = answer["detail"].as_str().unwrap_or("no detail");
+    anyhow::ensure!(
+        matches!(status.as_u16(), 403 | 409 | 422),
+        "{endpoint} answered {status}: {detail}"
+    );
+    let errors: Vec<FieldError> = answer["errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|error| {
+            FieldError::new(
+                error["pointer"].as_str().unwrap_or(""),
+                error["message"].as_str().unwrap_or("refused"),
+            )
+        })
+        .collect();
+    Ok(Err(if errors.is_empty() {
+        Refused::Whole(Rejection {
+            location: endpoint.to_string(),
+            reason: format!("{status}: {detail}"),
+        })
+    } else {
+        Refused::Fields(errors)
+    }))
 }
 
 /// Sends `body` as JSON with the ingest token; answers the status and the JSON answer (null
