@@ -301,6 +301,30 @@ fn dependencies_point_one_way() {
     );
 }
 
+/// Modules that reach data only through `ledger`: neither `store` nor `db` directly.
+const THROUGH_LEDGER: [&str; 1] = ["http"];
+
+#[test]
+fn handlers_reach_data_only_through_the_ledger() {
+    let graph = graph();
+    let mut skipping = Vec::new();
+    for (module, (file, refs)) in &graph.edges {
+        if !THROUGH_LEDGER.contains(&top(module)) {
+            continue;
+        }
+        for target in refs {
+            if matches!(top(target), "store" | "db") {
+                skipping.push(format!("{} ({module}) uses {target}", file.display()));
+            }
+        }
+    }
+    assert!(
+        skipping.is_empty(),
+        "reach data through a ledger function, not past it:\n{}",
+        skipping.join("\n")
+    );
+}
+
 #[test]
 fn the_domain_is_pure() {
     let graph = graph();

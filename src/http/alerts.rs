@@ -17,9 +17,9 @@ use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
-use crate::ledger::alerting::{self, AlertEvent, BurnView, month_holding};
-use crate::store;
-use crate::store::alerts::{AlertRow, AttemptRow, DeliveryRow};
+use crate::ledger::alerting::{
+    self, AlertEvent, AlertRow, AttemptRow, BurnView, DeliveryRow, month_holding,
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -107,7 +107,7 @@ pub async fn list_alerts(
             ));
         }
     };
-    let (alerts, deliveries, attempts) = store::alerts::list(
+    let (alerts, deliveries, attempts) = alerting::history(
         &state.pool,
         scope.as_deref(),
         month.map(|m| m.first_day()),

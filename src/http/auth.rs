@@ -8,7 +8,6 @@ use axum::http::request::Parts;
 use crate::domain::access::{Principal, hash_secret};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::store;
 
 impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
@@ -26,7 +25,7 @@ impl FromRequestParts<AppState> for Principal {
             .map(str::trim)
             .filter(|secret| !secret.is_empty())
             .ok_or(ApiError::Unauthorized)?;
-        let token = store::tokens::find_active(&state.pool, &hash_secret(secret))
+        let token = crate::ledger::tokens::find_active(&state.pool, &hash_secret(secret))
             .await?
             .ok_or(ApiError::Unauthorized)?;
         Ok(Principal {

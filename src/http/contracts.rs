@@ -22,9 +22,7 @@ use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::projects::present;
 use crate::http::state::AppState;
-use crate::ledger::pricing;
-use crate::store;
-use crate::store::contracts::{ContractFields, ContractRow};
+use crate::ledger::pricing::{self, ContractFields, ContractRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -267,8 +265,7 @@ pub async fn list_contracts(
     require_finance(&principal)?;
     let limit = page.limit()?;
     let after: Option<Uuid> = page.cursor()?;
-    let mut conn = state.pool.acquire().await?;
-    let rows = store::contracts::list(&mut conn, after, limit + 1).await?;
+    let rows = pricing::contracts(&state.pool, after, limit + 1).await?;
     Ok(axum::Json(Page::from_rows(
         rows,
         limit,
@@ -302,8 +299,7 @@ pub async fn get_contract(
 ) -> ApiResult<axum::Json<ContractView>> {
     require_finance(&principal)?;
     let uuid = contract_id(&id)?;
-    let mut conn = state.pool.acquire().await?;
-    let row = store::contracts::get(&mut conn, uuid, false)
+    let row = pricing::contract(&state.pool, uuid)
         .await?
         .ok_or_else(|| contract_not_found(&id))?;
     Ok(axum::Json(row.into()))

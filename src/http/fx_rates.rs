@@ -19,9 +19,7 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
-use crate::ledger::pricing;
-use crate::store;
-use crate::store::fx_rates::FxRateRow;
+use crate::ledger::pricing::{self, FxRateRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -155,8 +153,7 @@ pub async fn list_fx_rates(
     require_finance(&principal)?;
     let limit = page.limit()?;
     let after: Option<(NaiveDate, String, String)> = page.cursor()?;
-    let mut conn = state.pool.acquire().await?;
-    let rows = store::fx_rates::list(&mut conn, after.as_ref(), limit + 1).await?;
+    let rows = pricing::fx_rates(&state.pool, after.as_ref(), limit + 1).await?;
     Ok(axum::Json(Page::from_rows(
         rows,
         limit,

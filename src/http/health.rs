@@ -9,11 +9,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::db::supervisor::ClusterState;
 use crate::http::error::{ApiError, ApiResult};
 use crate::http::state::AppState;
 use crate::ledger::instruments;
-use crate::store;
+use crate::ledger::setup::{self, ClusterState};
 
 /// How long readiness waits for the database before it answers 503.
 const READINESS_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
@@ -128,7 +127,7 @@ pub async fn get_readyz(State(state): State<AppState>) -> ApiResult<axum::Json<H
         )));
     }
     // A probe wants an answer now, not after the pool's acquire timeout.
-    let applied = tokio::time::timeout(READINESS_TIMEOUT, store::applied_migration(&state.pool))
+    let applied = tokio::time::timeout(READINESS_TIMEOUT, setup::applied_migration(&state.pool))
         .await
         .map_err(|_| {
             ApiError::Unavailable(format!(
@@ -137,7 +136,7 @@ pub async fn get_readyz(State(state): State<AppState>) -> ApiResult<axum::Json<H
             ))
         })?
         .map_err(|error| ApiError::Unavailable(format!("database unreachable: {error}")))?;
-    let expected = crate::db::latest_migration_version();
+    let expected = setup::latest_migration();
     if applied < Some(expected) {
         return Err(ApiError::Unavailable(format!(
             "database is at migration {}, this build needs {expected}",

@@ -19,9 +19,7 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
-use crate::ledger::projects;
-use crate::store;
-use crate::store::projects::{BudgetRow, NewProject, ProjectChanges, ProjectRow};
+use crate::ledger::projects::{self, BudgetRow, NewProject, ProjectChanges, ProjectRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -213,7 +211,7 @@ pub async fn create_project(
         idle_gpu_threshold,
         idle_gpu_min_gpu_hours,
     };
-    let row = store::projects::insert(&state.pool, &project)
+    let row = projects::create(&state.pool, &project)
         .await?
         .ok_or_else(|| {
             ApiError::Conflict(
@@ -243,7 +241,7 @@ pub async fn list_projects(
         Role::Reader => Some(&principal.projects),
         Role::Ingest => Some(&[]),
     };
-    let rows = store::projects::list(&state.pool, scope, after.as_deref(), limit + 1).await?;
+    let rows = projects::list(&state.pool, scope, after.as_deref(), limit + 1).await?;
     Ok(axum::Json(Page::from_rows(
         rows,
         limit,
@@ -261,7 +259,7 @@ pub async fn readable_project(
     if !principal.can_read(id) {
         return Err(project_not_found(id));
     }
-    store::projects::get(&state.pool, id)
+    projects::get(&state.pool, id)
         .await?
         .ok_or_else(|| project_not_found(id))
 }
@@ -406,7 +404,7 @@ pub async fn list_budgets(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<axum::Json<Vec<BudgetView>>> {
     let project = readable_project(&state, &principal, &id).await?;
-    let rows = store::projects::list_budgets(&state.pool, &id).await?;
+    let rows = projects::budgets(&state.pool, &id).await?;
     Ok(axum::Json(
         rows.into_iter()
             .map(|row| budget_view(row, &project.currency))

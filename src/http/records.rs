@@ -31,8 +31,7 @@ use crate::http::state::AppState;
 use crate::ledger::ingest::{self, Submitted};
 use crate::ledger::instruments;
 use crate::ledger::records::{self, RecordHistory};
-use crate::store;
-use crate::store::records::{RecordFilter, RecordRow, VersionRow};
+use crate::ledger::records::{RecordFilter, RecordRow, VersionRow};
 
 /// The most records one request may carry.
 pub const MAX_RECORDS_PER_REQUEST: usize = 10_000;
@@ -636,7 +635,7 @@ pub async fn list_job_records(
         task_id: query.task_id,
         after,
     };
-    let rows = store::records::list(&state.pool, &id, &filter, limit + 1).await?;
+    let rows = crate::ledger::records::list(&state.pool, &id, &filter, limit + 1).await?;
     Ok(axum::Json(Page::from_rows(
         rows,
         limit,

@@ -7,8 +7,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::db::supervisor::ClusterStatus;
 use crate::ledger::instruments;
+use crate::ledger::setup::ClusterStatus;
 
 /// Everything in it is either immutable, in the database, or about this process's own embedded
 /// cluster, so any number of replicas can serve the same database.

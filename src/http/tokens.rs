@@ -17,9 +17,7 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
-use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::store;
-use crate::store::tokens::TokenRow;
+use crate::ledger::tokens::{self, CreatedToken, TokenRequest, TokenRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -108,7 +106,7 @@ pub async fn list_tokens(
     require_admin(&principal)?;
     let limit = page.limit()?;
     let after: Option<Uuid> = page.cursor()?;
-    let rows = store::tokens::list(&state.pool, after, limit + 1).await?;
+    let rows = tokens::list(&state.pool, after, limit + 1).await?;
     Ok(axum::Json(Page::from_rows(
         rows,
         limit,
@@ -149,7 +147,7 @@ pub async fn delete_token(
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
     require_admin(&principal)?;
-    if store::tokens::revoke(&state.pool, id).await? {
+    if tokens::revoke(&state.pool, id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::NotFound(format!("no active token with id {id}")))

@@ -24,7 +24,8 @@ use crate::ledger::cost::{CostOf, month_spend, month_spend_by_day};
 use crate::ledger::instruments;
 use crate::ledger::reports::round_money;
 use crate::store;
-use crate::store::alerts::{AlertRow, NewAlert, NewIdleGpuAlert};
+pub use crate::store::alerts::{AlertRow, AttemptRow, DeliveryRow};
+use crate::store::alerts::{NewAlert, NewIdleGpuAlert};
 use crate::store::projects::ProjectRow;
 
 /// What an alert event is about.
@@ -520,4 +521,16 @@ pub async fn burn_status(
             .map(|(day, spend)| SpendDay { day, spend })
             .collect(),
     })
+}
+
+/// Alerts of the given projects (all when `None`), optionally of one month, newest first
+/// (continuing before `before`), with their deliveries and attempts.
+pub async fn history(
+    pool: &PgPool,
+    projects: Option<&[String]>,
+    month: Option<NaiveDate>,
+    before: Option<(DateTime<Utc>, Uuid)>,
+    limit: i64,
+) -> LedgerResult<(Vec<AlertRow>, Vec<DeliveryRow>, Vec<AttemptRow>)> {
+    Ok(store::alerts::list(pool, projects, month, before, limit).await?)
 }

@@ -19,8 +19,9 @@ use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::{Currency, Month};
 use crate::ledger::{LedgerError, LedgerResult, alerting, rating};
 use crate::store;
-use crate::store::contracts::{ContractFields, ContractRow, OVERLAP_CONSTRAINT};
-use crate::store::fx_rates::FxRateRow;
+use crate::store::contracts::OVERLAP_CONSTRAINT;
+pub use crate::store::contracts::{ContractFields, ContractRow};
+pub use crate::store::fx_rates::FxRateRow;
 use crate::store::rating::{KindSpan, ReratingJob};
 
 /// The records a contract with these terms could price over `span`.
@@ -252,4 +253,29 @@ pub async fn delete_fx_rate(
         )));
     }
     commit_and_reassign(tx, pool, Vec::new(), settings).await
+}
+
+/// Contracts in id order after `after`.
+pub async fn contracts(
+    pool: &PgPool,
+    after: Option<Uuid>,
+    limit: i64,
+) -> LedgerResult<Vec<ContractRow>> {
+    let mut conn = pool.acquire().await?;
+    Ok(store::contracts::list(&mut conn, after, limit).await?)
+}
+
+pub async fn contract(pool: &PgPool, id: Uuid) -> LedgerResult<Option<ContractRow>> {
+    let mut conn = pool.acquire().await?;
+    Ok(store::contracts::get(&mut conn, id, false).await?)
+}
+
+/// FX rates in `(month, from, to)` order after `after`.
+pub async fn fx_rates(
+    pool: &PgPool,
+    after: Option<&(chrono::NaiveDate, String, String)>,
+    limit: i64,
+) -> LedgerResult<Vec<FxRateRow>> {
+    let mut conn = pool.acquire().await?;
+    Ok(store::fx_rates::list(&mut conn, after, limit).await?)
 }

@@ -1,4 +1,5 @@
-//! Changing a project or its budget, which moves what its burn has reached.
+//! Projects: creating, reading and changing them and their budgets (a change moves what
+//! its burn has reached).
 
 use chrono::NaiveDate;
 use rust_decimal::Decimal;
@@ -8,7 +9,7 @@ use crate::config::Settings;
 use crate::domain::values::Month;
 use crate::ledger::{LedgerResult, alerting};
 use crate::store;
-use crate::store::projects::{BudgetRow, ProjectChanges, ProjectRow};
+pub use crate::store::projects::{BudgetRow, NewProject, ProjectChanges, ProjectRow};
 
 /// Changes a project and re-evaluates its current month (thresholds or budget may have
 /// changed); `None` when there is no such project.
@@ -38,4 +39,28 @@ pub async fn put_budget(
     let row = store::projects::put_budget(pool, id, first_day, amount).await?;
     alerting::evaluate_all(pool, [(id.to_owned(), month)], settings).await;
     Ok(row)
+}
+
+/// Creates a project; `None` when one with its id exists.
+pub async fn create(pool: &PgPool, project: &NewProject) -> LedgerResult<Option<ProjectRow>> {
+    Ok(store::projects::insert(pool, project).await?)
+}
+
+pub async fn get(pool: &PgPool, id: &str) -> LedgerResult<Option<ProjectRow>> {
+    Ok(store::projects::get(pool, id).await?)
+}
+
+/// Projects in id order after `after`, limited to `scope` when given.
+pub async fn list(
+    pool: &PgPool,
+    scope: Option<&[String]>,
+    after: Option<&str>,
+    limit: i64,
+) -> LedgerResult<Vec<ProjectRow>> {
+    Ok(store::projects::list(pool, scope, after, limit).await?)
+}
+
+/// A project's monthly budgets.
+pub async fn budgets(pool: &PgPool, project: &str) -> LedgerResult<Vec<BudgetRow>> {
+    Ok(store::projects::list_budgets(pool, project).await?)
 }

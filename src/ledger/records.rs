@@ -1,4 +1,5 @@
-//! Reading a stored job record with its history, and correcting one.
+//! Reading stored job records (one with its history, or a project's page of them), and
+//! correcting one.
 
 use std::collections::BTreeSet;
 
@@ -12,7 +13,7 @@ use crate::ledger::alerting::{self, months_between};
 use crate::ledger::instruments::{Rating, RatingCause};
 use crate::ledger::{LedgerError, LedgerResult, capacity_rollup, rating};
 use crate::store;
-use crate::store::records::{RecordRow, VersionRow};
+pub use crate::store::records::{RecordFilter, RecordRow, VersionRow};
 
 /// A stored record and its earlier versions, oldest first.
 pub struct RecordHistory {
@@ -74,4 +75,14 @@ pub async fn correct(
         .await;
     }
     record_with_history(pool, &key).await
+}
+
+/// Records of a project by `started_at` in the filter's window, in start order.
+pub async fn list(
+    pool: &PgPool,
+    project: &str,
+    filter: &RecordFilter,
+    limit: i64,
+) -> LedgerResult<Vec<RecordRow>> {
+    Ok(store::records::list(pool, project, filter, limit).await?)
 }

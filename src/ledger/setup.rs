@@ -8,6 +8,9 @@ use crate::domain::access::generate_secret;
 use crate::ledger::{capacity_rollup, rating};
 use crate::store;
 
+/// The embedded database's state, as the supervisor that restarts it reports it.
+pub use crate::db::supervisor::{ClusterState, ClusterStatus};
+
 /// Applies pending migrations, makes the daily and monthly rollups those of `tz`, and
 /// finishes the re-assignments a stopped service left owing; true when the rollups had to be
 /// rebuilt.
@@ -34,4 +37,14 @@ pub async fn webhook_secret(pool: &PgPool, configured: Option<&str>) -> anyhow::
         Some(secret) => Ok(secret.to_owned()),
         None => Ok(store::settings::get_or_create(pool, "webhook_secret", generate_secret).await?),
     }
+}
+
+/// The newest migration the database has applied; `None` before the first.
+pub async fn applied_migration(pool: &PgPool) -> sqlx::Result<Option<i64>> {
+    store::applied_migration(pool).await
+}
+
+/// The newest migration this build carries.
+pub fn latest_migration() -> i64 {
+    crate::db::latest_migration_version()
 }

@@ -12,6 +12,7 @@ use crate::domain::values::{self, ProjectId};
 use crate::ledger::LedgerResult;
 use crate::store;
 use crate::store::tokens::BootstrapToken;
+pub use crate::store::tokens::TokenRow;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CreatedToken {
@@ -135,4 +136,19 @@ pub async fn bootstrap_admin(pool: &PgPool, configured: Option<&str>) -> LedgerR
             )
         }
     }
+}
+
+/// Tokens in id order after `after`.
+pub async fn list(pool: &PgPool, after: Option<Uuid>, limit: i64) -> LedgerResult<Vec<TokenRow>> {
+    Ok(store::tokens::list(pool, after, limit).await?)
+}
+
+/// Revokes an active token; `false` when there is none with that id.
+pub async fn revoke(pool: &PgPool, id: Uuid) -> LedgerResult<bool> {
+    Ok(store::tokens::revoke(pool, id).await?)
+}
+
+/// The active token whose secret hashes to `secret_sha256`.
+pub async fn find_active(pool: &PgPool, secret_sha256: &[u8]) -> LedgerResult<Option<TokenRow>> {
+    Ok(store::tokens::find_active(pool, secret_sha256).await?)
 }
