@@ -302,7 +302,7 @@ fn dependencies_point_one_way() {
 }
 
 /// Modules that reach data only through `ledger`: neither `store` nor `db` directly.
-const THROUGH_LEDGER: [&str; 1] = ["http"];
+const THROUGH_LEDGER: [&str; 2] = ["http", "workers"];
 
 #[test]
 fn handlers_reach_data_only_through_the_ledger() {

@@ -24,7 +24,7 @@ use crate::ledger::cost::{CostOf, month_spend, month_spend_by_day};
 use crate::ledger::instruments;
 use crate::ledger::reports::round_money;
 use crate::store;
-pub use crate::store::alerts::{AlertRow, AttemptRow, DeliveryRow};
+pub use crate::store::alerts::{AlertRow, Attempt, AttemptRow, DeliveryRow, DueDelivery, NextStep};
 use crate::store::alerts::{NewAlert, NewIdleGpuAlert};
 use crate::store::projects::ProjectRow;
 
@@ -533,4 +533,22 @@ pub async fn history(
     limit: i64,
 ) -> LedgerResult<(Vec<AlertRow>, Vec<DeliveryRow>, Vec<AttemptRow>)> {
     Ok(store::alerts::list(pool, projects, month, before, limit).await?)
+}
+
+/// Makes one attempt at the alert delivery due first, with `attempt` (the worker's request),
+/// and records it; `None` when nothing is due. The delivery stays locked while it is
+/// attempted, so no other replica attempts it too.
+pub async fn deliver_next(
+    pool: &PgPool,
+    attempt: impl AsyncFnOnce(&DueDelivery) -> (Attempt, NextStep),
+) -> sqlx::Result<Option<(DueDelivery, NextStep)>> {
+    let mut tx = pool.begin().await?;
+    let Some(delivery) = store::alerts::claim_due(&mut tx).await? else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let (made, next) = attempt(&delivery).await;
+    store::alerts::record_attempt(&mut tx, &delivery, &made, next).await?;
+    tx.commit().await?;
+    Ok(Some((delivery, next)))
 }

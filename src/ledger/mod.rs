@@ -24,6 +24,7 @@ pub mod sacct_import;
 pub mod setup;
 pub mod sources;
 pub mod tasks;
+pub mod tick;
 pub mod tokens;
 pub mod zombies;
 

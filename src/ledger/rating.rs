@@ -46,6 +46,8 @@ use crate::store::rating::{
 };
 use crate::store::tasks::Settlement;
 
+pub use crate::store::rollups::Compaction;
+
 /// The most hourly segments one rating call is asked to make. A call holds its segments in
 /// memory, so this bounds the memory of rating, whatever the batch: records of up to a month
 /// make up to 745 segments each.
@@ -297,4 +299,10 @@ pub async fn finish_pending_jobs(pool: &PgPool, tz: Tz) -> anyhow::Result<usize>
 /// as a job.
 pub async fn owe_reassignment(conn: &mut PgConnection, of: &KindSpan) -> sqlx::Result<ReratingJob> {
     store::rating::insert_job(conn, of).await
+}
+
+/// Folds the rollups' delta rows into their compacted rows; `None` when another process is
+/// compacting.
+pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
+    store::rollups::compact(pool).await
 }

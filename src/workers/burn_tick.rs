@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::store::jobs;
+use crate::ledger::tick;
 use crate::workers::{RunOutcome, record_run};
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
@@ -37,18 +37,9 @@ pub async fn run(
 
 /// Runs the tick if no other replica is running it and none ran it within `interval`.
 async fn tick(pool: &PgPool, settings: &Settings, interval: Duration) -> sqlx::Result<RunOutcome> {
-    let Some(lock) = jobs::try_lock(pool, jobs::BURN_TICK).await? else {
-        return Ok(RunOutcome::Locked);
-    };
-    let outcome = if jobs::claim_due_run(pool, JOB, interval).await? {
-        crate::ledger::alerting::evaluate_current_month(pool, settings).await;
-        if let Err(error) = crate::ledger::zombies::judge(pool, None, settings).await {
-            tracing::warn!(error = %error, "judging zombie capacity failed");
-        }
-        RunOutcome::Ran
-    } else {
-        RunOutcome::NotDue
-    };
-    lock.release().await?;
-    Ok(outcome)
+    Ok(match tick::run_due(pool, settings, JOB, interval).await? {
+        None => RunOutcome::Locked,
+        Some(true) => RunOutcome::Ran,
+        Some(false) => RunOutcome::NotDue,
+    })
 }

@@ -16,7 +16,7 @@ pub async fn run(pool: PgPool, interval: Duration, shutdown: impl Future<Output 
     instruments::process_started();
     loop {
         let started = Instant::now();
-        match crate::store::rollups::compact(&pool).await {
+        match crate::ledger::rating::compact(&pool).await {
             Ok(Some(done)) => {
                 instruments::compaction_done(done.delta_rows, started.elapsed());
                 record_run("compaction", RunOutcome::Ran);

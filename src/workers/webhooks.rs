@@ -11,8 +11,8 @@ use rand::Rng;
 use sha2::Sha256;
 use sqlx::PgPool;
 
+use crate::ledger::alerting::{self, Attempt, DueDelivery, NextStep};
 use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
-use crate::store::alerts::{self, Attempt, DueDelivery, NextStep};
 
 /// The header carrying `sha256=<hex HMAC-SHA256 of the body>`.
 pub const SIGNATURE_HEADER: &str = "X-Taskledger-Signature";
@@ -93,15 +93,12 @@ impl Webhooks {
 
     /// Makes one attempt at the delivery due first; false when nothing is due.
     async fn deliver_next(&self) -> anyhow::Result<bool> {
-        // The row stays locked while it is sent, so no other replica sends it too.
-        let mut tx = self.pool.begin().await?;
-        let Some(delivery) = alerts::claim_due(&mut tx).await? else {
-            tx.rollback().await?;
+        let Some((delivery, next)) =
+            alerting::deliver_next(&self.pool, async |delivery| self.attempt(delivery).await)
+                .await?
+        else {
             return Ok(false);
         };
-        let (attempt, next) = self.attempt(&delivery).await;
-        alerts::record_attempt(&mut tx, &delivery, &attempt, next).await?;
-        tx.commit().await?;
         if next != NextStep::Delivered {
             metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
         }
