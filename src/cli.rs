@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Clock, Settings};
-use crate::db::Database;
 use crate::domain::access::Role;
 use crate::domain::figures::Grouping;
 use crate::domain::slurm::text::TextOptions;
@@ -19,6 +18,7 @@ use crate::domain::validation::FieldError;
 use crate::domain::values::{Month, ProjectId};
 use crate::domain::what_if::WhatIf;
 use crate::ledger::import::{self, Summary};
+use crate::ledger::setup::Database;
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::ledger::{LedgerError, reports, sacct_import, setup, sources};
 
@@ -526,10 +526,7 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::Migrate => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
-            tracing::info!(
-                version = crate::db::latest_migration_version(),
-                "database migrated"
-            );
+            tracing::info!(version = setup::latest_migration(), "database migrated");
             database.close().await
         }
         Command::Token {

@@ -8,7 +8,9 @@ use crate::domain::access::generate_secret;
 use crate::ledger::{capacity_rollup, rating};
 use crate::store;
 
-/// The embedded database's state, as the supervisor that restarts it reports it.
+/// The database a process works on, and the embedded database's state as the supervisor that
+/// restarts it reports it.
+pub use crate::db::Database;
 pub use crate::db::supervisor::{ClusterState, ClusterStatus};
 
 /// Applies pending migrations, makes the daily and monthly rollups those of `tz`, and
