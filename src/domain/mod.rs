@@ -5,6 +5,7 @@ pub mod burn;
 pub mod capacity;
 pub mod capacity_plan;
 pub mod commitment;
+pub mod contract;
 pub mod csv_cell;
 pub mod demo;
 pub mod figures;

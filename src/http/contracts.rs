@@ -12,9 +12,8 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::domain::access::Principal;
-use crate::domain::rating::BillingMode;
-use crate::domain::validation::Violations;
-use crate::domain::values::{self, Currency, ProjectId};
+use crate::domain::contract::{ContractChange, NewContract};
+use crate::domain::values::ProjectId;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
@@ -29,9 +28,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_contract, list_contracts))
         .routes(routes!(get_contract, update_contract, delete_contract))
 }
-
-const NAME_CHARS: usize = 200;
-const SCOPE_CHARS: usize = 100;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ContractView {
@@ -121,57 +117,16 @@ pub struct UpdateContract {
 }
 
 impl UpdateContract {
-    /// The contract's terms with the valid fields of this change applied, and what is
-    /// invalid in it.
-    fn apply(&self, old: &ContractFields) -> (ContractFields, Violations) {
-        let body = self;
-        let mut new = old.clone();
-        let mut violations = Violations::default();
-        if let Some(name) = &body.name
-            && let Some(name) = violations.check("/name", values::bounded_text(name, NAME_CHARS))
-        {
-            new.name = name;
+    fn change(&self) -> ContractChange<'_> {
+        ContractChange {
+            name: self.name.as_deref(),
+            price_per_gpu_hour: self.price_per_gpu_hour,
+            currency: self.currency.as_deref(),
+            valid_from: self.valid_from.as_deref(),
+            valid_until: self.valid_until.as_ref().map(|until| until.as_deref()),
+            committed_gpus: self.committed_gpus,
         }
-        if let Some(price) = body.price_per_gpu_hour
-            && let Some(price) = violations.check("/price_per_gpu_hour", values::positive(price))
-        {
-            new.price_per_gpu_hour = price;
-        }
-        if let Some(currency) = &body.currency
-            && let Some(currency) = violations.check("/currency", Currency::parse(currency))
-        {
-            new.currency = currency.code().to_owned();
-        }
-        if let Some(from) = &body.valid_from
-            && let Some(from) = violations.check("/valid_from", values::parse_instant(from))
-        {
-            new.valid_from = from;
-        }
-        match &body.valid_until {
-            Some(Some(until)) => {
-                if let Some(until) = violations.check("/valid_until", values::parse_instant(until))
-                {
-                    new.valid_until = Some(until);
-                }
-            }
-            Some(None) => new.valid_until = None,
-            None => {}
-        }
-        match body.committed_gpus {
-            Some(Some(gpus)) => {
-                if let Some(gpus) = violations.check("/committed_gpus", values::positive(gpus)) {
-                    new.committed_gpus = Some(gpus);
-                }
-            }
-            Some(None) => new.committed_gpus = None,
-            None => {}
-        }
-        (new, violations)
     }
-}
-
-fn scope_text(violations: &mut Violations, pointer: &str, raw: Option<&str>) -> Option<String> {
-    raw.and_then(|text| violations.check(pointer, values::bounded_text(text, SCOPE_CHARS)))
 }
 
 /// Create a contract (finance or admin); re-rates the records it prices.
@@ -189,60 +144,20 @@ pub async fn create_contract(
     ApiJson(body): ApiJson<CreateContract>,
 ) -> ApiResult<(StatusCode, axum::Json<ContractView>)> {
     require_finance(&principal)?;
-    let mut violations = Violations::default();
-    let name = violations.check("/name", values::bounded_text(&body.name, NAME_CHARS));
-    let gpu_model = violations.check(
-        "/gpu_model",
-        values::bounded_text(&body.gpu_model, SCOPE_CHARS),
-    );
-    let billing_mode = violations.check(
-        "/billing_mode",
-        BillingMode::parse(&body.billing_mode)
-            .ok_or_else(|| "use on_demand, spot or reserved".to_owned()),
-    );
-    let price = violations.check(
-        "/price_per_gpu_hour",
-        values::positive(body.price_per_gpu_hour),
-    );
-    let currency = violations.check("/currency", Currency::parse(&body.currency));
-    let valid_from = violations.check("/valid_from", values::parse_instant(&body.valid_from));
-    let valid_until = body
-        .valid_until
-        .as_deref()
-        .map(|raw| violations.check("/valid_until", values::parse_instant(raw)));
-    let project = body
-        .project
-        .as_deref()
-        .map(|raw| violations.check("/project", ProjectId::parse(raw)));
-    let provider = scope_text(&mut violations, "/provider", body.provider.as_deref());
-    let region = scope_text(&mut violations, "/region", body.region.as_deref());
-    let committed_gpus = body
-        .committed_gpus
-        .map(|gpus| violations.check("/committed_gpus", values::positive(gpus)));
-    let project = project.flatten();
-    let fields = match (name, gpu_model, billing_mode, price, currency, valid_from) {
-        (
-            Some(name),
-            Some(gpu_model),
-            Some(billing_mode),
-            Some(price),
-            Some(currency),
-            Some(valid_from),
-        ) => Some(ContractFields {
-            name,
-            gpu_model,
-            billing_mode,
-            price_per_gpu_hour: price,
-            currency: currency.code().to_owned(),
-            valid_from,
-            valid_until: valid_until.flatten(),
-            project_id: project.as_ref().map(|p| p.as_str().to_owned()),
-            provider,
-            region,
-            committed_gpus: committed_gpus.flatten(),
-        }),
-        _ => None,
-    };
+    let (fields, project, violations) = NewContract {
+        name: &body.name,
+        gpu_model: &body.gpu_model,
+        billing_mode: &body.billing_mode,
+        price_per_gpu_hour: body.price_per_gpu_hour,
+        currency: &body.currency,
+        valid_from: &body.valid_from,
+        valid_until: body.valid_until.as_deref(),
+        project: body.project.as_deref(),
+        provider: body.provider.as_deref(),
+        region: body.region.as_deref(),
+        committed_gpus: body.committed_gpus,
+    }
+    .parse();
     let project = project.as_ref().map(ProjectId::as_str);
     let row =
         pricing::create_contract(&state.pool, fields, violations, project, &state.settings).await?;
@@ -324,7 +239,7 @@ pub async fn update_contract(
 ) -> ApiResult<axum::Json<ContractView>> {
     require_finance(&principal)?;
     let uuid = contract_id(&id)?;
-    let change = |old: &ContractFields| body.apply(old);
+    let change = |old: &ContractFields| body.change().apply(old);
     let row = pricing::update_contract(&state.pool, uuid, change, &state.settings).await?;
     Ok(axum::Json(row.into()))
 }

@@ -66,20 +66,7 @@ impl ContractRow {
 }
 
 /// A contract's fields, as created or after a change.
-#[derive(Debug, Clone)]
-pub struct ContractFields {
-    pub name: String,
-    pub gpu_model: String,
-    pub billing_mode: BillingMode,
-    pub price_per_gpu_hour: Decimal,
-    pub currency: String,
-    pub valid_from: DateTime<Utc>,
-    pub valid_until: Option<DateTime<Utc>>,
-    pub project_id: Option<String>,
-    pub provider: Option<String>,
-    pub region: Option<String>,
-    pub committed_gpus: Option<Decimal>,
-}
+pub use crate::domain::contract::ContractTerms as ContractFields;
 
 const COLUMNS: &str = "id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
                        valid_from, valid_until, project_id, provider, region, committed_gpus, \
