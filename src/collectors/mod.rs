@@ -70,10 +70,16 @@ struct Stored {
 }
 
 impl StateFile {
-    fn load(&self) -> anyhow::Result<Option<Stored>> {
+    /// What the file holds; a new state when there is no file yet.
+    fn load(&self) -> anyhow::Result<Stored> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Stored {
+                    collector: self.collector.to_owned(),
+                    ..Stored::default()
+                });
+            }
             Err(error) => {
                 return Err(error).with_context(|| format!("cannot read {}", self.path.display()));
             }
@@ -91,7 +97,7 @@ impl StateFile {
             stored.collector,
             self.collector
         );
-        Ok(Some(stored))
+        Ok(stored)
     }
 
     /// Written to a temporary file and renamed, so a crash leaves the old state or the new.
@@ -105,16 +111,13 @@ impl StateFile {
 
     /// Where the last successful run stopped, if it ever ran.
     pub fn read(&self) -> anyhow::Result<Option<DateTime<Utc>>> {
-        Ok(self.load()?.and_then(|stored| stored.until))
+        Ok(self.load()?.until)
     }
 
     /// Records that everything up to `until` was delivered; never moves backwards (a backfill
     /// of an older window leaves it as it was).
     pub fn advance(&self, until: DateTime<Utc>) -> anyhow::Result<()> {
-        let mut stored = self.load()?.unwrap_or_else(|| Stored {
-            collector: self.collector.to_owned(),
-            ..Stored::default()
-        });
+        let mut stored = self.load()?;
         if stored.until.is_some_and(|stored| stored >= until) {
             return Ok(());
         }
@@ -124,15 +127,12 @@ impl StateFile {
 
     /// The capacity intervals the last run left open.
     pub fn open_nodes(&self) -> anyhow::Result<BTreeMap<String, Open>> {
-        Ok(self.load()?.map(|stored| stored.nodes).unwrap_or_default())
+        Ok(self.load()?.nodes)
     }
 
     /// Keeps the capacity intervals open after a run that stored them.
     pub fn keep_nodes(&self, nodes: BTreeMap<String, Open>) -> anyhow::Result<()> {
-        let mut stored = self.load()?.unwrap_or_else(|| Stored {
-            collector: self.collector.to_owned(),
-            ..Stored::default()
-        });
+        let mut stored = self.load()?;
         stored.nodes = nodes;
         self.save(&stored)
     }

@@ -56,21 +56,10 @@ pub struct PrometheusCollector {
 }
 
 impl PrometheusCollector {
-    /// Reads the window whole: its pods, the other pods of their tasks, and what DCGM
-    /// measured.
-    pub async fn read(&self, window: Window, now: DateTime<Utc>) -> anyhow::Result<SourceBatch> {
-        let mut whole = SourceBatch::default();
-        self.read_pages(window, now, async |page| {
-            whole.absorb(page);
-            Ok(())
-        })
-        .await?;
-        Ok(whole)
-    }
-
-    /// Reads the window a page of about [`Self::page_pods`] pods at a time and hands each page
-    /// on before the next is read, so that what is held grows with the page, not the cluster.
-    /// Answers how many pages there were.
+    /// Reads the window (its pods, the other pods of their tasks, and what DCGM measured) a
+    /// page of about [`Self::page_pods`] pods at a time and hands each page on before the next
+    /// is read, so that what is held grows with the page, not the cluster. Answers how many
+    /// pages there were.
     pub async fn read_pages(
         &self,
         window: Window,
@@ -157,9 +146,9 @@ impl PrometheusCollector {
         Ok(pages.len())
     }
 
-    /// Reads the GPU nodes of every whole UTC hour that ended in the window and has settled
-    /// (and the hour the window starts in), an hour at a time, handing on each hour's capacity
-    /// intervals. Answers how many hours were read.
+    /// Reads the GPU nodes of every whole UTC hour from the one the window starts in to the last
+    /// that ended `settle` before now (and by the window's end), an hour at a time, handing on
+    /// each hour's capacity intervals. Answers how many hours were read.
     pub async fn read_capacity(
         &self,
         window: Window,

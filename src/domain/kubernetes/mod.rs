@@ -149,17 +149,9 @@ impl Pod {
     }
 }
 
-/// Joins the answers of the pod queries into pods, by namespace, name and UID.
-pub fn pods(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
-    let mut table = PodTable::default();
-    for (fact, samples) in answers {
-        table.add(fact, samples)?;
-    }
-    Ok(table.finish())
-}
-
-/// The pods of a page as the answers of its pod queries arrive: each answer is folded in and
-/// dropped, so no more than one is held at a time.
+/// The pods of a window (or a page of it) as the answers of its pod queries arrive, joined by
+/// namespace, name and UID: each answer is folded in and dropped, so no more than one is held
+/// at a time.
 #[derive(Debug, Default)]
 pub struct PodTable {
     pods: BTreeMap<PodKey, Pod>,
@@ -780,13 +772,21 @@ mod tests {
         }
     }
 
+    fn table_of(answers: Vec<(PodFact, Vec<Sample>)>) -> Result<Vec<Pod>, String> {
+        let mut table = PodTable::default();
+        for (fact, samples) in answers {
+            table.add(fact, samples)?;
+        }
+        Ok(table.finish())
+    }
+
     #[test]
     fn answers_join_into_pods_and_a_limit_counts_only_without_a_request() {
         let key = [("namespace", "ml"), ("pod", "a"), ("uid", "u")];
         let with = |more: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
             key.iter().chain(more).copied().collect()
         };
-        let pods = pods(vec![
+        let pods = table_of(vec![
             (PodFact::Started, vec![sample(&with(&[]), "1772359200")]),
             (
                 PodFact::Phase,
@@ -836,7 +836,7 @@ mod tests {
         assert_eq!(pod.request.cores_percent, Some(Decimal::from(50)));
         assert_eq!(outcome(pod), Outcome::Preempted);
         let nameless = vec![(PodFact::Created, vec![sample(&[("pod", "a")], "1")])];
-        assert!(self::pods(nameless).is_err());
+        assert!(table_of(nameless).is_err());
     }
 
     #[test]
