@@ -214,21 +214,20 @@ async fn import_nodes(
     };
     let intervals =
         crate::domain::slurm::nodes::intervals_of(snapshots, &args.mapping.mapping(), &nodes);
-    let database = cli::open(config).await?;
-    cli::prepare(&database.pool, config).await?;
-    let destination = collectors::Destination::Local {
-        pool: database.pool.clone(),
-        settings: config.settings(),
-    };
     let mut summary = collectors::CapacitySummary::default();
-    let stored = if intervals.is_empty() {
-        Ok(())
-    } else {
-        collectors::deliver_capacity(&destination, intervals, false, &mut summary).await
-    };
-    drop(destination);
-    database.close().await?;
-    stored?;
+    if !intervals.is_empty() {
+        let database = cli::open(config).await?;
+        cli::prepare(&database.pool, config).await?;
+        let destination = collectors::Destination::Local {
+            pool: database.pool.clone(),
+            settings: config.settings(),
+        };
+        let stored =
+            collectors::deliver_capacity(&destination, intervals, false, &mut summary).await;
+        drop(destination);
+        database.close().await?;
+        stored?;
+    }
     print!("{}", summary.render());
     for problem in summary.problems.iter().take(100) {
         println!("  {}: {}", problem.location, problem.reason);
