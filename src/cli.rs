@@ -131,11 +131,16 @@ pub enum Command {
         /// Read Slurm's output: `slurm-json` is `sacct --json`, `sacct` is
         /// `sacct --parsable`/`--parsable2` text with its header (nothing is stored when any
         /// job cannot be read); `sinfo-json` is node listings (`scontrol show nodes --json`,
-        /// `sinfo --json`), one file per moment, stored as the GPU nodes' capacity.
+        /// `sinfo --json`), one file per moment, stored as the GPU nodes' capacity; `focus`
+        /// is a cloud bill (FOCUS 1.0–1.2 CSV, gzip accepted), as POST /v1/bills stores it.
         #[arg(long, value_enum)]
         format: Option<ImportFormat>,
         #[command(flatten)]
         slurm: SlurmImportArgs,
+        /// The pool the GPU instances of a bill (focus) that no collector reported go to
+        /// (default `billed-<provider>`, created when missing).
+        #[arg(long)]
+        pool: Option<String>,
     },
     /// Collect finished jobs from a scheduler for a time window and post them to a server or
     /// store them locally; run it every few minutes from a timer.
@@ -173,6 +178,8 @@ pub enum ImportFormat {
     /// Node listings (`scontrol show nodes --json` or `sinfo --json`), one file per moment:
     /// the GPU nodes' capacity between them.
     SinfoJson,
+    /// A cloud bill: a FOCUS 1.0–1.2 CSV (gzip accepted).
+    Focus,
 }
 
 /// How Slurm's accounts and GPU types become projects and GPU models.
@@ -502,6 +509,7 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             files,
             format: Some(format),
             slurm,
+            ..
         } => import_slurm(&config, &files, format, &slurm).await,
         Command::Import { files, slurm, .. } => {
             anyhow::ensure!(
@@ -566,6 +574,7 @@ async fn import_slurm(
     let format = match format {
         ImportFormat::SlurmJson => Format::Json,
         ImportFormat::SinfoJson => anyhow::bail!("node listings are imported as capacity"),
+        ImportFormat::Focus => anyhow::bail!("bills are imported as bills"),
         ImportFormat::Sacct => Format::Text(TextOptions {
             delimiter: args.delimiter.clone(),
             timezone: match args.source_timezone {

@@ -60,7 +60,14 @@ pub fn main() -> ExitCode {
                 files,
                 format: Some(ImportFormat::SinfoJson),
                 slurm,
+                ..
             } => import_nodes(&cli.config, &files, &slurm).await,
+            Command::Import {
+                files,
+                format: Some(ImportFormat::Focus),
+                pool,
+                ..
+            } => import_bills(&cli.config, &files, pool.as_deref()).await,
             command => cli::run(cli.config, command).await,
         }
     });
@@ -172,6 +179,70 @@ impl Collector {
             Collector::Prometheus(_) => Ok(false),
         }
     }
+}
+
+/// `import --format focus`: each file a bill, stored as `POST /v1/bills` stores it; prints
+/// each bill's receipt.
+async fn import_bills(
+    config: &Config,
+    files: &[PathBuf],
+    pool: Option<&str>,
+) -> anyhow::Result<()> {
+    use crate::domain::focus_bill::{bill_text, parse_bill};
+    let pool = pool
+        .map(crate::domain::capacity::pool_id)
+        .transpose()
+        .map_err(|error| anyhow::anyhow!("--pool: {error}"))?;
+    let mut bills = Vec::with_capacity(files.len());
+    for file in files {
+        let (name, bytes) = if file.as_os_str() == "-" {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)?;
+            ("stdin".to_owned(), bytes)
+        } else {
+            let bytes = std::fs::read(file)
+                .map_err(|error| anyhow::anyhow!("cannot read {}: {error}", file.display()))?;
+            (file.display().to_string(), bytes)
+        };
+        let text =
+            bill_text(&bytes, u64::MAX).map_err(|error| anyhow::anyhow!("{name}: {error}"))?;
+        let bill = parse_bill(&text).map_err(|errors| {
+            let lines: Vec<String> = errors
+                .into_vec()
+                .into_iter()
+                .map(|e| format!("  {}: {}", e.pointer, e.message))
+                .collect();
+            anyhow::anyhow!("{name}: the bill cannot be read:\n{}", lines.join("\n"))
+        })?;
+        bills.push((name, bill));
+    }
+    let database = cli::open(config).await?;
+    cli::prepare(&database.pool, config).await?;
+    let settings = config.settings();
+    let mut outcome = Ok(());
+    for (name, bill) in bills {
+        match crate::ledger::bills::post_bill(
+            &database.pool,
+            bill,
+            pool.as_deref(),
+            config.timezone,
+        )
+        .await
+        {
+            Ok((receipt, nodes)) => {
+                println!("{name}: {}", serde_json::to_string(&receipt)?);
+                if !nodes.is_empty() {
+                    crate::ledger::zombies::judge(&database.pool, Some(nodes), &settings).await?;
+                }
+            }
+            Err(error) => {
+                outcome = Err(anyhow::anyhow!("{name}: {error}"));
+                break;
+            }
+        }
+    }
+    database.close().await?;
+    outcome
 }
 
 /// `import --format sinfo-json`: every listing is read first, each at Slurm's `last_update`

@@ -289,6 +289,16 @@ impl CapacityInterval {
         Decimal::from(self.gpus) * seconds_between(self.from, self.until)
     }
 
+    /// The keys a bill row may name the node by (see [`super::focus_bill::node_keys`]).
+    pub fn resource_keys(&self) -> Vec<String> {
+        let mut keys = super::focus_bill::node_keys(
+            &self.node,
+            self.labels.get("provider_id").map(String::as_str),
+        );
+        keys.retain(|key| !key.contains('\n'));
+        keys
+    }
+
     /// SHA-256 of the canonical form: equal intervals hash equal.
     pub fn content_hash(&self) -> Vec<u8> {
         let canonical = CanonicalInterval {
@@ -575,9 +585,8 @@ pub(crate) type DayKey = (String, String, NaiveDate, Option<Uuid>);
 /// [`DayPlan`]), which comes to the same.
 pub fn capacity_figures(
     intervals: &[CapacityInterval],
-    owners: &HashMap<String, Option<String>>,
     usage: &[NodeUse],
-    contracts: &[Contract],
+    book: &PriceBook<'_>,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> CapacityFigures {
@@ -595,15 +604,14 @@ pub fn capacity_figures(
     let mut figures = CapacityFigures::default();
     let mut days: BTreeMap<DayKey, NodeDay> = BTreeMap::new();
     for (node, node_intervals) in by_node(intervals, (from, to)) {
-        for piece in pieces_of(&node_intervals, owners, contracts, (from, to), tz, Cut::Day) {
+        for piece in pieces_of(&node_intervals, book, (from, to), tz, Cut::Day) {
             add_paid(&mut days, &piece, tz);
         }
         let uses = uses_of.remove(node).unwrap_or_default();
         let unmatched = settle_node(
             &node_intervals,
             &uses,
-            owners,
-            contracts,
+            book,
             tz,
             &mut days,
             &mut figures.usage,
@@ -675,8 +683,7 @@ fn finished(days: BTreeMap<DayKey, NodeDay>) -> Vec<NodeDay> {
 pub(crate) fn settle_node(
     node_intervals: &[&CapacityInterval],
     uses: &HourUses<'_>,
-    owners: &HashMap<String, Option<String>>,
-    contracts: &[Contract],
+    book: &PriceBook<'_>,
     tz: Tz,
     days: &mut BTreeMap<DayKey, NodeDay>,
     usage: &mut BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>>,
@@ -689,7 +696,7 @@ pub(crate) fn settle_node(
             .copied()
             .filter(|i| i.from < end && i.until > hour)
             .collect();
-        let pieces = pieces_of(&covering, owners, contracts, (hour, end), tz, Cut::None);
+        let pieces = pieces_of(&covering, book, (hour, end), tz, Cut::None);
         if pieces.is_empty() {
             unmatched += hour_uses.iter().map(|u| u.gpu_seconds).sum::<Decimal>();
             continue;
@@ -745,7 +752,7 @@ pub fn node_day_rollup(
         intervals,
         (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC),
     );
-    let no_owners = HashMap::new();
+    let unpriced = PriceBook::default();
     let mut rows = Vec::new();
     let mut unmatched_days = Vec::new();
     for ((node, day), uses) in uses_of {
@@ -761,15 +768,7 @@ pub fn node_day_rollup(
             .unwrap_or_default();
         let mut days = BTreeMap::new();
         let mut usage = BTreeMap::new();
-        let unmatched = settle_node(
-            &node_intervals,
-            &uses,
-            &no_owners,
-            &[],
-            tz,
-            &mut days,
-            &mut usage,
-        );
+        let unmatched = settle_node(&node_intervals, &uses, &unpriced, tz, &mut days, &mut usage);
         if !unmatched.is_zero() {
             unmatched_days.push(UnmatchedDay {
                 node: node.to_owned(),
@@ -811,13 +810,12 @@ pub fn day_bounds(day: NaiveDate, tz: Tz) -> (DateTime<Utc>, DateTime<Utc>) {
 /// The contracts among `contracts` that price some of `intervals` within `[from, to)`.
 pub fn contracts_pricing(
     intervals: &[CapacityInterval],
-    owners: &HashMap<String, Option<String>>,
-    contracts: &[Contract],
+    book: &PriceBook<'_>,
     window: (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> std::collections::HashSet<Uuid> {
     let refs: Vec<&CapacityInterval> = intervals.iter().collect();
-    pieces_of(&refs, owners, contracts, window, tz, Cut::None)
+    pieces_of(&refs, book, window, tz, Cut::None)
         .into_iter()
         .filter_map(|piece| piece.contract_id)
         .collect()
@@ -834,8 +832,7 @@ enum Cut {
 /// [`Cut::Day`], at every ledger day.
 fn pieces_of<'a>(
     intervals: &[&'a CapacityInterval],
-    owners: &HashMap<String, Option<String>>,
-    contracts: &[Contract],
+    book: &PriceBook<'_>,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
     cut: Cut,
@@ -843,9 +840,7 @@ fn pieces_of<'a>(
     let mut pieces = Vec::new();
     for interval in intervals {
         let gpus = Decimal::from(interval.gpus);
-        for (span_start, span_end, contract_id) in
-            priced_spans(interval, owners, contracts, (from, to))
-        {
+        for (span_start, span_end, contract_id) in priced_spans(interval, book, (from, to)) {
             let mut at = span_start;
             while at < span_end {
                 let until = match cut {
@@ -874,15 +869,14 @@ fn pieces_of<'a>(
 /// its pool owner's project would be.
 pub(crate) fn priced_spans(
     interval: &CapacityInterval,
-    owners: &HashMap<String, Option<String>>,
-    contracts: &[Contract],
+    book: &PriceBook<'_>,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
 ) -> Vec<(DateTime<Utc>, DateTime<Utc>, Option<Uuid>)> {
     let (start, end) = (interval.from.max(from), interval.until.min(to));
     if start >= end {
         return Vec::new();
     }
-    let owner = owners.get(&interval.pool).cloned().flatten();
+    let owner = book.owners.get(&interval.pool).cloned().flatten();
     let as_record = RecordToRate {
         project: owner.unwrap_or_default(),
         gpu_model: interval.gpu_model.clone(),
@@ -897,7 +891,68 @@ pub(crate) fn priced_spans(
         outcome: Outcome::Completed,
         compute_share: None,
     };
-    contract_spans(&as_record, contracts)
+    let spans = contract_spans(&as_record, book.contracts);
+    match book.billed.get(&interval.node) {
+        Some(billed) => overlay_billed(spans, billed),
+        None => spans,
+    }
+}
+
+/// `spans` with the time `billed` covers priced by the bill instead: billed wins.
+fn overlay_billed(
+    spans: Vec<(DateTime<Utc>, DateTime<Utc>, Option<Uuid>)>,
+    billed: &[BilledSpan],
+) -> Vec<(DateTime<Utc>, DateTime<Utc>, Option<Uuid>)> {
+    let mut out = Vec::with_capacity(spans.len());
+    for (start, end, contract) in spans {
+        let mut at = start;
+        for bill in billed.iter().filter(|b| b.from < end && b.until > start) {
+            if bill.from > at {
+                out.push((at, bill.from, contract));
+            }
+            let (from, until) = (bill.from.max(at), bill.until.min(end));
+            if from < until {
+                out.push((from, until, Some(bill.price_id)));
+                at = until;
+            }
+        }
+        if at < end {
+            out.push((at, end, contract));
+        }
+    }
+    out
+}
+
+/// What prices capacity: the contracts, each matched with the project that owns the pool
+/// (`owners`), and the spans of nodes a bill gives the cost of, which win over contracts.
+#[derive(Debug, Clone, Copy)]
+pub struct PriceBook<'a> {
+    pub owners: &'a HashMap<String, Option<String>>,
+    pub contracts: &'a [Contract],
+    pub billed: &'a HashMap<String, Vec<BilledSpan>>,
+}
+
+impl Default for PriceBook<'_> {
+    fn default() -> Self {
+        static NO_OWNERS: std::sync::LazyLock<HashMap<String, Option<String>>> =
+            std::sync::LazyLock::new(HashMap::new);
+        static NO_BILLS: std::sync::LazyLock<HashMap<String, Vec<BilledSpan>>> =
+            std::sync::LazyLock::new(HashMap::new);
+        PriceBook {
+            owners: &NO_OWNERS,
+            contracts: &[],
+            billed: &NO_BILLS,
+        }
+    }
+}
+
+/// A stretch of one node's time whose cost a bill gives, priced under `price_id`. A node's
+/// spans are sorted and never overlap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BilledSpan {
+    pub from: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+    pub price_id: Uuid,
 }
 
 /// The node-day a piece adds to.
@@ -1181,11 +1236,15 @@ mod tests {
             used("a", at(13, 0), "q", dec("100")),
         ];
         let owners = HashMap::from([("train".to_owned(), None)]);
+        let contracts = [contract(dec("2"))];
         let figures = capacity_figures(
             &intervals,
-            &owners,
             &usage,
-            &[contract(dec("2"))],
+            &PriceBook {
+                owners: &owners,
+                contracts: &contracts,
+                ..PriceBook::default()
+            },
             (at(0, 0), at(23, 0)),
             Tz::UTC,
         );
@@ -1220,12 +1279,14 @@ mod tests {
         second.valid_from = at(10, 20);
         let intervals = [interval("a", at(10, 0), at(11, 0), NodeState::Up)];
         let usage = [used("a", at(10, 0), "p", dec("10000"))];
-        let owners = HashMap::new();
+        let contracts = [first, second];
         let figures = capacity_figures(
             &intervals,
-            &owners,
             &usage,
-            &[first, second],
+            &PriceBook {
+                contracts: &contracts,
+                ..PriceBook::default()
+            },
             (at(0, 0), at(23, 0)),
             Tz::UTC,
         );

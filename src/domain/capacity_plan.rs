@@ -19,10 +19,10 @@ use uuid::Uuid;
 
 use crate::domain::capacity::{
     CapacityInterval, CapacitySeconds, DayKey, HourUses, NodeDay, NodeDayUse, NodeState, NodeUse,
-    UnmatchedDay, by_node, day_bounds, priced_spans, settle_node,
+    PriceBook, UnmatchedDay, by_node, day_bounds, priced_spans, settle_node,
 };
 use crate::domain::ledger_time::first_of_month;
-use crate::domain::rating::{BillingMode, Contract};
+use crate::domain::rating::BillingMode;
 
 /// How finely a window's figures are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,8 +173,7 @@ impl Plan {
     /// `contracts` that price them (each matched with its pool owner's project, `owners`).
     pub fn new(
         intervals: &[CapacityInterval],
-        owners: &HashMap<String, Option<String>>,
-        contracts: &[Contract],
+        book: &PriceBook<'_>,
         window: (DateTime<Utc>, DateTime<Utc>),
         tz: Tz,
         detail: Detail,
@@ -217,7 +216,7 @@ impl Plan {
             for interval in &node_intervals {
                 let p = plan.pool(&interval.pool);
                 let k = plan.kind(&interval.gpu_model, interval.billing_mode);
-                for (start, end, contract) in priced_spans(interval, owners, contracts, window) {
+                for (start, end, contract) in priced_spans(interval, book, window) {
                     plan.pricing[p] = match plan.pricing[p] {
                         Pricing::Unset => Pricing::One(contract, k),
                         Pricing::One(c, kind) if (c, kind) != (contract, k) => Pricing::Several,
@@ -386,8 +385,7 @@ impl Plan {
         unmatched: &[UnmatchedDay],
         intervals: &[CapacityInterval],
         usage: &[NodeUse],
-        owners: &HashMap<String, Option<String>>,
-        contracts: &[Contract],
+        book: &PriceBook<'_>,
     ) -> WindowFigures {
         let mut figures = WindowFigures::default();
         for (pool, day, used, overbooked) in &sums.by_day {
@@ -435,7 +433,7 @@ impl Plan {
                 self.add_unmatched(&mut figures, n, day.gpu_seconds);
             }
         }
-        self.settle_hours(&mut figures, intervals, usage, owners, contracts);
+        self.settle_hours(&mut figures, intervals, usage, book);
         self.into_figures(figures)
     }
 
@@ -476,8 +474,7 @@ impl Plan {
         figures: &mut WindowFigures,
         intervals: &[CapacityInterval],
         usage: &[NodeUse],
-        owners: &HashMap<String, Option<String>>,
-        contracts: &[Contract],
+        book: &PriceBook<'_>,
     ) {
         let mut edge_hours: HashMap<&str, HourUses<'_>> = HashMap::new();
         let mut split_hours: HashMap<&str, HourUses<'_>> = HashMap::new();
@@ -513,8 +510,7 @@ impl Plan {
                 let outside = settle_node(
                     &node_intervals,
                     uses,
-                    owners,
-                    contracts,
+                    book,
                     self.tz,
                     &mut settled,
                     &mut weights,

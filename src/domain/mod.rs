@@ -1,6 +1,7 @@
 //! The domain: validated values, access rules and the cost model, free of I/O.
 
 pub mod access;
+pub mod billed;
 pub mod burn;
 pub mod capacity;
 pub mod capacity_plan;
@@ -10,8 +11,10 @@ pub mod csv_cell;
 pub mod demo;
 pub mod figures;
 pub mod focus;
+pub mod focus_bill;
 pub mod gpu;
 pub mod idle;
+pub mod instance_types;
 pub mod kubernetes;
 pub mod ledger_time;
 pub mod rating;

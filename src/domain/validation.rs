@@ -44,6 +44,10 @@ impl Violations {
         self.0.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn extend(&mut self, other: Violations) {
         self.0.extend(other.0);
     }

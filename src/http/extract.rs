@@ -33,17 +33,26 @@ where
     }
 }
 
+/// The media type of a request's `Content-Type`, lower-cased and without parameters
+/// (`text/csv; charset=utf-8` → `text/csv`); empty when there is none.
+pub fn content_type_essence(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
 pub fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("");
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = content_type_essence(headers);
     if essence == "application/json" || essence.ends_with("+json") {
         Ok(())
     } else if content_type.is_empty() {

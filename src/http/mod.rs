@@ -5,6 +5,7 @@
 
 pub mod alerts;
 pub mod auth;
+pub mod bills;
 pub mod capacity;
 pub mod contracts;
 pub mod cost;
@@ -85,6 +86,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(projects::router())
         .merge(contracts::router())
         .merge(capacity::router())
+        .merge(bills::router())
         .merge(fx_rates::router())
         .merge(cost::router())
         .merge(tasks::router())

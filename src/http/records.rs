@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
-use axum::http::header;
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -22,7 +21,8 @@ use crate::domain::values::parse_day_or_instant;
 use crate::http::auth::project_not_found;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{
-    ApiPath, ApiQuery, body_rejection, classify_json_error, parse_json, require_json_content_type,
+    ApiPath, ApiQuery, body_rejection, classify_json_error, content_type_essence, parse_json,
+    require_json_content_type,
 };
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
@@ -302,16 +302,7 @@ impl<S: Send + Sync> FromRequest<S> for RecordBatch {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let content_type = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
+        let content_type = content_type_essence(req.headers());
         let ndjson = matches!(
             content_type.as_str(),
             "application/x-ndjson" | "application/ndjson" | "application/jsonl"

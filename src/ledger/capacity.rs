@@ -19,8 +19,10 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::domain::billed::{BilledCapacity, BilledPrice, ChargedRow, bill_capacity};
 use crate::domain::capacity::{
-    CapacityInterval, CapacitySeconds, PoolSettings, ShareIdle, allocate, contracts_pricing,
+    CapacityInterval, CapacitySeconds, PoolSettings, PriceBook, ShareIdle, allocate,
+    contracts_pricing,
 };
 use crate::domain::capacity_plan::{Detail, Plan, RollupSums, WindowFigures};
 use crate::domain::figures::{FigureSums, Grouping, SUM_SCALE};
@@ -241,7 +243,7 @@ pub async fn post_capacity(
         }
     }
     if !to_store.is_empty() {
-        store::capacity::upsert(&mut tx, &to_store, &to_hash).await?;
+        store::capacity::upsert(&mut tx, &to_store, &to_hash, None).await?;
         // The days the stored intervals cover, and those of the intervals they replaced.
         let spans: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = to_store
             .iter()
@@ -261,6 +263,8 @@ pub struct CapacityWindow {
     pub pools: BTreeMap<String, PoolRow>,
     /// The contracts pricing the figures, at the prices asked for.
     contracts: HashMap<Uuid, Contract>,
+    /// What bills give the nodes' time, by price id: billed wins over contracts.
+    pub billed: BTreeMap<Uuid, BilledPrice>,
     /// FX rates of the window's months.
     fx: RateTable,
     /// The currency of every project the figures may charge.
@@ -315,6 +319,7 @@ impl CapacityWindow {
             figures: WindowFigures::default(),
             pools: BTreeMap::new(),
             contracts: HashMap::new(),
+            billed: BTreeMap::new(),
             fx: RateTable::default(),
             currencies: BTreeMap::new(),
             charges: Vec::new(),
@@ -339,7 +344,13 @@ impl CapacityWindow {
             .map(|row| (row.id.clone(), row.owner_project.clone()))
             .collect();
         let contracts = contracts_for(conn, &intervals, what_if).await?;
-        let plan = Plan::new(&intervals, &owners, &contracts, (from, to), tz, detail);
+        let billed = billed_capacity(conn, &intervals, (from, to)).await?;
+        let book = PriceBook {
+            owners: &owners,
+            contracts: &contracts,
+            billed: &billed.spans,
+        };
+        let plan = Plan::new(&intervals, &book, (from, to), tz, detail);
         let (mut sums, mut rows, mut unmatched) = (RollupSums::default(), Vec::new(), Vec::new());
         if let Some((first, end)) = plan.inside_days() {
             let (one_price, several) = plan.pools_by_pricing();
@@ -380,8 +391,7 @@ impl CapacityWindow {
             &unmatched,
             &hour_intervals,
             &hour_usage,
-            &owners,
-            &contracts,
+            &book,
         );
         // `by_usage` shares are of whole ledger months, however much of them the window has.
         let by_usage: Vec<String> = window
@@ -402,6 +412,7 @@ impl CapacityWindow {
                 store::capacity::usage_weights(conn, &by_usage, months.0, months.1).await?;
         }
         window.contracts = contracts.into_iter().map(|c| (c.id, c)).collect();
+        window.billed = billed.prices;
         let mut projects: Vec<String> = window
             .pools
             .values()
@@ -414,6 +425,7 @@ impl CapacityWindow {
         window.currencies = store::capacity::project_currencies(conn, &projects).await?;
         let mut to_currencies: Vec<String> = window.currencies.values().cloned().collect();
         to_currencies.extend(window.contracts.values().map(|c| c.currency.clone()));
+        to_currencies.extend(window.billed.values().map(|p| p.currency.clone()));
         let to_currencies = distinct(to_currencies.into_iter());
         let months: Vec<NaiveDate> = window.figures.days.iter().map(|d| d.month).collect();
         if let (Some(first), Some(last)) = (months.iter().min(), months.iter().max()) {
@@ -447,9 +459,13 @@ impl CapacityWindow {
         charge.cost_in(currency, &self.fx)
     }
 
-    /// The price of time under `contract`, in the contract's currency.
+    /// The price of time under `contract` (or a bill's price), in its currency.
     fn price_of(&self, contract: Option<Uuid>) -> Option<(Decimal, String)> {
-        let contract = self.contracts.get(&contract?)?;
+        let id = contract?;
+        if let Some(billed) = self.billed.get(&id) {
+            return Some((billed.per_gpu_hour(), billed.currency.clone()));
+        }
+        let contract = self.contracts.get(&id)?;
         Some((contract.price_per_gpu_hour, contract.currency.clone()))
     }
 
@@ -697,6 +713,60 @@ impl CapacityWindow {
     }
 }
 
+/// The prices bills give the nodes of `intervals` within `[from, to)`: every row naming one
+/// of them, set against every interval of every node those rows name over their whole
+/// charge periods (a scale set's row names nodes of other pools too).
+pub(crate) async fn billed_capacity(
+    conn: &mut PgConnection,
+    intervals: &[CapacityInterval],
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> LedgerResult<BilledCapacity> {
+    let keys: Vec<String> = intervals
+        .iter()
+        .flat_map(CapacityInterval::resource_keys)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if keys.is_empty() {
+        return Ok(BilledCapacity::default());
+    }
+    let rows = store::bills::rows_naming(conn, &keys, from, to).await?;
+    billed_rows_capacity(conn, rows).await
+}
+
+/// The prices `rows` give the nodes they name.
+pub(crate) async fn billed_rows_capacity(
+    conn: &mut PgConnection,
+    rows: Vec<store::bills::NodeRow>,
+) -> LedgerResult<BilledCapacity> {
+    let (Some(since), Some(until)) = (
+        rows.iter().map(|r| r.charge_from).min(),
+        rows.iter().map(|r| r.charge_until).max(),
+    ) else {
+        return Ok(BilledCapacity::default());
+    };
+    let row_keys: Vec<String> = rows
+        .iter()
+        .flat_map(|r| std::iter::once(r.resource_key.clone()).chain(r.resource_tail.clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let named = store::capacity::intervals_named(conn, &row_keys, since, until).await?;
+    let charged: Vec<ChargedRow> = rows
+        .into_iter()
+        .map(|r| ChargedRow {
+            id: (r.statement_id, r.line),
+            provider: r.provider,
+            from: r.charge_from,
+            until: r.charge_until,
+            billed_cost: r.billed_cost,
+            currency: r.currency,
+            keys: (r.resource_key, r.resource_tail),
+        })
+        .collect();
+    Ok(bill_capacity(&charged, &named))
+}
+
 /// The contracts that could price `intervals`: those of their models and billing modes,
 /// at the prices `what_if` asks for.
 pub(crate) async fn contracts_for(
@@ -755,7 +825,12 @@ pub async fn reservations_pricing_capacity(
         .collect();
     // Every contract that could price them, so that a more specific one wins as it would.
     let all = contracts_for(conn, &intervals, &WhatIf::default()).await?;
-    let pricing = contracts_pricing(&intervals, &owners, &all, window, tz);
+    let book = PriceBook {
+        owners: &owners,
+        contracts: &all,
+        ..PriceBook::default()
+    };
+    let pricing = contracts_pricing(&intervals, &book, window, tz);
     Ok(contracts
         .iter()
         .map(|c| c.id)

@@ -4,6 +4,7 @@
 //! [`LedgerError`].
 
 pub mod alerting;
+pub mod bills;
 pub mod capacity;
 pub mod capacity_rollup;
 pub mod commitments;

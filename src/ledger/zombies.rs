@@ -15,17 +15,18 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::capacity::{
-    CapacityInterval, IdleStretch, NodeState, capacity_figures, idle_stretches,
+    CapacityInterval, IdleStretch, NodeState, PriceBook, capacity_figures, idle_stretches,
 };
 use crate::domain::figures::SUM_SCALE;
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, seconds_between};
 use crate::domain::rating::FxRates;
 use crate::domain::what_if::WhatIf;
 use crate::ledger::alerting::AlertEvent;
-use crate::ledger::capacity::contracts_for;
+use crate::ledger::capacity::{billed_capacity, contracts_for};
 use crate::ledger::{LedgerResult, instruments};
 use crate::store;
 use crate::store::alerts::NewZombieAlert;
@@ -109,7 +110,18 @@ async fn zombies(
     let owner_ids: Vec<String> = owners.values().flatten().cloned().collect();
     let currencies = store::capacity::project_currencies(conn, &owner_ids).await?;
     let contracts = contracts_for(conn, &intervals, &WhatIf::default()).await?;
-    let by_id: HashMap<_, _> = contracts.iter().map(|c| (c.id, c)).collect();
+    let billed = billed_capacity(conn, &intervals, (from, to)).await?;
+    // The price of a GPU-hour under a contract or a bill, in its currency.
+    let prices: HashMap<Uuid, (Decimal, String)> = contracts
+        .iter()
+        .map(|c| (c.id, (c.price_per_gpu_hour, c.currency.clone())))
+        .chain(
+            billed
+                .prices
+                .values()
+                .map(|p| (p.id, (p.per_gpu_hour(), p.currency.clone()))),
+        )
+        .collect();
     let mut to_currencies: Vec<String> = currencies.values().cloned().collect();
     to_currencies.sort_unstable();
     to_currencies.dedup();
@@ -164,9 +176,12 @@ async fn zombies(
             };
             let days = capacity_figures(
                 std::slice::from_ref(&alone),
-                &owners,
                 &[],
-                &contracts,
+                &PriceBook {
+                    owners: &owners,
+                    contracts: &contracts,
+                    billed: &billed.spans,
+                },
                 (stretch.since, stretch.until),
                 tz,
             )
@@ -180,11 +195,11 @@ async fn zombies(
             let mut cost = Some(Decimal::ZERO);
             let mut per_hour = None;
             for day in &days {
-                let contract = day.contract_id.and_then(|id| by_id.get(&id));
-                let rate = contract.and_then(|c| {
-                    let target = currency.get_or_insert_with(|| c.currency.clone());
-                    fx.conversion(day.month, &c.currency, target)
-                        .map(|rate| c.price_per_gpu_hour * rate)
+                let price = day.contract_id.and_then(|id| prices.get(&id));
+                let rate = price.and_then(|(per_gpu_hour, from)| {
+                    let target = currency.get_or_insert_with(|| from.clone());
+                    fx.conversion(day.month, from, target)
+                        .map(|rate| *per_gpu_hour * rate)
                 });
                 match rate {
                     Some(price) => {

@@ -12,6 +12,7 @@ use crate::domain::capacity::{
 };
 use crate::domain::capacity_plan::{Detail, RollupSums};
 use crate::domain::rating::BillingMode;
+use uuid::Uuid;
 
 /// The foreign key from a pool to its owner project.
 pub const OWNER_CONSTRAINT: &str = "pools_owner_project_fkey";
@@ -147,11 +148,13 @@ pub async fn meeting(
     .await
 }
 
-/// Stores intervals, replacing those stored under the same `(node, from)`.
+/// Stores intervals, replacing those stored under the same `(node, from)`; `bill_statement`
+/// names the bill statement whose rows created them, if a bill did.
 pub async fn upsert(
     conn: &mut PgConnection,
     intervals: &[CapacityInterval],
     hashes: &[Vec<u8>],
+    bill_statement: Option<Uuid>,
 ) -> sqlx::Result<u64> {
     let mut node = Vec::with_capacity(intervals.len());
     let mut from = Vec::with_capacity(intervals.len());
@@ -164,6 +167,7 @@ pub async fn upsert(
     let mut provider = Vec::with_capacity(intervals.len());
     let mut region = Vec::with_capacity(intervals.len());
     let mut labels = Vec::with_capacity(intervals.len());
+    let mut keys = Vec::with_capacity(intervals.len());
     for i in intervals {
         node.push(i.node.as_str());
         from.push(i.from);
@@ -176,20 +180,23 @@ pub async fn upsert(
         provider.push(i.provider.as_deref());
         region.push(i.region.as_deref());
         labels.push(serde_json::to_string(&i.labels).expect("labels serialise"));
+        keys.push(i.resource_keys().join("\n"));
     }
     let done = sqlx::query(
         "INSERT INTO capacity_intervals (node, from_at, until_at, pool_id, state, gpu_model, \
-             gpus, billing_mode, provider, region, labels, content_hash) \
-         SELECT n, f, u, p, s, m, g, b, pr, rg, l::jsonb, h \
+             gpus, billing_mode, provider, region, labels, content_hash, resource_keys, \
+             bill_statement) \
+         SELECT n, f, u, p, s, m, g, b, pr, rg, l::jsonb, h, string_to_array(rk, E'\\n'), $14 \
          FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[], \
                      $6::text[], $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], \
-                     $12::bytea[]) AS k(n, f, u, p, s, m, g, b, pr, rg, l, h) \
+                     $12::bytea[], $13::text[]) AS k(n, f, u, p, s, m, g, b, pr, rg, l, h, rk) \
          ON CONFLICT (node, from_at) DO UPDATE SET until_at = EXCLUDED.until_at, \
              pool_id = EXCLUDED.pool_id, state = EXCLUDED.state, \
              gpu_model = EXCLUDED.gpu_model, gpus = EXCLUDED.gpus, \
              billing_mode = EXCLUDED.billing_mode, provider = EXCLUDED.provider, \
              region = EXCLUDED.region, labels = EXCLUDED.labels, \
-             content_hash = EXCLUDED.content_hash, received_at = now()",
+             content_hash = EXCLUDED.content_hash, resource_keys = EXCLUDED.resource_keys, \
+             bill_statement = EXCLUDED.bill_statement, received_at = now()",
     )
     .bind(&node)
     .bind(&from)
@@ -203,6 +210,8 @@ pub async fn upsert(
     .bind(&region)
     .bind(&labels)
     .bind(hashes)
+    .bind(&keys)
+    .bind(bill_statement)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
@@ -273,6 +282,29 @@ pub async fn intervals(
     )
     .bind(pools)
     .bind(nodes)
+    .bind(from)
+    .bind(to)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(CapacityInterval::from).collect())
+}
+
+/// The intervals of every node some of `keys` name (see
+/// [`CapacityInterval::resource_keys`]) that overlap `[from, to)`, by node and start.
+pub async fn intervals_named(
+    conn: &mut PgConnection,
+    keys: &[String],
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> sqlx::Result<Vec<CapacityInterval>> {
+    let rows = sqlx::query_as::<_, IntervalRow>(
+        "SELECT node, pool_id, gpu_model, gpus, billing_mode, provider, region, labels, \
+                from_at, until_at, state \
+         FROM capacity_intervals \
+         WHERE resource_keys && $1::text[] AND from_at < $3 AND until_at > $2 \
+         ORDER BY node, from_at",
+    )
+    .bind(keys)
     .bind(from)
     .bind(to)
     .fetch_all(conn)

@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use taskledger::config::{Clock, Settings};
-use taskledger::domain::capacity::{CapacitySeconds, NodeDay, ShareIdle, capacity_figures};
+use taskledger::domain::capacity::{
+    CapacitySeconds, NodeDay, PriceBook, ShareIdle, capacity_figures,
+};
 use taskledger::domain::capacity_plan::{Detail, WindowFigures};
 use taskledger::domain::ledger_time::{first_of_month, month_bounds};
 use taskledger::domain::what_if::WhatIf;
@@ -241,7 +243,12 @@ async fn from_scratch(
     .iter()
     .map(|row| row.to_domain())
     .collect();
-    let figures = capacity_figures(&intervals, &owners, &usage, &contracts, window, tz);
+    let book = PriceBook {
+        owners: &owners,
+        contracts: &contracts,
+        ..PriceBook::default()
+    };
+    let figures = capacity_figures(&intervals, &usage, &book, window, tz);
     let mut days: BTreeMap<(String, NaiveDate, Option<Uuid>, String), CapacitySeconds> =
         BTreeMap::new();
     let mut node_months: BTreeMap<(String, String, NaiveDate, Option<Uuid>), CapacitySeconds> =
