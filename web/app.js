@@ -1226,9 +1226,10 @@ async function renderFinance(view, generation) {
   $("main").innerHTML = `<p class="muted" role="status">Loading the report of ${escapeHtml(month)}…</p>`;
   $("main").setAttribute("aria-busy", "true");
   try {
-    const [report, alertList] = await Promise.all([
+    const [report, alertList, reconciliation] = await Promise.all([
       api(`/v1/reports/monthly/${month}`),
       api(`/v1/alerts?month=${month}&limit=1000`).catch(() => ({ items: [] })),
+      api(`/v1/reports/monthly/${month}/reconciliation`).catch((error) => ({ providers: [], error: error.message })),
     ]);
     if (generation !== state.generation) return;
     const alertsByProject = new Map();
@@ -1250,7 +1251,8 @@ async function renderFinance(view, generation) {
           <th scope="col" title="Spend ÷ budget; ticks mark the alert thresholds, the dashed mark the forecast">Burn</th>
           <th scope="col" class="num">Waste</th><th scope="col" class="num">Cost per completed task</th><th scope="col">Alerts</th></tr></thead>
         <tbody id="finance-rows">${rows || `<tr><td colspan="7" class="muted">No project yet.</td></tr>`}</tbody></table></div></div></section>`
-      + totalsTable(report) + commitmentsPanel(report) + poolsPanel(report) + adjustmentsPanel(report)
+      + totalsTable(report) + commitmentsPanel(report) + poolsPanel(report) + reconciliationPanel(reconciliation)
+      + adjustmentsPanel(report)
       + (mayReadReports() && !report.closed ? closeDialog(month) : "");
     pageLoaded(`Finance ${month} · taskledger`);
   } catch (error) {
@@ -1447,6 +1449,52 @@ function poolsPanel(report) {
     <thead><tr><th scope="col">Pool</th><th scope="col" class="num">Paid GPU-h</th><th scope="col" class="num">Used</th>
       <th scope="col" class="num">Idle cost</th><th scope="col" class="num">Down cost</th><th scope="col">Charged to</th></tr></thead>
     <tbody id="pool-rows">${rows}</tbody></table></div></div></section>`;
+}
+
+function plural(count, noun) {
+  return `${count} ${noun}${count === 1 ? "" : "s"}`;
+}
+
+// The month's cloud bills set against capacity: per provider and currency, what was billed,
+// the part that priced nodes (used, idle, down), the rows on no node, and how far the jobs'
+// contracts are from what the bill says their time cost.
+function reconciliationPanel(reconciliation) {
+  const providers = reconciliation.providers || [];
+  if (providers.length === 0) {
+    const why = reconciliation.error
+      ? escapeHtml(reconciliation.error)
+      : "No cloud bill of this billing period was posted (POST /v1/bills, or <code>taskledger import --format focus</code>).";
+    return `<section id="reconciliation"><h2>Cloud bills</h2><div class="panel"><p class="muted">${why}</p></div></section>`;
+  }
+  const rows = providers.map((p) => {
+    const c = p.currency;
+    const variance = p.price_variance;
+    const varianceNote = /^-?0(\.0*)?$/.test(variance) ? "" : variance.startsWith("-") ? "contracts below the bill" : "contracts above the bill";
+    return `<tr data-provider="${escapeHtml(p.provider)}"><th scope="row">${escapeHtml(p.provider)}<div class="small muted">${p.rows} rows</div></th>
+      <td class="num"><b>${money(p.billed_total, c)}</b></td>
+      <td class="num">${money(p.capacity_billed, c)}<div class="small muted">${roundDecimal(p.capacity_gpu_hours, 1)} GPU-h</div></td>
+      <td class="num">${money(p.used, c)}</td><td class="num">${money(p.idle, c)}</td><td class="num">${money(p.down, c)}</td>
+      <td class="num">${money(p.unmatched_total, c)}<div class="small muted">${plural(p.unmatched.length, "service")}</div></td>
+      <td class="num">${money(p.price_variance, c)}<div class="small muted">${varianceNote}</div></td></tr>`;
+  }).join("");
+  const details = providers.filter((p) => p.unmatched.length > 0).map((p) => {
+    const top = p.unmatched.slice(0, 20);
+    const lines = top.map((u) => `<tr><th scope="row">${escapeHtml(u.service)}</th><td>${escapeHtml(u.sku || "—")}</td>
+      <td class="num">${u.rows}</td><td class="num">${money(u.cost, p.currency)}</td></tr>`).join("");
+    const more = p.unmatched.length > top.length ? `<p class="small muted">and ${p.unmatched.length - top.length} more (the API lists all).</p>` : "";
+    return `<details><summary>${escapeHtml(p.provider)} (${escapeHtml(p.currency)}): ${plural(p.unmatched.length, "service")} on no node</summary>
+      <div class="scroll"><table><caption class="sr-only">Billed rows of ${escapeHtml(p.provider)} that priced no node, by service and SKU, costliest first</caption>
+      <thead><tr><th scope="col">Service</th><th scope="col">SKU</th><th scope="col" class="num">Rows</th><th scope="col" class="num">Cost</th></tr></thead>
+      <tbody>${lines}</tbody></table></div>${more}</details>`;
+  }).join("");
+  return `<section id="reconciliation"><h2>Cloud bills</h2><div class="panel">
+    <p class="small muted">Billed = on nodes (used + idle + down) + on no node, to the last billed digit. Price variance = the jobs' cost under their contracts − their used share of the bill.</p>
+    <div class="scroll"><table>
+    <caption class="sr-only">Each provider's bill this billing period set against capacity</caption>
+    <thead><tr><th scope="col">Provider</th><th scope="col" class="num">Billed</th><th scope="col" class="num">On nodes</th>
+      <th scope="col" class="num">Used</th><th scope="col" class="num">Idle</th><th scope="col" class="num">Down</th>
+      <th scope="col" class="num">On no node</th><th scope="col" class="num">Price variance</th></tr></thead>
+    <tbody id="reconciliation-rows">${rows}</tbody></table></div>${details}</div></section>`;
 }
 
 // ---- What is shown, read from the URL hash ---------------------------------------------------

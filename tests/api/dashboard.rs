@@ -1432,3 +1432,75 @@ async fn the_fleet_page_shows_each_pools_paid_used_idle_and_down_and_the_nodes_i
     .unwrap();
     served.stop().await;
 }
+
+/// The finance page's cloud-bill panel: each provider's bill of the billing period set
+/// against capacity as the reconciliation endpoint has it, and the rows on no node by
+/// service.
+#[tokio::test]
+async fn the_finance_page_sets_each_providers_bill_against_capacity() {
+    let app = crate::bills::billed_fleet().await;
+    let response = crate::bills::post_bill(
+        &app,
+        "/v1/bills?pool=billed",
+        crate::bills::constructed_bill("98.32").into_bytes(),
+        "text/csv",
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{}", response.text());
+    let finance = app.token("finance", &[]).await;
+    let reconciliation = app
+        .get("/v1/reports/monthly/2026-11/reconciliation", &app.admin)
+        .await
+        .json();
+    let at = Settings {
+        clock: Clock::Fixed("2026-11-02T08:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let doms = pages_at(&app, at, &finance, &["page=finance&month=2026-11"]).await;
+    let rows = table_rows(&doms[0], "reconciliation-rows");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (row, expected) in rows
+        .iter()
+        .zip(reconciliation["providers"].as_array().unwrap())
+    {
+        let c = expected["currency"].as_str().unwrap();
+        assert!(
+            row[0].starts_with(expected["provider"].as_str().unwrap()),
+            "{row:?}"
+        );
+        assert_eq!(row[1], shown(&expected["billed_total"], c));
+        assert!(
+            row[2].starts_with(&shown(&expected["capacity_billed"], c)),
+            "{row:?}"
+        );
+        assert_eq!(row[3], shown(&expected["used"], c));
+        assert_eq!(row[4], shown(&expected["idle"], c));
+        assert_eq!(row[5], shown(&expected["down"], c));
+        assert!(
+            row[6].starts_with(&shown(&expected["unmatched_total"], c)),
+            "{row:?}"
+        );
+        assert!(
+            row[7].starts_with(&shown(&expected["price_variance"], c)),
+            "{row:?}"
+        );
+    }
+    assert_eq!(rows[0][3], "49.16 USD");
+    assert_eq!(rows[0][7], "-41.16 USD contracts below the bill");
+    let page = text(&doms[0]);
+    assert!(page.contains("AWS (USD): 1 service on no node"), "{page}");
+
+    let served = app.serve_with(at).await;
+    let origin = served.url();
+    let path = screenshot_path("finance-bills.png");
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 1000);
+        browser.open(&format!(
+            "{origin}/#token={finance}&page=finance&month=2026-11"
+        ));
+        browser.screenshot_of("#reconciliation", &path);
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+}
