@@ -100,7 +100,7 @@ pub fn bill_text(bytes: &[u8], max_bytes: u64) -> Result<String, String> {
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut inflated = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)
-            .take(max_bytes + 1)
+            .take(max_bytes.saturating_add(1))
             .read_to_end(&mut inflated)
             .map_err(|e| format!("the gzip stream is broken: {e}"))?;
         if inflated.len() as u64 > max_bytes {

@@ -504,3 +504,63 @@ async fn bills_racing_capacity_and_records_leave_the_figures_of_a_sequential_run
         assert_eq!(figures(&app).await, expected);
     }
 }
+
+/// `taskledger import --format focus` stores a bill (gzip too) as `POST /v1/bills` does;
+/// importing it again is a duplicate, and a bad file names its row and column.
+#[tokio::test]
+async fn the_command_line_imports_a_bill_as_the_endpoint_stores_it() {
+    use flate2::{Compression, write::GzEncoder};
+    use std::io::Write;
+    let app = billed_fleet().await;
+    let folder = tempfile::tempdir().unwrap();
+    let file = folder.path().join("bill.csv.gz");
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+    encoder
+        .write_all(constructed_bill("98.32").as_bytes())
+        .unwrap();
+    std::fs::write(&file, encoder.finish().unwrap()).unwrap();
+    let import = |file: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
+            .args([
+                "--database-url",
+                &app.database_url,
+                "import",
+                "--format",
+                "focus",
+            ])
+            .args(["--pool", "billed"])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let output = import(&file);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains(r#""duplicate":false"#), "{stdout}");
+    assert!(stdout.contains(r#""matched_rows":7"#), "{stdout}");
+    let train = app
+        .get("/v1/pools/train/utilisation?month=2026-11", &app.admin)
+        .await
+        .json();
+    assert_money(&train["paid"]["cost"], "393.28");
+    let billed = app
+        .get("/v1/pools/billed/utilisation?month=2026-11", &app.admin)
+        .await
+        .json();
+    assert_money(&billed["paid"]["gpu_hours"], "24");
+
+    let again = import(&file);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains(r#""duplicate":true"#));
+
+    let broken = folder.path().join("broken.csv");
+    std::fs::write(&broken, constructed_bill("9x.32")).unwrap();
+    let output = import(&broken);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/rows/2/BilledCost"), "{stderr}");
+}
