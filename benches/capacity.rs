@@ -10,6 +10,11 @@
 //! time), and the monthly report of every project and pool. Then, alternating, a batch of
 //! 1,000 records each naming a node, and the same batch naming none.
 //!
+//! Last, a cloud bill: a FOCUS CSV billing each of pool `pool-0`'s 250 nodes every hour of
+//! the month (180,000 rows), read and stored once, timed; then, alternating, the fleet's
+//! month with the bill pricing a quarter of it, the billed pool's utilisation against an
+//! unbilled pool of the same size, and the month's reconciliation.
+//!
 //! Run with `cargo bench --bench capacity`.
 
 use std::time::{Duration, Instant};
@@ -282,6 +287,103 @@ fn main() {
             unnamed.as_secs_f64() * 1000.0,
             named.as_secs_f64() / unnamed.as_secs_f64()
         );
+        // The billed pool's nodes carry the cloud ids the bill names.
+        sqlx::query(
+            "UPDATE capacity_intervals \
+             SET labels = jsonb_build_object('provider_id', 'aws:///us-east-1a/i-' || node), \
+                 resource_keys = ARRAY[node, 'i-' || node, 'us-east-1a/i-' || node] \
+             WHERE pool_id = 'pool-0'",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let mut bill = String::from(
+            "BilledCost,BillingAccountId,BillingCurrency,BillingPeriodStart,ChargeCategory,\
+             ChargeDescription,ChargePeriodEnd,ChargePeriodStart,ConsumedQuantity,ConsumedUnit,\
+             PricingCategory,ProviderName,RegionId,ResourceId,ServiceName,SkuId,Tags\n",
+        );
+        let start: chrono::DateTime<chrono::Utc> = "2026-11-01T00:00:00Z".parse().unwrap();
+        for n in (0..1000).step_by(4) {
+            for hour in 0..720 {
+                let from = start + chrono::TimeDelta::hours(hour);
+                let until = from + chrono::TimeDelta::hours(1);
+                bill.push_str(&format!(
+                    "98.32,\"111\",\"USD\",\"2026-11-01 00:00:00\",\"Usage\",\
+                     \"$98.32 per On Demand Linux p5.48xlarge Instance Hour\",\"{}\",\"{}\",1.0,\
+                     \"Hours\",\"Standard\",\"AWS\",\"us-east-1\",\"i-node-{n:04}\",\
+                     \"Amazon Elastic Compute Cloud\",\"P5\",NULL\n",
+                    until.format("%Y-%m-%d %H:%M:%S"),
+                    from.format("%Y-%m-%d %H:%M:%S"),
+                ));
+            }
+        }
+        let bytes = bill.len();
+        let started = Instant::now();
+        let parsed = taskledger::domain::focus_bill::parse_bill(&bill).unwrap();
+        let read = started.elapsed();
+        let rows = parsed.rows.len();
+        let (receipt, _) = taskledger::ledger::bills::post_bill(&pool, parsed, None, tz)
+            .await
+            .unwrap();
+        println!(
+            "a bill of {rows} rows ({:.1} MB): read {:.0} ms, stored {:.0} ms in all, \
+             {} rows on nodes",
+            bytes as f64 / 1e6,
+            read.as_secs_f64() * 1000.0,
+            started.elapsed().as_secs_f64() * 1000.0,
+            receipt.matched_rows
+        );
+        drop(bill);
+        let (mut fleet, mut billed_pool, mut unbilled_pool, mut reconciliation) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for run in 0..RUNS + 2 {
+            let started = Instant::now();
+            let mut conn = pool.acquire().await.unwrap();
+            let window = CapacityWindow::load(
+                &mut conn,
+                None,
+                month,
+                tz,
+                &WhatIf::default(),
+                Detail::Pools,
+            )
+            .await
+            .unwrap();
+            assert_eq!(window.billed.len(), 250, "one price a node");
+            drop(conn);
+            let fleet_time = started.elapsed();
+            let billed_time = get("/v1/pools/pool-0/utilisation?month=2026-11").await;
+            let unbilled_time = get("/v1/pools/pool-2/utilisation?month=2026-11").await;
+            let reconciliation_time = get("/v1/reports/monthly/2026-11/reconciliation").await;
+            if run >= 2 {
+                fleet.push(fleet_time);
+                billed_pool.push(billed_time);
+                unbilled_pool.push(unbilled_time);
+                reconciliation.push(reconciliation_time);
+            }
+        }
+        for (name, times) in [
+            ("the fleet's month, a quarter of it billed", &mut fleet),
+            (
+                "the billed pool's utilisation (250 nodes)",
+                &mut billed_pool,
+            ),
+            (
+                "an unbilled pool's utilisation (250 nodes)",
+                &mut unbilled_pool,
+            ),
+            (
+                "the month's reconciliation (180,000 rows)",
+                &mut reconciliation,
+            ),
+        ] {
+            let (median, p95) = median(times);
+            println!(
+                "{name:<52} median {:>8.1} ms   p95 {:>8.1} ms",
+                median.as_secs_f64() * 1000.0,
+                p95.as_secs_f64() * 1000.0
+            );
+        }
         pool.close().await;
         cluster.stop().await.unwrap();
     });

@@ -22,7 +22,6 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::capacity::{BilledSpan, CapacityInterval};
-use super::focus_bill::names_node;
 use super::ledger_time::{SECONDS_PER_HOUR, seconds_between};
 
 /// A bill row by its statement and line.
@@ -108,18 +107,23 @@ pub fn bill_capacity(rows: &[ChargedRow], intervals: &[CapacityInterval]) -> Bil
             .or_default()
             .push(interval);
     }
-    let keyed: Vec<(&str, Vec<String>)> = keys_of
-        .into_iter()
-        .map(|(node, keys)| (node, keys.into_iter().collect()))
-        .collect();
+    // Each key with the nodes it names, in name order.
+    let mut nodes_of_key: HashMap<String, BTreeSet<&str>> = HashMap::new();
+    for (node, keys) in keys_of {
+        for key in keys {
+            nodes_of_key.entry(key).or_default().insert(node);
+        }
+    }
     let mut billed = BilledCapacity::default();
     let mut charges: BTreeMap<ChargeKey, Charge> = BTreeMap::new();
     for row in rows {
-        let nodes: Vec<String> = keyed
-            .iter()
-            .filter(|(_, keys)| names_node(&row.keys, keys))
-            .map(|(node, _)| (*node).to_owned())
+        let named: BTreeSet<&str> = std::iter::once(&row.keys.0)
+            .chain(row.keys.1.as_ref())
+            .filter_map(|key| nodes_of_key.get(key))
+            .flatten()
+            .copied()
             .collect();
+        let nodes: Vec<String> = named.into_iter().map(str::to_owned).collect();
         if nodes.is_empty() || row.until <= row.from {
             billed.unmatched.push(row.id);
             continue;

@@ -383,16 +383,17 @@ pub fn node_keys(node: &str, provider_id: Option<&str>) -> Vec<String> {
     keys
 }
 
-/// Whether a row with these keys names a node with `node_keys`.
-pub fn names_node(resource: &(String, Option<String>), node_keys: &[String]) -> bool {
-    node_keys
-        .iter()
-        .any(|key| *key == resource.0 || resource.1.as_ref().is_some_and(|tail| tail == key))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether a row with these keys names a node with `node_keys`: its whole id or its last
+    /// segment is one of them.
+    fn names_node(resource: &(String, Option<String>), node_keys: &[String]) -> bool {
+        node_keys
+            .iter()
+            .any(|key| *key == resource.0 || resource.1.as_ref().is_some_and(|tail| tail == key))
+    }
 
     const HEADER: &str = "BilledCost,BillingAccountId,BillingCurrency,BillingPeriodStart,\
 ChargeCategory,ChargeDescription,ChargePeriodEnd,ChargePeriodStart,ConsumedQuantity,\

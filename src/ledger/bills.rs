@@ -21,6 +21,7 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::domain::billed::BilledPrice;
 use crate::domain::capacity::{
     CapacityInterval, NodeState, PoolSettings, ShareIdle, pool_id as parse_pool_id,
 };
@@ -326,20 +327,22 @@ async fn count_matched(conn: &mut PgConnection, rows: &[BillRow]) -> LedgerResul
         return Ok(0);
     };
     let intervals = store::capacity::intervals_named(conn, &keys, since, until).await?;
-    let keyed: Vec<(Vec<String>, &CapacityInterval)> =
-        intervals.iter().map(|i| (i.resource_keys(), i)).collect();
+    let mut intervals_of_key: HashMap<String, Vec<&CapacityInterval>> = HashMap::new();
+    for interval in &intervals {
+        for key in interval.resource_keys() {
+            intervals_of_key.entry(key).or_default().push(interval);
+        }
+    }
     Ok(rows
         .iter()
         .filter(|row| {
-            let Some(resource) = row.resource_id.as_deref() else {
-                return false;
-            };
-            let keys = focus_bill::resource_keys(resource);
-            keyed.iter().any(|(node_keys, interval)| {
-                interval.from < row.charge_until
-                    && interval.until > row.charge_from
-                    && focus_bill::names_node(&keys, node_keys)
-            })
+            row_keys(row)
+                .iter()
+                .filter_map(|key| intervals_of_key.get(key))
+                .flatten()
+                .any(|interval| {
+                    interval.from < row.charge_until && interval.until > row.charge_from
+                })
         })
         .count())
 }
@@ -671,16 +674,20 @@ pub async fn reconciliation(pool: &PgPool, month: Month, tz: Tz) -> LedgerResult
                 entry.2 += day.seconds.down;
             }
         }
-        let matched_rows: Vec<(Uuid, i64)> =
-            prices.iter().flat_map(|p| p.rows.iter().copied()).collect();
+        let price_of_row: HashMap<(Uuid, i64), &BilledPrice> = prices
+            .iter()
+            .flat_map(|p| p.rows.iter().map(move |row| (*row, *p)))
+            .collect();
+        let matched_rows: Vec<(Uuid, i64)> = price_of_row.keys().copied().collect();
         for service in store::bills::services_of(&mut tx, &matched_rows).await? {
-            let provider = prices
-                .iter()
-                .find(|p| p.rows.contains(&(service.statement_id, service.line)))
-                .map(|p| (p.provider.clone(), p.currency.clone()))
-                .expect("a matched row is of a price");
+            let price = price_of_row[&(service.statement_id, service.line)];
             let entry = matched_by_service
-                .entry((provider.0, provider.1, service.service, service.sku))
+                .entry((
+                    price.provider.clone(),
+                    price.currency.clone(),
+                    service.service,
+                    service.sku,
+                ))
                 .or_default();
             entry.0 += 1;
             entry.1 += row_cost[&(service.statement_id, service.line)];
@@ -770,7 +777,7 @@ pub async fn reconciliation(pool: &PgPool, month: Month, tz: Tz) -> LedgerResult
 /// contract's currency has no rate into it are left out).
 async fn jobs_contract_cost(
     conn: &mut PgConnection,
-    prices: &[&crate::domain::billed::BilledPrice],
+    prices: &[&BilledPrice],
     since: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> LedgerResult<HashMap<Uuid, Decimal>> {
@@ -809,10 +816,16 @@ async fn jobs_contract_cost(
         }
         _ => return Ok(out),
     };
+    let mut prices_of_node: HashMap<&str, Vec<&BilledPrice>> = HashMap::new();
+    for price in prices {
+        for node in &price.nodes {
+            prices_of_node.entry(node).or_default().push(price);
+        }
+    }
     for (node, hour, contract, card_seconds) in uses {
-        let Some(price) = prices
-            .iter()
-            .find(|p| p.from <= hour && hour < p.until && p.nodes.contains(&node))
+        let Some(price) = prices_of_node
+            .get(node.as_str())
+            .and_then(|of_node| of_node.iter().find(|p| p.from <= hour && hour < p.until))
         else {
             continue;
         };
