@@ -5,9 +5,12 @@
 -- what was stored for it (rows, and the capacity the old rows created), in one transaction
 -- under the statement's advisory lock.
 --
--- A row's resource is matched to nodes when figures are read, by keys: the resource id
--- lower-cased without scheme, and its last segment (`resource_key`, `resource_tail`),
--- against each interval's `resource_keys` (its node name and its cloud provider id).
+-- A statement's rows of one resource are kept as runs as well: charges following each other,
+-- each as long and at the same cost (a month of hourly rows of one instance is one run), so
+-- that a read fetches runs, not rows. A run's resource is matched to nodes when figures are
+-- read, by keys: the resource id lower-cased without scheme, and its last segment
+-- (`resource_key`, `resource_tail`), against each interval's `resource_keys` (its node name
+-- and its cloud provider id). Each row names its run and period within it.
 -- Bills span every project, so in a distributed database these are reference tables.
 
 CREATE TABLE bills (
@@ -37,8 +40,8 @@ CREATE TABLE bill_rows (
     billed_cost     numeric NOT NULL,
     currency        char(3) NOT NULL,
     resource_id     text,
-    resource_key    text,
-    resource_tail   text,
+    run             integer,
+    period          integer,
     service         text NOT NULL,
     sku             text NOT NULL,
     region          text,
@@ -49,10 +52,23 @@ CREATE TABLE bill_rows (
     gpus            integer CHECK (gpus > 0),
     PRIMARY KEY (statement_id, line)
 );
-CREATE INDEX bill_rows_by_charge ON bill_rows (charge_from);
-CREATE INDEX bill_rows_by_resource_key ON bill_rows (resource_key, charge_from)
-    WHERE resource_key IS NOT NULL;
-CREATE INDEX bill_rows_by_resource_tail ON bill_rows (resource_tail, charge_from)
+CREATE INDEX bill_rows_by_run ON bill_rows (statement_id, run, period) WHERE run IS NOT NULL;
+
+CREATE TABLE bill_runs (
+    statement_id    uuid NOT NULL REFERENCES bill_statements (id),
+    run             integer NOT NULL,
+    resource_key    text NOT NULL,
+    resource_tail   text,
+    currency        char(3) NOT NULL,
+    charge_from     timestamptz NOT NULL,
+    period_us       bigint NOT NULL CHECK (period_us > 0),
+    periods         integer NOT NULL CHECK (periods > 0),
+    cost_per_period numeric NOT NULL,
+    charge_until    timestamptz NOT NULL,
+    PRIMARY KEY (statement_id, run)
+);
+CREATE INDEX bill_runs_by_resource_key ON bill_runs (resource_key, charge_from);
+CREATE INDEX bill_runs_by_resource_tail ON bill_runs (resource_tail, charge_from)
     WHERE resource_tail IS NOT NULL;
 
 -- The keys a bill row may name a node's interval by, and the statement whose rows created

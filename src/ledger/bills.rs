@@ -21,7 +21,7 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::domain::billed::BilledPrice;
+use crate::domain::billed::{BilledPrice, RunId, RunPart, runs_of};
 use crate::domain::capacity::{
     CapacityInterval, NodeState, PoolSettings, ShareIdle, pool_id as parse_pool_id,
 };
@@ -186,6 +186,7 @@ pub async fn post_bill(
                     spans.push((node, from, until));
                 }
                 store::bills::delete_statement_intervals(&mut tx, previous.id).await?;
+                store::bills::delete_runs(&mut tx, previous.id).await?;
                 store::bills::delete_rows(&mut tx, previous.id).await?;
                 receipt.replaced.push(ReplacedStatement {
                     provider: key.provider.clone(),
@@ -199,7 +200,9 @@ pub async fn post_bill(
             None => Uuid::new_v4(),
         };
         store::bills::put_statement(&mut tx, id, key, receipt.bill_id, &hashes[key]).await?;
-        store::bills::insert_rows(&mut tx, id, &by_statement[*key]).await?;
+        let (runs, placed) = runs_of(&by_statement[*key]);
+        store::bills::insert_rows(&mut tx, id, &by_statement[*key], &placed).await?;
+        store::bills::insert_runs(&mut tx, id, &runs).await?;
         statement_ids.insert((*key).clone(), id);
     }
     // GPU instances the bill shows that no node is known for become capacity.
@@ -611,15 +614,14 @@ pub async fn reconciliation(pool: &PgPool, month: Month, tz: Tz) -> LedgerResult
         .execute(&mut *tx)
         .await?;
     let totals = store::bills::period_totals(&mut tx, period_from, period_to).await?;
-    let node_rows = store::bills::period_rows_on_nodes(&mut tx, period_from, period_to).await?;
-    let statements: BTreeSet<Uuid> = node_rows.iter().map(|r| r.statement_id).collect();
-    let row_cost: HashMap<(Uuid, i64), Decimal> = node_rows
+    let node_runs = store::bills::period_runs_on_nodes(&mut tx, period_from, period_to).await?;
+    let run_scale: HashMap<RunId, u32> = node_runs
         .iter()
-        .map(|r| ((r.statement_id, r.line), r.billed_cost))
+        .map(|r| ((r.statement_id, r.run), r.cost_per_period.scale()))
         .collect();
     let range = (
-        node_rows.iter().map(|r| r.charge_from).min(),
-        node_rows.iter().map(|r| r.charge_until).max(),
+        node_runs.iter().map(|r| r.charge_from).min(),
+        node_runs.iter().map(|r| r.charge_until).max(),
     );
     let mut providers: BTreeMap<(String, String), ProviderReconciliation> = BTreeMap::new();
     for total in &totals {
@@ -660,9 +662,9 @@ pub async fn reconciliation(pool: &PgPool, month: Month, tz: Tz) -> LedgerResult
             .values()
             .filter(|price| {
                 price
-                    .rows
+                    .parts
                     .iter()
-                    .all(|id| statements.contains(&id.0) && row_cost.contains_key(id))
+                    .all(|(id, _, _)| run_scale.contains_key(id))
             })
             .collect();
         let mut seconds: HashMap<Uuid, (Decimal, Decimal, Decimal)> = HashMap::new();
@@ -674,23 +676,21 @@ pub async fn reconciliation(pool: &PgPool, month: Month, tz: Tz) -> LedgerResult
                 entry.2 += day.seconds.down;
             }
         }
-        let price_of_row: HashMap<(Uuid, i64), &BilledPrice> = prices
+        let parts: Vec<RunPart> = prices
             .iter()
-            .flat_map(|p| p.rows.iter().map(move |row| (*row, *p)))
+            .flat_map(|p| p.parts.iter().copied())
             .collect();
-        let matched_rows: Vec<(Uuid, i64)> = price_of_row.keys().copied().collect();
-        for service in store::bills::services_of(&mut tx, &matched_rows).await? {
-            let price = price_of_row[&(service.statement_id, service.line)];
+        for matched in store::bills::part_totals(&mut tx, &parts).await? {
             let entry = matched_by_service
                 .entry((
-                    price.provider.clone(),
-                    price.currency.clone(),
-                    service.service,
-                    service.sku,
+                    matched.provider,
+                    matched.currency,
+                    matched.service,
+                    matched.sku,
                 ))
                 .or_default();
-            entry.0 += 1;
-            entry.1 += row_cost[&(service.statement_id, service.line)];
+            entry.0 += matched.rows;
+            entry.1 += matched.cost;
         }
         let variance = jobs_contract_cost(&mut tx, &prices, since, until).await?;
         for price in &prices {
@@ -700,9 +700,9 @@ pub async fn reconciliation(pool: &PgPool, month: Month, tz: Tz) -> LedgerResult
             };
             let (paid, used, down) = seconds.get(&price.id).copied().unwrap_or_default();
             let scale = price
-                .rows
+                .parts
                 .iter()
-                .map(|id| row_cost[id].scale())
+                .map(|(id, _, _)| run_scale[id])
                 .max()
                 .unwrap_or(0)
                 .max(2);

@@ -19,7 +19,7 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::domain::billed::{BilledCapacity, BilledPrice, ChargedRow, bill_capacity};
+use crate::domain::billed::{BilledCapacity, BilledPrice, ChargedRun, bill_capacity};
 use crate::domain::capacity::{
     CapacityInterval, CapacitySeconds, PoolSettings, PriceBook, ShareIdle, allocate,
     contracts_pricing,
@@ -713,9 +713,9 @@ impl CapacityWindow {
     }
 }
 
-/// The prices bills give the nodes of `intervals` within `[from, to)`: every row naming one
-/// of them, set against every interval of every node those rows name over their whole
-/// charge periods (a scale set's row names nodes of other pools too).
+/// The prices bills give the nodes of `intervals` within `[from, to)`: every run naming one
+/// of them, set against every interval of every node those runs name over their whole
+/// periods (a scale set's run names nodes of other pools too).
 pub(crate) async fn billed_capacity(
     conn: &mut PgConnection,
     intervals: &[CapacityInterval],
@@ -730,40 +730,32 @@ pub(crate) async fn billed_capacity(
     if keys.is_empty() {
         return Ok(BilledCapacity::default());
     }
-    let rows = store::bills::rows_naming(conn, &keys, from, to).await?;
-    billed_rows_capacity(conn, rows).await
+    let runs = store::bills::runs_naming(conn, &keys, from, to).await?;
+    billed_runs_capacity(conn, runs).await
 }
 
-/// The prices `rows` give the nodes they name.
-pub(crate) async fn billed_rows_capacity(
+/// The prices `runs` give the nodes they name.
+pub(crate) async fn billed_runs_capacity(
     conn: &mut PgConnection,
-    rows: Vec<store::bills::NodeRow>,
+    runs: Vec<store::bills::RunRow>,
 ) -> LedgerResult<BilledCapacity> {
+    let charged: Vec<ChargedRun> = runs
+        .into_iter()
+        .map(store::bills::RunRow::into_charged)
+        .collect();
     let (Some(since), Some(until)) = (
-        rows.iter().map(|r| r.charge_from).min(),
-        rows.iter().map(|r| r.charge_until).max(),
+        charged.iter().map(|r| r.run.from).min(),
+        charged.iter().map(|r| r.run.until()).max(),
     ) else {
         return Ok(BilledCapacity::default());
     };
-    let row_keys: Vec<String> = rows
+    let run_keys: Vec<String> = charged
         .iter()
-        .flat_map(|r| std::iter::once(r.resource_key.clone()).chain(r.resource_tail.clone()))
+        .flat_map(|r| std::iter::once(r.run.keys.0.clone()).chain(r.run.keys.1.clone()))
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let named = store::capacity::intervals_named(conn, &row_keys, since, until).await?;
-    let charged: Vec<ChargedRow> = rows
-        .into_iter()
-        .map(|r| ChargedRow {
-            id: (r.statement_id, r.line),
-            provider: r.provider,
-            from: r.charge_from,
-            until: r.charge_until,
-            billed_cost: r.billed_cost,
-            currency: r.currency,
-            keys: (r.resource_key, r.resource_tail),
-        })
-        .collect();
+    let named = store::capacity::intervals_named(conn, &run_keys, since, until).await?;
     Ok(bill_capacity(&charged, &named))
 }
 

@@ -1,11 +1,12 @@
 //! Cloud bills: the statements posted, their rows, and the rows that name nodes.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::focus_bill::{BillRow, Statement, resource_keys};
+use crate::domain::billed::{ChargedRun, Run, RunPart};
+use crate::domain::focus_bill::{BillRow, Statement};
 
 /// Takes the advisory lock of each statement, in a fixed order, until the transaction ends:
 /// whoever stores or replaces a statement holds it.
@@ -140,13 +141,14 @@ pub async fn delete_rows(conn: &mut PgConnection, statement: Uuid) -> sqlx::Resu
     Ok(done.rows_affected())
 }
 
-/// Stores a statement's rows.
+/// Stores a statement's rows, each with its `(run, period)`.
 pub async fn insert_rows(
     conn: &mut PgConnection,
     statement: Uuid,
     rows: &[&BillRow],
+    placed: &[Option<(i32, i32)>],
 ) -> sqlx::Result<()> {
-    for chunk in rows.chunks(5_000) {
+    for (chunk, places) in rows.chunks(5_000).zip(placed.chunks(5_000)) {
         let mut line = Vec::with_capacity(chunk.len());
         let mut category = Vec::with_capacity(chunk.len());
         let mut from = Vec::with_capacity(chunk.len());
@@ -154,8 +156,8 @@ pub async fn insert_rows(
         let mut cost = Vec::with_capacity(chunk.len());
         let mut currency = Vec::with_capacity(chunk.len());
         let mut resource = Vec::with_capacity(chunk.len());
-        let mut key = Vec::with_capacity(chunk.len());
-        let mut tail = Vec::with_capacity(chunk.len());
+        let mut run = Vec::with_capacity(chunk.len());
+        let mut period = Vec::with_capacity(chunk.len());
         let mut service = Vec::with_capacity(chunk.len());
         let mut sku = Vec::with_capacity(chunk.len());
         let mut region = Vec::with_capacity(chunk.len());
@@ -164,8 +166,7 @@ pub async fn insert_rows(
         let mut instance = Vec::with_capacity(chunk.len());
         let mut model = Vec::with_capacity(chunk.len());
         let mut gpus = Vec::with_capacity(chunk.len());
-        for row in chunk {
-            let keys = row.resource_id.as_deref().map(resource_keys);
+        for (row, place) in chunk.iter().zip(places) {
             line.push(row.line as i64);
             category.push(row.charge_category.as_str());
             from.push(row.charge_from);
@@ -173,8 +174,8 @@ pub async fn insert_rows(
             cost.push(row.billed_cost);
             currency.push(row.currency.as_str());
             resource.push(row.resource_id.as_deref());
-            key.push(keys.as_ref().map(|k| k.0.clone()));
-            tail.push(keys.and_then(|k| k.1));
+            run.push(place.map(|p| p.0));
+            period.push(place.map(|p| p.1));
             service.push(row.service.as_str());
             sku.push(row.sku.as_str());
             region.push(row.region.as_deref());
@@ -186,12 +187,12 @@ pub async fn insert_rows(
         }
         sqlx::query(
             "INSERT INTO bill_rows (statement_id, line, charge_category, charge_from, \
-                 charge_until, billed_cost, currency, resource_id, resource_key, resource_tail, \
+                 charge_until, billed_cost, currency, resource_id, run, period, \
                  service, sku, region, billing_mode, consumed_hours, instance_type, gpu_model, \
                  gpus) \
              SELECT $1, * FROM UNNEST($2::bigint[], $3::text[], $4::timestamptz[], \
-                 $5::timestamptz[], $6::numeric[], $7::text[], $8::text[], $9::text[], \
-                 $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], \
+                 $5::timestamptz[], $6::numeric[], $7::text[], $8::text[], $9::int[], \
+                 $10::int[], $11::text[], $12::text[], $13::text[], $14::text[], \
                  $15::numeric[], $16::text[], $17::text[], $18::int[])",
         )
         .bind(statement)
@@ -202,8 +203,8 @@ pub async fn insert_rows(
         .bind(&cost)
         .bind(&currency)
         .bind(&resource)
-        .bind(&key)
-        .bind(&tail)
+        .bind(&run)
+        .bind(&period)
         .bind(&service)
         .bind(&sku)
         .bind(&region)
@@ -216,6 +217,56 @@ pub async fn insert_rows(
         .await?;
     }
     Ok(())
+}
+
+/// Stores a statement's runs.
+pub async fn insert_runs(
+    conn: &mut PgConnection,
+    statement: Uuid,
+    runs: &[Run],
+) -> sqlx::Result<()> {
+    for chunk in runs.chunks(5_000) {
+        let run: Vec<i32> = chunk.iter().map(|r| r.run).collect();
+        let key: Vec<&str> = chunk.iter().map(|r| r.keys.0.as_str()).collect();
+        let tail: Vec<Option<&str>> = chunk.iter().map(|r| r.keys.1.as_deref()).collect();
+        let currency: Vec<&str> = chunk.iter().map(|r| r.currency.as_str()).collect();
+        let from: Vec<DateTime<Utc>> = chunk.iter().map(|r| r.from).collect();
+        let period: Vec<i64> = chunk
+            .iter()
+            .map(|r| r.period.num_microseconds().unwrap_or(i64::MAX))
+            .collect();
+        let periods: Vec<i32> = chunk.iter().map(|r| r.periods).collect();
+        let cost: Vec<Decimal> = chunk.iter().map(|r| r.cost_per_period).collect();
+        let until: Vec<DateTime<Utc>> = chunk.iter().map(Run::until).collect();
+        sqlx::query(
+            "INSERT INTO bill_runs (statement_id, run, resource_key, resource_tail, currency, \
+                 charge_from, period_us, periods, cost_per_period, charge_until) \
+             SELECT $1, * FROM UNNEST($2::int[], $3::text[], $4::text[], $5::text[], \
+                 $6::timestamptz[], $7::bigint[], $8::int[], $9::numeric[], $10::timestamptz[])",
+        )
+        .bind(statement)
+        .bind(&run)
+        .bind(&key)
+        .bind(&tail)
+        .bind(&currency)
+        .bind(&from)
+        .bind(&period)
+        .bind(&periods)
+        .bind(&cost)
+        .bind(&until)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes a statement's runs.
+pub async fn delete_runs(conn: &mut PgConnection, statement: Uuid) -> sqlx::Result<u64> {
+    let done = sqlx::query("DELETE FROM bill_runs WHERE statement_id = $1")
+        .bind(statement)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
 }
 
 /// The intervals a statement's rows created, as `(node, from, until)`.
@@ -263,36 +314,57 @@ pub async fn known_keys(
     .await
 }
 
-/// A stored row whose resource may name a node.
+/// A stored run whose resource may name a node.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct NodeRow {
+pub struct RunRow {
     pub statement_id: Uuid,
-    pub line: i64,
+    pub run: i32,
     pub provider: String,
-    pub charge_from: DateTime<Utc>,
-    pub charge_until: DateTime<Utc>,
-    pub billed_cost: Decimal,
-    pub currency: String,
     pub resource_key: String,
     pub resource_tail: Option<String>,
+    pub currency: String,
+    pub charge_from: DateTime<Utc>,
+    pub period_us: i64,
+    pub periods: i32,
+    pub cost_per_period: Decimal,
+    pub charge_until: DateTime<Utc>,
 }
 
-const NODE_ROW_COLUMNS: &str = "r.statement_id, r.line, s.provider, r.charge_from, \
-    r.charge_until, r.billed_cost, r.currency::text AS currency, r.resource_key, r.resource_tail";
+impl RunRow {
+    pub fn into_charged(self) -> ChargedRun {
+        ChargedRun {
+            id: (self.statement_id, self.run),
+            provider: self.provider,
+            run: Run {
+                run: self.run,
+                keys: (self.resource_key, self.resource_tail),
+                currency: self.currency,
+                from: self.charge_from,
+                period: TimeDelta::microseconds(self.period_us),
+                periods: self.periods,
+                cost_per_period: self.cost_per_period,
+            },
+        }
+    }
+}
 
-/// The rows naming one of `keys` whose charge period overlaps `[from, to)`.
-pub async fn rows_naming(
+const RUN_COLUMNS: &str = "r.statement_id, r.run, s.provider, r.resource_key, r.resource_tail, \
+    r.currency::text AS currency, r.charge_from, r.period_us, r.periods, r.cost_per_period, \
+    r.charge_until";
+
+/// The runs naming one of `keys` whose periods overlap `[from, to)`.
+pub async fn runs_naming(
     conn: &mut PgConnection,
     keys: &[String],
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-) -> sqlx::Result<Vec<NodeRow>> {
-    sqlx::query_as::<_, NodeRow>(&format!(
-        "SELECT {NODE_ROW_COLUMNS} FROM bill_rows r \
+) -> sqlx::Result<Vec<RunRow>> {
+    sqlx::query_as::<_, RunRow>(&format!(
+        "SELECT {RUN_COLUMNS} FROM bill_runs r \
          JOIN bill_statements s ON s.id = r.statement_id \
          WHERE (r.resource_key = ANY($1) OR r.resource_tail = ANY($1)) \
            AND r.charge_from < $3 AND r.charge_until > $2 \
-         ORDER BY r.charge_from, r.statement_id, r.line"
+         ORDER BY r.statement_id, r.run"
     ))
     .bind(keys)
     .bind(from)
@@ -301,24 +373,23 @@ pub async fn rows_naming(
     .await
 }
 
-/// The rows of the statements of billing periods starting within `[from, to)` whose
-/// resource names a node with an interval overlapping the row's charge period: the rows
-/// that may price capacity.
-pub async fn period_rows_on_nodes(
+/// The runs of the statements of billing periods starting within `[from, to)` whose
+/// resource names a node with an interval overlapping the run: the runs that may price
+/// capacity.
+pub async fn period_runs_on_nodes(
     conn: &mut PgConnection,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-) -> sqlx::Result<Vec<NodeRow>> {
-    sqlx::query_as::<_, NodeRow>(&format!(
-        "SELECT {NODE_ROW_COLUMNS} FROM bill_rows r \
+) -> sqlx::Result<Vec<RunRow>> {
+    sqlx::query_as::<_, RunRow>(&format!(
+        "SELECT {RUN_COLUMNS} FROM bill_runs r \
          JOIN bill_statements s ON s.id = r.statement_id \
          WHERE s.billing_period_start >= $1 AND s.billing_period_start < $2 \
-           AND r.resource_key IS NOT NULL \
            AND EXISTS (SELECT 1 FROM capacity_intervals c \
                        WHERE c.resource_keys && \
                              array_remove(ARRAY[r.resource_key, r.resource_tail], NULL) \
                          AND c.from_at < r.charge_until AND c.until_at > r.charge_from) \
-         ORDER BY r.charge_from, r.statement_id, r.line"
+         ORDER BY r.statement_id, r.run"
     ))
     .bind(from)
     .bind(to)
@@ -358,29 +429,28 @@ pub async fn period_totals(
     .await
 }
 
-/// A row, with the statement it is of, for matching to the rows it moved.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ServiceOfRow {
-    pub statement_id: Uuid,
-    pub line: i64,
-    pub service: String,
-    pub sku: String,
-}
-
-/// Service and SKU of rows, by `(statement, line)`.
-pub async fn services_of(
+/// What the rows of run periods `parts` come to, by provider, currency, service and SKU.
+pub async fn part_totals(
     conn: &mut PgConnection,
-    rows: &[(Uuid, i64)],
-) -> sqlx::Result<Vec<ServiceOfRow>> {
-    let statements: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
-    let lines: Vec<i64> = rows.iter().map(|r| r.1).collect();
-    sqlx::query_as::<_, ServiceOfRow>(
-        "SELECT r.statement_id, r.line, r.service, r.sku \
-         FROM UNNEST($1::uuid[], $2::bigint[]) AS k(s, l) \
-         JOIN bill_rows r ON (r.statement_id, r.line) = (k.s, k.l)",
+    parts: &[RunPart],
+) -> sqlx::Result<Vec<ChargeTotal>> {
+    let statements: Vec<Uuid> = parts.iter().map(|p| p.0.0).collect();
+    let runs: Vec<i32> = parts.iter().map(|p| p.0.1).collect();
+    let firsts: Vec<i32> = parts.iter().map(|p| p.1).collect();
+    let lasts: Vec<i32> = parts.iter().map(|p| p.2).collect();
+    sqlx::query_as::<_, ChargeTotal>(
+        "SELECT s.provider, r.currency::text AS currency, r.service, r.sku, \
+                count(*) AS rows, sum(r.billed_cost) AS cost \
+         FROM UNNEST($1::uuid[], $2::int[], $3::int[], $4::int[]) AS k(st, run, a, b) \
+         JOIN bill_rows r \
+           ON r.statement_id = k.st AND r.run = k.run AND r.period BETWEEN k.a AND k.b \
+         JOIN bill_statements s ON s.id = r.statement_id \
+         GROUP BY s.provider, r.currency, r.service, r.sku",
     )
     .bind(&statements)
-    .bind(&lines)
+    .bind(&runs)
+    .bind(&firsts)
+    .bind(&lasts)
     .fetch_all(conn)
     .await
 }
