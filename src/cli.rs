@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{Clock, Settings};
 use crate::domain::access::Role;
 use crate::domain::figures::Grouping;
+use crate::domain::reservation_plan::PlanRequest;
 use crate::domain::slurm::text::TextOptions;
 use crate::domain::slurm::{self, Format, Mapping};
 use crate::domain::source::SourceBatch;
@@ -20,7 +21,7 @@ use crate::domain::what_if::WhatIf;
 use crate::ledger::import::{self, Summary};
 use crate::ledger::setup::Database;
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, reports, sacct_import, setup, sources};
+use crate::ledger::{LedgerError, planning, reports, sacct_import, setup, sources};
 
 /// The data dir when none is given.
 pub const DEFAULT_DATA_DIR: &str = "./taskledger-data";
@@ -156,6 +157,11 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = ReportFormat::Json)]
         format: ReportFormat,
     },
+    /// Plan commitments from the ledger's own hourly use.
+    Plan {
+        #[command(subcommand)]
+        what: PlanCommand,
+    },
     /// Print the secret that signs alert webhooks, for receivers to verify them.
     WebhookSecret,
     /// Print the OpenAPI document (the committed api/openapi.json).
@@ -169,6 +175,53 @@ pub enum Command {
         #[arg(long)]
         until: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PlanCommand {
+    /// How many GPUs of a model to reserve: the cost of committing each number of GPUs over
+    /// the window, the cheapest, the reservations held against break-even, and spot (the
+    /// same as GET /v1/planning/reservations).
+    Reservations(PlanArgs),
+}
+
+/// The question of `plan reservations`; each option is the API's parameter of that name.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[arg(long)]
+    pub gpu_model: String,
+    /// Only records naming a node of this pool.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Only records of this provider.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// `YYYY-MM` of the ledger time zone, instead of --from and --to.
+    #[arg(long)]
+    pub month: Option<String>,
+    /// A date `YYYY-MM-DD` or an RFC 3339 time starting a ledger hour; without a window, the
+    /// 30 ledger days before today.
+    #[arg(long)]
+    pub from: Option<String>,
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Per GPU-hour in --currency; default: the contract in force.
+    #[arg(long)]
+    pub reserved_price: Option<String>,
+    #[arg(long)]
+    pub on_demand_price: Option<String>,
+    #[arg(long)]
+    pub spot_price: Option<String>,
+    #[arg(long)]
+    pub currency: Option<String>,
+    #[arg(long, value_enum, default_value_t = PlanFormat::Table)]
+    pub format: PlanFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -496,6 +549,9 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Plan {
+            what: PlanCommand::Reservations(args),
+        } => plan_reservations(&config, &args).await,
         Command::WebhookSecret => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
@@ -685,6 +741,51 @@ async fn create_token(
             LedgerError::Invalid(errors) => anyhow::anyhow!("{}", describe(errors)),
             other => anyhow::anyhow!("{other}"),
         })
+}
+
+/// `plan reservations`: the plan, as a table or as the API's JSON.
+async fn plan_reservations(config: &Config, args: &PlanArgs) -> anyhow::Result<()> {
+    let settings = config.settings();
+    let query = PlanRequest {
+        gpu_model: Some(&args.gpu_model),
+        pool: args.pool.as_deref(),
+        provider: args.provider.as_deref(),
+        month: args.month.as_deref(),
+        from: args.from.as_deref(),
+        to: args.to.as_deref(),
+        reserved_price: args.reserved_price.as_deref(),
+        on_demand_price: args.on_demand_price.as_deref(),
+        spot_price: args.spot_price.as_deref(),
+        currency: args.currency.as_deref(),
+    }
+    .parse(settings.timezone, chrono::Utc::now())
+    .map_err(|violations| anyhow::anyhow!(describe_options(violations.into_vec())))?;
+    let database = open(config).await?;
+    prepare(&database.pool, config).await?;
+    let plan = planning::reservations(&database.pool, &query, settings.timezone).await;
+    database.close().await?;
+    let plan = plan.map_err(|error| match error {
+        LedgerError::Invalid(errors) => anyhow::anyhow!(describe_options(errors)),
+        other => anyhow::anyhow!("{other}"),
+    })?;
+    match args.format {
+        PlanFormat::Table => print!("{}", plan.to_table()),
+        PlanFormat::Json => println!("{}", serde_json::to_string(&plan)?),
+    }
+    Ok(())
+}
+
+/// Field errors named by the command-line option they come from (`query:on_demand_price`
+/// is `--on-demand-price`).
+fn describe_options(errors: Vec<FieldError>) -> String {
+    errors
+        .into_iter()
+        .map(|e| {
+            let option = e.pointer.trim_start_matches("query:").replace('_', "-");
+            format!("--{option}: {}", e.message)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn describe(errors: Vec<FieldError>) -> String {

@@ -17,6 +17,7 @@ pub mod fx_rates;
 pub mod health;
 pub mod observe;
 pub mod pagination;
+pub mod planning;
 pub mod problems;
 pub mod projects;
 pub mod records;
@@ -95,6 +96,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(records::router())
         .merge(alerts::router())
         .merge(reports::router())
+        .merge(planning::router())
         .merge(exports::router())
 }
 

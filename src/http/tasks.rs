@@ -12,11 +12,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::access::Principal;
+use crate::domain::period::parse_period;
 use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFilter, TaskKeyset, TaskSort};
 use crate::domain::validation::Violations;
 use crate::domain::what_if::{PriceOverride, WhatIf};
-use crate::http::cost::parse_period;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{PageParams, encode_cursor};

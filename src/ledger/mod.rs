@@ -15,6 +15,7 @@ pub mod focus;
 pub mod import;
 pub mod ingest;
 pub mod instruments;
+pub mod planning;
 pub mod pricing;
 pub mod projects;
 pub mod rating;

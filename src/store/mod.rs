@@ -12,6 +12,7 @@ pub mod exports;
 pub mod fx_rates;
 pub mod jobs;
 pub mod numeric;
+pub mod planning;
 pub mod prices;
 pub mod projects;
 pub mod rating;

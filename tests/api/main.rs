@@ -21,6 +21,7 @@ mod import;
 mod ingest;
 mod jobs;
 mod kubernetes;
+mod planning;
 mod price_races;
 #[path = "../support/prometheus.rs"]
 mod prometheus;
