@@ -59,6 +59,21 @@ function shiftDecimal(text, places) {
   return (negative ? "-" : "") + shifted.replace(/^0+(?=\d)/, "");
 }
 
+// a − b of two decimal strings, exactly (BigInt on a common scale), as a decimal string.
+function subtractDecimal(a, b) {
+  const scale = Math.max(...[a, b].map((t) => (t.split(".")[1] || "").length));
+  const scaled = (t) => {
+    const negative = t.startsWith("-");
+    const [whole, fraction = ""] = t.replace("-", "").split(".");
+    const value = BigInt(whole + fraction.padEnd(scale, "0"));
+    return negative ? -value : value;
+  };
+  const difference = scaled(a) - scaled(b);
+  const digits = (difference < 0n ? -difference : difference).toString().padStart(scale + 1, "0");
+  const text = scale > 0 ? `${digits.slice(0, digits.length - scale)}.${digits.slice(digits.length - scale)}` : digits;
+  return (difference < 0n ? "-" : "") + text;
+}
+
 function money(amount, currency) {
   if (amount === null || amount === undefined) return "—";
   return `${roundDecimal(amount, 2)} ${currency}`;
@@ -1497,9 +1512,204 @@ function reconciliationPanel(reconciliation) {
     <tbody id="reconciliation-rows">${rows}</tbody></table></div>${details}</div></section>`;
 }
 
+// ---- Planning: how many GPUs to reserve ------------------------------------------------------
+
+const PLAN_PRICES = [["reserved", "reserved_price", "Reserved"], ["on_demand", "on_demand_price", "On demand"], ["spot", "spot_price", "Spot"]];
+
+function planningPath(view) {
+  const params = new URLSearchParams({ gpu_model: view.model, month: view.month });
+  for (const [key, name] of PLAN_PRICES) if (view.prices[key]) params.set(name, view.prices[key]);
+  return `/v1/planning/reservations?${params}`;
+}
+
+// The month's report as if the model's prices were those given (each in a project's currency).
+function whatIfReportPath(view) {
+  const params = new URLSearchParams();
+  for (const [key] of PLAN_PRICES) if (view.prices[key]) params.append("what_if", `${view.model}/${key}:${view.prices[key]}`);
+  return `/v1/reports/monthly/${view.month}?${params}`;
+}
+
+// A share as a percentage, with a decimal below 10 % (a break-even of 0.4 %).
+function planPct(value) {
+  const percent = Number(value) * 100;
+  return `${percent.toFixed(percent < 10 ? 1 : 0)}%`;
+}
+
+function planForm(view, models, plan) {
+  const options = models.map((m) => `<option${m === view.model ? " selected" : ""}>${escapeHtml(m)}</option>`).join("");
+  const inForce = (key) => plan && plan.prices && plan.prices[key] && plan.prices[key].contract ? plan.prices[key].price_per_gpu_hour
+    : (key === "spot" && plan && plan.spot && plan.spot.price.contract ? plan.spot.price.price_per_gpu_hour : "");
+  const inputs = PLAN_PRICES.map(([key, , label]) => `<label>${label} per GPU-hour
+    <input name="${key}" inputmode="decimal" pattern="\\d+(\\.\\d+)?" value="${escapeHtml(view.prices[key] || "")}" placeholder="${escapeHtml(inForce(key) || "contract")}"></label>`).join("");
+  return `<form id="plan-form" class="panel plan-form" aria-label="What to plan for">
+    <label>GPU model <select name="model">${options}</select></label>${inputs}
+    <button type="submit">Plan</button>
+    ${PLAN_PRICES.some(([key]) => view.prices[key]) ? `<button type="button" id="plan-reset">Contract prices</button>` : ""}
+  </form>`;
+}
+
+function planCards(plan) {
+  const c = plan.currency;
+  return `<div class="cards">
+    <div class="card"><div class="label">Reserve</div><div class="value">${plan.recommended_gpus} GPUs</div>
+      <div class="sub">${planPct(plan.utilisation_at_recommended)} of their hours in use; ${plural(plan.hours_above_recommended, "hour")} above on demand</div></div>
+    <div class="card"><div class="label">Would have cost</div><div class="value">${money(plan.cost_at_recommended, c)}</div>
+      <div class="sub">against ${money(plan.cost_today, c)} committing ${roundDecimal(plan.committed_gpus_today, 2)} GPUs as today</div></div>
+    <div class="card"><div class="label">Saving</div><div class="value">${money(plan.saving, c)}</div>
+      <div class="sub">over ${plural(plan.hours, "hour")} of ${escapeHtml(plan.gpu_model)}</div></div>
+    <div class="card"><div class="label">Break-even utilisation</div><div class="value">${planPct(plan.break_even_utilisation)}</div>
+      <div class="sub">reserved ${money(plan.prices.reserved.price_per_gpu_hour, c)} ÷ on demand ${money(plan.prices.on_demand.price_per_gpu_hour, c)} a GPU-hour</div></div>
+  </div>`;
+}
+
+// GPUs in use hour by hour, with the recommended commitment and today's drawn across.
+function planUseChart(plan) {
+  const xs = plan.hourly.map((h) => Date.parse(h.hour) / 1000);
+  const use = plan.hourly.map((h) => Number(h.gpu_hours));
+  const recommended = xs.map(() => plan.recommended_gpus);
+  const today = xs.map(() => Number(plan.committed_gpus_today));
+  const summary = `${plan.gpu_model} GPUs in use each hour, at most ${roundDecimal(plan.peak_gpus, 2)}; the recommended commitment, ${plan.recommended_gpus} GPUs, drawn across`;
+  pendingCharts.push({ id: "plan-use-chart", build: (element, width) => {
+    const options = baseOptions(width, "GPUs");
+    options.scales = { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max, plan.recommended_gpus, 1) * 1.1] } };
+    options.series = [{},
+      { label: "In use", stroke: cssColour("--productive"), fill: `${cssColour("--productive")}33`, width: 1, paths: uPlot.paths.stepped({ align: 1 }), points: { show: false } },
+      { label: "Recommended", stroke: cssColour("--accent") || "#1f6feb", width: 2, points: { show: false } },
+      { label: "Committed today", stroke: cssColour("--muted"), width: 1.5, dash: [6, 4], points: { show: false } }];
+    return new uPlot(options, [xs, use, recommended, today], element);
+  } });
+  return `<section id="plan-use"><h2>GPUs in use, hour by hour</h2><div class="panel">
+    <div class="chart" id="plan-use-chart" role="img" aria-label="${escapeHtml(summary)}"></div>
+    <div class="legend"><span style="--c:var(--productive)">In use</span><span style="--c:var(--accent)">Recommended: ${plan.recommended_gpus} GPUs</span>
+      <span style="--c:var(--muted)">Committed today: ${roundDecimal(plan.committed_gpus_today, 2)} GPUs</span></div>
+  </div></section>`;
+}
+
+// What committing each number of GPUs would have cost over the window.
+function planCurveChart(plan) {
+  const c = plan.currency;
+  const xs = plan.curve.map((p) => p.gpus);
+  const costs = plan.curve.map((p) => Number(p.cost));
+  const best = plan.curve.map((p) => (p.gpus === plan.recommended_gpus ? Number(p.cost) : null));
+  const summary = `Cost of committing 0 to ${xs[xs.length - 1]} GPUs; the cheapest, ${plan.recommended_gpus} GPUs, ${money(plan.cost_at_recommended, c)}`;
+  pendingCharts.push({ id: "plan-curve-chart", build: (element, width) => {
+    const options = baseOptions(width, c);
+    options.scales = { x: { time: false }, y: { range: (u, min, max) => [0, max * 1.05 || 1] } };
+    options.axes[0].values = (u, values) => values.map((v) => (Number.isInteger(v) ? String(v) : ""));
+    options.axes[0].label = "GPUs committed";
+    options.axes[0].labelSize = 18;
+    options.axes[0].labelFont = "12px system-ui, sans-serif";
+    options.series = [{},
+      { label: "Cost", stroke: cssColour("--idle"), width: 2, points: { show: xs.length <= 60, size: 4 } },
+      { label: "Cheapest", stroke: cssColour("--accent") || "#1f6feb", width: 0, points: { show: true, size: 11, fill: cssColour("--accent") || "#1f6feb" } }];
+    return new uPlot(options, [xs, costs, best], element);
+  } });
+  const rows = plan.curve.map((p) => `<tr${p.gpus === plan.recommended_gpus ? ' class="best"' : ""}><th scope="row" class="num">${p.gpus}</th><td class="num">${money(p.cost, c)}</td></tr>`).join("");
+  return `<section id="plan-curve"><h2>Cost of committing N GPUs</h2><div class="panel">
+    <div class="chart" id="plan-curve-chart" role="img" aria-label="${escapeHtml(summary)}"></div>
+    <div class="chart-readout">${escapeHtml(summary)}</div>
+    <details class="figures"><summary>The curve as a table</summary><div class="scroll"><table>
+      <caption class="sr-only">Cost of the window for each number of GPUs committed</caption>
+      <thead><tr><th scope="col" class="num">GPUs</th><th scope="col" class="num">Cost</th></tr></thead>
+      <tbody id="plan-curve-rows">${rows}</tbody></table></div></details>
+  </div></section>`;
+}
+
+function planContracts(plan) {
+  const c = plan.currency;
+  if (plan.contracts.length === 0) {
+    return `<section id="plan-contracts"><h2>Reservations held</h2><div class="panel muted">No reservation of ${escapeHtml(plan.gpu_model)} commits GPUs in this window.</div></section>`;
+  }
+  const rows = plan.contracts.map((h) => `<tr${h.over_reserved ? ' class="over"' : ""}><th scope="row">${escapeHtml(h.name)}${h.project ? ` <span class="muted">· ${escapeHtml(h.project)}</span>` : ""}</th>
+    <td class="num">${roundDecimal(h.committed_gpus, 2)}</td><td class="num">${planPct(h.utilisation)}</td><td class="num">${planPct(h.break_even_utilisation)}</td>
+    <td>${h.over_reserved ? `<span class="pill gave_up">Over-reserved</span>` : `<span class="pill delivered">Pays off</span>`}</td>
+    <td class="num">${money(h.wasted, c)}</td></tr>`).join("");
+  return `<section id="plan-contracts"><h2>Reservations held</h2><div class="panel"><div class="scroll"><table>
+    <caption class="sr-only">Each reservation's utilisation in the window against its break-even</caption>
+    <thead><tr><th scope="col">Reservation</th><th scope="col" class="num">GPUs</th><th scope="col" class="num">Utilisation</th>
+      <th scope="col" class="num">Break-even</th><th scope="col">Verdict</th><th scope="col" class="num">Unused commitment</th></tr></thead>
+    <tbody id="plan-contract-rows">${rows}</tbody></table></div></div></section>`;
+}
+
+function planSpot(plan) {
+  const spot = plan.spot;
+  if (!spot) return `<section id="plan-spot"><h2>Spot</h2><div class="panel muted">No spot contract of ${escapeHtml(plan.gpu_model)} is in force: give a spot price to compare.</div></section>`;
+  const c = plan.currency;
+  const o = spot.observed;
+  return `<section id="plan-spot"><h2>Spot</h2><div class="panel">
+    <p>The ${roundDecimal(spot.on_demand_gpu_hours, 1)} GPU-hours run on demand would have cost <b>${money(spot.cost_at_spot, c)}</b> on spot at
+      ${money(spot.price.price_per_gpu_hour, c)} a GPU-hour, against ${money(spot.cost_on_demand, c)}: ${money(spot.saving, c)} less.</p>
+    <p class="muted">Observed on spot in this window, not promised: ${o.preempted_attempts} of ${plural(o.attempts, "attempt")} preempted${o.preemption_rate === null ? "" : ` (${planPct(o.preemption_rate)})`},
+      ${roundDecimal(o.preempted_gpu_hours, 1)} of ${roundDecimal(o.spot_gpu_hours, 1)} spot GPU-hours lost to preemption.</p>
+  </div></section>`;
+}
+
+function planWhatIf(view, actual, hypothetical) {
+  if (!actual || !hypothetical) return "";
+  const given = PLAN_PRICES.filter(([key]) => view.prices[key]).map(([key, , label]) => `${label.toLowerCase()} ${escapeHtml(view.prices[key])}`).join(", ");
+  const currencies = [...new Set([...actual.totals, ...hypothetical.totals].map((t) => t.currency))];
+  const rows = currencies.map((cur) => {
+    const a = actual.totals.find((t) => t.currency === cur);
+    const h = hypothetical.totals.find((t) => t.currency === cur);
+    const delta = subtractDecimal(h ? h.total : "0", a ? a.total : "0");
+    return `<tr><th scope="row">${escapeHtml(cur)}</th><td class="num">${money(a ? a.total : "0", cur)}</td><td class="num">${money(h ? h.total : "0", cur)}</td>
+      <td class="num">${delta.startsWith("-") ? "" : "+"}${money(delta, cur)}</td></tr>`;
+  }).join("");
+  return `<section id="plan-what-if"><h2>The month at these prices</h2><div class="panel">
+    <p class="muted">${escapeHtml(monthName(view.month))}'s report as if every ${escapeHtml(view.model)} GPU-hour were priced ${given} (in each project's currency): hypothetical, nothing is stored.</p>
+    <div class="scroll"><table><caption class="sr-only">The month's totals as billed and at the prices given</caption>
+    <thead><tr><th scope="col">Currency</th><th scope="col" class="num">As priced</th><th scope="col" class="num">At these prices</th><th scope="col" class="num">Difference</th></tr></thead>
+    <tbody id="plan-what-if-rows">${rows || `<tr><td colspan="4" class="muted">Nothing was spent this month.</td></tr>`}</tbody></table></div>
+  </div></section>`;
+}
+
+async function renderPlanning(view, generation) {
+  destroyCharts();
+  state.shown = null;
+  if (!mayReadReports()) {
+    $("main").innerHTML = `<div class="panel" role="alert"><h2>Planning needs a finance or admin token</h2></div>`;
+    document.body.dataset.loaded = "true";
+    return;
+  }
+  $("main").innerHTML = `<p class="muted" role="status">Loading the plan of ${escapeHtml(view.month)}…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    const contracts = await api("/v1/contracts?limit=1000");
+    const models = [...new Set(contracts.items.map((c) => c.gpu_model))].sort();
+    if (generation !== state.generation) return;
+    if (!view.model || !models.includes(view.model)) {
+      if (models.length === 0) {
+        $("main").innerHTML = pageHead("Planning") + `<div class="panel muted">No contract yet: planning compares a model's reserved and on-demand prices.</div>`;
+        pageLoaded(`Planning · taskledger`);
+        return;
+      }
+      if (!view.model) return go({ ...view, model: models[0] });
+      models.push(view.model);
+    }
+    const whatIf = PLAN_PRICES.some(([key]) => view.prices[key]);
+    const [plan, actual, hypothetical] = await Promise.all([
+      api(planningPath(view)).catch((error) => ({ error: error.message })),
+      whatIf ? api(`/v1/reports/monthly/${view.month}`).catch(() => null) : null,
+      whatIf ? api(whatIfReportPath(view)).catch(() => null) : null,
+    ]);
+    if (generation !== state.generation) return;
+    const head = pageHead(`Planning <span class="muted">· ${escapeHtml(view.model)} · ${escapeHtml(monthName(view.month))}</span>`);
+    if (plan.error) {
+      $("main").innerHTML = head + planForm(view, models, null) + `<div class="error" role="alert" id="plan-error">${escapeHtml(plan.error)}</div>`;
+    } else {
+      $("main").innerHTML = head + planForm(view, models, plan) + planCards(plan) + planUseChart(plan) + planCurveChart(plan)
+        + planContracts(plan) + planSpot(plan) + planWhatIf(view, actual, hypothetical);
+      mountCharts();
+    }
+    pageLoaded(`Planning ${view.model} ${view.month} · taskledger`);
+  } catch (error) {
+    pageFailed(error, generation);
+  }
+}
+
 // ---- What is shown, read from the URL hash ---------------------------------------------------
 
-const PAGES = ["finance", "fleet", "project"];
+const PAGES = ["finance", "fleet", "planning", "project"];
 
 // `#page=finance&month=…`, `#project=…&month=…&sort=…&order=…&status=…` or, for one task,
 // `…&task=…`. Without a page or a project, finance opens on its page and others on a project.
@@ -1518,11 +1728,19 @@ function hashView() {
     order: params.get("order") === "asc" ? "asc" : "desc",
     status: STATUSES.includes(params.get("status")) ? params.get("status") : "",
     task: page === "project" ? params.get("task") : null,
+    model: params.get("model") || "",
+    prices: Object.fromEntries(PLAN_PRICES.map(([key]) => [key, /^\d+(\.\d+)?$/.test(params.get(key) || "") ? params.get(key) : ""])),
   };
 }
 
 function hashOf(view) {
   if (view.page === "finance" || view.page === "fleet") return `#${new URLSearchParams({ page: view.page, month: view.month })}`;
+  if (view.page === "planning") {
+    const params = new URLSearchParams({ page: "planning", month: view.month });
+    if (view.model) params.set("model", view.model);
+    for (const [key] of PLAN_PRICES) if (view.prices && view.prices[key]) params.set(key, view.prices[key]);
+    return `#${params}`;
+  }
   const params = new URLSearchParams({ project: view.project, month: view.month });
   if (view.sort !== "cost") params.set("sort", view.sort);
   if (view.order !== "desc") params.set("order", view.order);
@@ -1540,6 +1758,7 @@ function showNav(view) {
   const links = [];
   if (mayReadReports()) links.push(["finance", "Finance", hashOf({ ...view, page: "finance" })]);
   if (mayReadReports()) links.push(["fleet", "Fleet", hashOf({ ...view, page: "fleet" })]);
+  if (mayReadReports()) links.push(["planning", "Planning", hashOf({ ...view, page: "planning" })]);
   if (state.projects.length) links.push(["project", "Project", hashOf({ ...view, page: "project", task: null })]);
   $("nav").innerHTML = links.map(([page, label, href]) =>
     `<a href="${escapeHtml(href)}"${view.page === page ? ' aria-current="page"' : ""}>${label}</a>`).join("");
@@ -1561,6 +1780,8 @@ async function route() {
     await renderFinance(view, state.generation);
   } else if (view.page === "fleet") {
     await renderFleet(view, state.generation);
+  } else if (view.page === "planning") {
+    await renderPlanning(view, state.generation);
   } else if (view.task !== null) {
     destroyCharts();
     await renderTask(view, state.generation);
@@ -1596,11 +1817,20 @@ document.addEventListener("click", (event) => {
     $("close-month").focus();
   } else if (event.target.closest("#close-confirm")) {
     closeMonth();
+  } else if (event.target.closest("#plan-reset")) {
+    go({ ...state.view, prices: {} });
   } else if (event.target.closest("#download-csv")) {
     download(`/v1/reports/monthly/${state.view.month}?format=csv`, `taskledger-${state.view.month}.csv`).catch((error) => financeError(error.message));
   } else if (event.target.closest("#download-focus")) {
     download(`/v1/exports/focus/${state.view.month}`, `taskledger-focus-${state.view.month}.csv`).catch((error) => financeError(error.message));
   }
+});
+document.addEventListener("submit", (event) => {
+  if (event.target.id !== "plan-form") return;
+  event.preventDefault();
+  const form = new FormData(event.target);
+  const prices = Object.fromEntries(PLAN_PRICES.map(([key]) => [key, String(form.get(key) || "").trim()]));
+  go({ ...state.view, model: String(form.get("model")), prices });
 });
 document.addEventListener("change", (event) => {
   if (event.target.id === "task-status") go({ ...state.view, status: event.target.value });

@@ -1504,3 +1504,91 @@ async fn the_finance_page_sets_each_providers_bill_against_capacity() {
     .unwrap();
     served.stop().await;
 }
+
+/// The planning page: the plan of a model's month as the API has it (the recommendation, the
+/// curve, the reservations against break-even, spot), and with prices given, the month's
+/// report at those prices beside the report as priced.
+#[tokio::test]
+async fn the_planning_page_shows_the_plan_and_the_month_at_what_if_prices() {
+    let app = crate::planning::ten_hours().await;
+    let finance = app.token("finance", &[]).await;
+    let at = Settings {
+        clock: Clock::Fixed("2026-12-02T08:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let get = |path: String| {
+        let app = &app;
+        async move {
+            let response = app.get(&path, &app.admin).await;
+            assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+            response.json()
+        }
+    };
+    let plan = get("/v1/planning/reservations?gpu_model=A100&month=2026-11".to_owned()).await;
+    let cheap = get(
+        "/v1/planning/reservations?gpu_model=A100&month=2026-11&reserved_price=0.01&on_demand_price=2.5"
+            .to_owned(),
+    )
+    .await;
+    // 720 hours: reserving costs 7.2 a GPU at 0.01, against 2.5 for each busier hour.
+    assert_eq!(cheap["recommended_gpus"], 2);
+    let actual = get("/v1/reports/monthly/2026-11".to_owned()).await;
+    let hypothetical = get(
+        "/v1/reports/monthly/2026-11?what_if=A100/reserved:0.01&what_if=A100/on_demand:2.5"
+            .to_owned(),
+    )
+    .await;
+    let doms = pages_at(
+        &app,
+        at.clone(),
+        &finance,
+        &[
+            "page=planning&month=2026-11&model=A100",
+            "page=planning&month=2026-11&model=A100&reserved=0.01&on_demand=2.5",
+        ],
+    )
+    .await;
+    for (dom, plan) in doms.iter().zip([&plan, &cheap]) {
+        let page = text(dom);
+        let reserve = format!("Reserve {} GPUs", plan["recommended_gpus"]);
+        assert!(page.contains(&reserve), "{reserve}: {page}");
+        assert!(
+            page.contains(&shown(&plan["cost_at_recommended"], "USD")),
+            "{page}"
+        );
+        let curve = table_rows(dom, "plan-curve-rows");
+        assert_eq!(curve.len(), plan["curve"].as_array().unwrap().len());
+        for (row, point) in curve.iter().zip(plan["curve"].as_array().unwrap()) {
+            assert_eq!(row[0], point["gpus"].to_string());
+            assert_eq!(row[1], shown(&point["cost"], "USD"));
+        }
+        let held = table_rows(dom, "plan-contract-rows");
+        assert_eq!(held.len(), 1);
+        assert!(held[0][0].starts_with("A100 reserved"), "{held:?}");
+        assert_eq!(held[0][4], "Over-reserved");
+        assert_eq!(held[0][5], shown(&plan["contracts"][0]["wasted"], "USD"));
+        assert!(page.contains("1 of 3 attempts preempted"), "{page}");
+    }
+    assert!(!doms[0].contains("plan-what-if-rows"));
+    let what_if = table_rows(&doms[1], "plan-what-if-rows");
+    assert_eq!(what_if.len(), 1, "{what_if:?}");
+    assert_eq!(what_if[0][1], shown(&actual["totals"][0]["total"], "USD"));
+    assert_eq!(
+        what_if[0][2],
+        shown(&hypothetical["totals"][0]["total"], "USD")
+    );
+
+    let served = app.serve_with(at).await;
+    let origin = served.url();
+    let path = screenshot_path("planning.png");
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 2400);
+        browser.open(&format!(
+            "{origin}/#token={finance}&page=planning&month=2026-11&model=A100&reserved=0.01&on_demand=2.5"
+        ));
+        browser.screenshot_of("main", &path);
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+}

@@ -24,7 +24,7 @@ fn a100(task: &str, from: &str, until: &str, gpus: u32, mode: &str) -> crate::fi
 /// Ten hours of A100 use on 2 November: 4 GPUs in use for 2 hours, 2 for 3, 1 for 3 and
 /// none for 2 (on-demand and reserved records), beside spot attempts, one preempted.
 /// Reserved at 1.00 a GPU-hour committing 3 GPUs, on-demand at 2.50, spot at 0.80 (USD).
-async fn ten_hours() -> TestApp {
+pub(crate) async fn ten_hours() -> TestApp {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
     let month = |c: crate::fixtures::Contract| {
