@@ -101,7 +101,7 @@ pub struct ReservedContractView {
 /// What was preempted on spot for the model in the window: observed, not promised.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ObservedSpot {
-    /// Attempts on spot that ended in the window.
+    /// Attempts on spot with GPU time in the window.
     pub attempts: i64,
     pub preempted_attempts: i64,
     /// `preempted_attempts ÷ attempts`; null without attempts.
@@ -183,6 +183,7 @@ pub async fn reservations(
     tz: Tz,
 ) -> LedgerResult<ReservationPlanView> {
     let mut tx = store::snapshot(pool).await?;
+    store::planning::plan_for_each_call(&mut tx).await?;
     let plan = plan(&mut tx, query, tz).await;
     tx.commit().await?;
     plan
@@ -309,10 +310,11 @@ async fn plan(
         BillingMode::Spot,
     )?;
 
-    let rows = store::planning::use_by_hour(conn, filter, from, to).await?;
+    let used = store::planning::model_use(conn, filter, from, to).await?;
+    let rows = &used.hours;
     let mut covered: HashMap<DateTime<Utc>, Decimal> = HashMap::new();
     let mut seconds: BTreeMap<(String, bool), Decimal> = BTreeMap::new();
-    for row in &rows {
+    for row in rows {
         if row.billing_mode != BillingMode::Spot.as_str() {
             *covered.entry(row.hour).or_default() += row.card_seconds;
         }
@@ -394,8 +396,7 @@ async fn plan(
 
     let spot = match spot_price {
         Some(spot_price) => {
-            let (attempts, preempted_attempts) =
-                store::planning::spot_attempts(conn, filter, from, to).await?;
+            let (attempts, preempted_attempts) = (used.spot_attempts, used.spot_preempted);
             let hours_of = |mode: BillingMode, preempted: Option<bool>| -> Decimal {
                 seconds
                     .iter()

@@ -23,29 +23,53 @@ pub struct HourUse {
     pub card_seconds: Decimal,
 }
 
-/// The card-seconds the filtered records held in each ledger hour of `[from, to)`, by billing
-/// mode and whether the attempt was preempted. GPU time no contract priced counts as well.
-pub async fn use_by_hour(
+/// What the filtered records used over a window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelUse {
+    /// By ledger hour, billing mode and whether the attempt was preempted, in hour order.
+    pub hours: Vec<HourUse>,
+    /// Attempts on spot with GPU time in the window.
+    pub spot_attempts: i64,
+    /// Those of them preempted.
+    pub spot_preempted: i64,
+}
+
+/// The card-seconds the filtered records held in each ledger hour of `[from, to)` (GPU time
+/// no contract priced included), and the spot attempts among them: the window's segments of
+/// the model are read once for both.
+pub async fn model_use(
     conn: &mut PgConnection,
     filter: UseFilter<'_>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-) -> sqlx::Result<Vec<HourUse>> {
-    sqlx::query_as!(
-        HourUse,
-        r#"SELECT s.hour AS "hour!", s.billing_mode AS "billing_mode!",
-                  (s.outcome = 'preempted') AS "preempted!",
-                  sum(s.card_seconds) AS "card_seconds!"
-           FROM projects p
-           JOIN rated_segments s ON s.project_id = p.id
-           WHERE s.gpu_model = $1 AND s.hour >= $2 AND s.hour < $3
-             AND (($4::text IS NULL AND $5::text[] IS NULL) OR EXISTS (
-                 SELECT 1 FROM job_records j
-                 WHERE (j.project_id, j.task_id, j.attempt) = (s.project_id, s.task_id, s.attempt)
-                   AND ($4::text IS NULL OR j.provider = $4)
-                   AND ($5::text[] IS NULL OR j.nodes && $5)))
-           GROUP BY s.hour, s.billing_mode, s.outcome = 'preempted'
-           ORDER BY 1"#,
+) -> sqlx::Result<ModelUse> {
+    let rows = sqlx::query!(
+        r#"WITH s AS MATERIALIZED (
+               SELECT s.project_id, s.task_id, s.attempt, s.hour, s.billing_mode, s.outcome,
+                      s.card_seconds
+               FROM projects p
+               JOIN rated_segments s ON s.project_id = p.id
+               WHERE s.gpu_model = $1 AND s.hour >= $2 AND s.hour < $3
+                 AND (($4::text IS NULL AND $5::text[] IS NULL) OR EXISTS (
+                     SELECT 1 FROM job_records j
+                     WHERE (j.project_id, j.task_id, j.attempt)
+                           = (s.project_id, s.task_id, s.attempt)
+                       AND ($4::text IS NULL OR j.provider = $4)
+                       AND ($5::text[] IS NULL OR j.nodes && $5)))),
+           used AS (
+               SELECT hour, billing_mode, outcome = 'preempted' AS preempted,
+                      sum(card_seconds) AS card_seconds
+               FROM s GROUP BY hour, billing_mode, outcome = 'preempted'),
+           spot AS (
+               SELECT count(*) AS attempts,
+                      count(*) FILTER (WHERE outcome = 'preempted') AS preempted
+               FROM (SELECT DISTINCT project_id, task_id, attempt, outcome
+                     FROM s WHERE billing_mode = 'spot') AS a)
+           SELECT u.hour AS "hour?", u.billing_mode AS "billing_mode?",
+                  u.preempted AS "preempted?", u.card_seconds AS "card_seconds?",
+                  spot.attempts AS "attempts!", spot.preempted AS "spot_preempted!"
+           FROM spot LEFT JOIN used u ON true
+           ORDER BY u.hour"#,
         filter.gpu_model,
         from,
         to,
@@ -53,37 +77,32 @@ pub async fn use_by_hour(
         filter.nodes,
     )
     .fetch_all(conn)
-    .await
+    .await?;
+    let mut used = ModelUse::default();
+    for row in rows {
+        used.spot_attempts = row.attempts;
+        used.spot_preempted = row.spot_preempted;
+        if let (Some(hour), Some(billing_mode), Some(preempted), Some(card_seconds)) =
+            (row.hour, row.billing_mode, row.preempted, row.card_seconds)
+        {
+            used.hours.push(HourUse {
+                hour,
+                billing_mode,
+                preempted,
+                card_seconds,
+            });
+        }
+    }
+    Ok(used)
 }
 
-/// Attempts on spot that ended within `[from, to)`, and how many of them were preempted.
-pub async fn spot_attempts(
-    conn: &mut PgConnection,
-    filter: UseFilter<'_>,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-) -> sqlx::Result<(i64, i64)> {
-    let row = sqlx::query!(
-        r#"SELECT count(*) AS "attempts!",
-                  count(*) FILTER (WHERE d.outcome = 'preempted') AS "preempted!"
-           FROM projects p
-           JOIN rated_records d ON d.project_id = p.id
-           WHERE d.gpu_model = $1 AND d.billing_mode = 'spot'
-             AND d.end_hour >= $2 AND d.end_hour < $3
-             AND (($4::text IS NULL AND $5::text[] IS NULL) OR EXISTS (
-                 SELECT 1 FROM job_records j
-                 WHERE (j.project_id, j.task_id, j.attempt) = (d.project_id, d.task_id, d.attempt)
-                   AND ($4::text IS NULL OR j.provider = $4)
-                   AND ($5::text[] IS NULL OR j.nodes && $5)))"#,
-        filter.gpu_model,
-        from,
-        to,
-        filter.provider,
-        filter.nodes,
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok((row.attempts, row.preempted))
+/// Plans the statements of the rest of the transaction for the values they are given, not
+/// once for any: a filter left out (`$4 IS NULL`) then costs nothing.
+pub async fn plan_for_each_call(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query!("SET LOCAL plan_cache_mode = force_custom_plan")
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// The nodes `pool` had within `[from, to)`.

@@ -1540,7 +1540,7 @@ async fn the_planning_page_shows_the_plan_and_the_month_at_what_if_prices() {
     .await;
     let doms = pages_at(
         &app,
-        at.clone(),
+        at,
         &finance,
         &[
             "page=planning&month=2026-11&model=A100",
