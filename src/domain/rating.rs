@@ -88,7 +88,8 @@ pub struct Contract {
 }
 
 impl Contract {
-    fn is_valid_at(&self, at: DateTime<Utc>) -> bool {
+    /// Whether it is in force at instant `at`.
+    pub fn is_valid_at(&self, at: DateTime<Utc>) -> bool {
         self.valid_from <= at && self.valid_until.is_none_or(|until| at < until)
     }
 

@@ -348,12 +348,7 @@ async fn plan(
             continue;
         }
         let committed = row.committed_gpus.unwrap_or_default();
-        if accrued.contract.valid_from <= last_hour.start
-            && accrued
-                .contract
-                .valid_until
-                .is_none_or(|until| last_hour.start < until)
-        {
+        if accrued.contract.is_valid_at(last_hour.start) {
             committed_today += committed;
         }
         let mut wasted = Decimal::ZERO;
@@ -511,7 +506,7 @@ fn pick_contract<'a>(
     contracts
         .iter()
         .filter(|c| c.billing_mode == mode && provider_admits(c, provider))
-        .filter(|c| c.valid_from <= at && c.valid_until.is_none_or(|until| at < until))
+        .filter(|c| c.to_domain().is_valid_at(at))
         .min_by(|a, b| {
             let rank = |c: &ContractRow| {
                 (

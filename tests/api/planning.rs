@@ -244,17 +244,20 @@ async fn bad_or_unpriced_questions_are_refused_with_their_field() {
 #[tokio::test]
 async fn the_command_line_prints_the_same_plan_as_a_table() {
     let app = ten_hours().await;
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
-        .args(["--database-url", &app.database_url, "plan", "reservations"])
-        .args(["--gpu-model", "A100"])
-        .args([
-            "--from",
-            "2026-11-02T00:00:00Z",
-            "--to",
-            "2026-11-02T10:00:00Z",
-        ])
-        .output()
-        .unwrap();
+    let plan_cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
+            .args(["--database-url", &app.database_url, "plan", "reservations"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let window = [
+        "--from",
+        "2026-11-02T00:00:00Z",
+        "--to",
+        "2026-11-02T10:00:00Z",
+    ];
+    let output = plan_cli(&[&["--gpu-model", "A100"][..], &window].concat());
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -265,27 +268,13 @@ async fn the_command_line_prints_the_same_plan_as_a_table() {
     assert!(stdout.contains("30.00"), "{stdout}");
     assert!(stdout.contains("A100 reserved"), "{stdout}");
     assert!(stdout.contains("over-reserved"), "{stdout}");
-    let json = std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
-        .args(["--database-url", &app.database_url, "plan", "reservations"])
-        .args(["--gpu-model", "A100", "--format", "json"])
-        .args([
-            "--from",
-            "2026-11-02T00:00:00Z",
-            "--to",
-            "2026-11-02T10:00:00Z",
-        ])
-        .output()
-        .unwrap();
+    let json = plan_cli(&[&["--gpu-model", "A100", "--format", "json"][..], &window].concat());
     let printed: Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(
         printed,
         plan(&app, &format!("gpu_model=A100&{WINDOW}")).await
     );
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_taskledger"))
-        .args(["--database-url", &app.database_url, "plan", "reservations"])
-        .args(["--gpu-model", "V100", "--month", "2026-11"])
-        .output()
-        .unwrap();
+    let refused = plan_cli(&["--gpu-model", "V100", "--month", "2026-11"]);
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("--reserved-price"),
