@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 
 use crate::domain::rating::BillingMode;
+use crate::domain::tco::{NewTco, Phase, PriceParts, Tco};
 use crate::domain::validation::Violations;
 use crate::domain::values::{self, Currency, ProjectId};
 
@@ -27,6 +28,33 @@ pub struct ContractTerms {
     pub provider: Option<String>,
     pub region: Option<String>,
     pub committed_gpus: Option<Decimal>,
+    /// Set: an owned card's contract, whose price follows from what the card costs (its
+    /// price while the card depreciates is `price_per_gpu_hour`).
+    pub tco: Option<Tco>,
+}
+
+impl ContractTerms {
+    /// The contract's prices in time order: one, or two for a TCO contract whose card's
+    /// life ends inside its validity.
+    pub fn phases(&self) -> Vec<Phase> {
+        match &self.tco {
+            Some(tco) => tco.phases(self.valid_from, self.valid_until),
+            None => vec![Phase {
+                from: self.valid_from,
+                until: self.valid_until,
+                parts: PriceParts {
+                    depreciation: Decimal::ZERO,
+                    other: self.price_per_gpu_hour,
+                    power: Decimal::ZERO,
+                },
+            }],
+        }
+    }
+
+    /// When the depreciation part of a TCO contract's price ends.
+    pub fn depreciated_from(&self) -> Option<DateTime<Utc>> {
+        self.tco.as_ref().map(Tco::depreciated_from)
+    }
 }
 
 /// A new contract as given, before it is read.
@@ -35,7 +63,8 @@ pub struct NewContract<'a> {
     pub name: &'a str,
     pub gpu_model: &'a str,
     pub billing_mode: &'a str,
-    pub price_per_gpu_hour: Decimal,
+    pub price_per_gpu_hour: Option<Decimal>,
+    pub tco: Option<NewTco<'a>>,
     pub currency: &'a str,
     pub valid_from: &'a str,
     pub valid_until: Option<&'a str>,
@@ -60,10 +89,28 @@ impl NewContract<'_> {
             BillingMode::parse(self.billing_mode)
                 .ok_or_else(|| "use on_demand, spot or reserved".to_owned()),
         );
-        let price = v.check(
-            "/price_per_gpu_hour",
-            values::positive(self.price_per_gpu_hour),
-        );
+        let priced = match (self.price_per_gpu_hour, &self.tco) {
+            (Some(price), None) => v
+                .check("/price_per_gpu_hour", values::positive(price))
+                .map(|price| (price, None)),
+            (None, Some(tco)) => tco
+                .parse("/tco", None, &mut v)
+                .map(|tco| (tco.parts().total(), Some(tco))),
+            (Some(_), Some(_)) => {
+                v.push(
+                    "/tco",
+                    "give either price_per_gpu_hour or tco: a TCO contract's price follows from it",
+                );
+                None
+            }
+            (None, None) => {
+                v.push(
+                    "/price_per_gpu_hour",
+                    "required, unless the contract is priced by its tco",
+                );
+                None
+            }
+        };
         let currency = v.check("/currency", Currency::parse(self.currency));
         let valid_from = v.check("/valid_from", values::parse_instant(self.valid_from));
         let valid_until = self
@@ -77,12 +124,12 @@ impl NewContract<'_> {
         let committed_gpus = self
             .committed_gpus
             .map(|gpus| v.check("/committed_gpus", values::positive(gpus)));
-        let terms = match (name, gpu_model, billing_mode, price, currency, valid_from) {
+        let terms = match (name, gpu_model, billing_mode, priced, currency, valid_from) {
             (
                 Some(name),
                 Some(gpu_model),
                 Some(billing_mode),
-                Some(price),
+                Some((price, tco)),
                 Some(currency),
                 Some(valid_from),
             ) => Some(ContractTerms {
@@ -97,6 +144,7 @@ impl NewContract<'_> {
                 provider,
                 region,
                 committed_gpus: committed_gpus.flatten(),
+                tco,
             }),
             _ => None,
         };
@@ -105,11 +153,14 @@ impl NewContract<'_> {
 }
 
 /// Fields to change; the model, mode and scope of a contract never change. `Some(None)` makes
-/// `valid_until` open-ended or removes `committed_gpus`.
+/// `valid_until` open-ended, removes `committed_gpus`, or turns a TCO contract into one with
+/// a price (which must then be given).
 #[derive(Debug, Clone, Default)]
 pub struct ContractChange<'a> {
     pub name: Option<&'a str>,
     pub price_per_gpu_hour: Option<Decimal>,
+    /// The TCO fields to change (over the contract's own; all required when it has none).
+    pub tco: Option<Option<NewTco<'a>>>,
     pub currency: Option<&'a str>,
     pub valid_from: Option<&'a str>,
     pub valid_until: Option<Option<&'a str>>,
@@ -126,10 +177,33 @@ impl ContractChange<'_> {
         {
             new.name = name;
         }
-        if let Some(price) = self.price_per_gpu_hour
-            && let Some(price) = v.check("/price_per_gpu_hour", values::positive(price))
-        {
-            new.price_per_gpu_hour = price;
+        match (&self.tco, self.price_per_gpu_hour) {
+            (Some(Some(_)), Some(_)) => v.push(
+                "/tco",
+                "give either price_per_gpu_hour or tco: a TCO contract's price follows from it",
+            ),
+            (Some(Some(tco)), None) => {
+                if let Some(tco) = tco.parse("/tco", old.tco.as_ref(), &mut v) {
+                    new.price_per_gpu_hour = tco.parts().total();
+                    new.tco = Some(tco);
+                }
+            }
+            (Some(None), None) if old.tco.is_some() => v.push(
+                "/price_per_gpu_hour",
+                "required when the contract stops being priced by its tco",
+            ),
+            (None, Some(_)) if old.tco.is_some() => v.push(
+                "/price_per_gpu_hour",
+                "this contract is priced by its tco: change the tco, or set it to null with a price",
+            ),
+            (Some(None) | None, price) => {
+                if let Some(price) = price
+                    && let Some(price) = v.check("/price_per_gpu_hour", values::positive(price))
+                {
+                    new.price_per_gpu_hour = price;
+                    new.tco = None;
+                }
+            }
         }
         if let Some(currency) = self.currency
             && let Some(currency) = v.check("/currency", Currency::parse(currency))
@@ -176,7 +250,7 @@ mod tests {
             name: "H100 on demand",
             gpu_model: "H100",
             billing_mode: "on_demand",
-            price_per_gpu_hour: Decimal::new(250, 2),
+            price_per_gpu_hour: Some(Decimal::new(250, 2)),
             currency: "USD",
             valid_from: "2026-11-01T00:00:00Z",
             ..NewContract::default()
@@ -193,7 +267,7 @@ mod tests {
         assert_eq!(terms.billing_mode, BillingMode::OnDemand);
         let bad = NewContract {
             billing_mode: "monthly",
-            price_per_gpu_hour: Decimal::ZERO,
+            price_per_gpu_hour: Some(Decimal::ZERO),
             valid_until: Some("tomorrow"),
             ..given()
         };

@@ -26,6 +26,7 @@ pub mod slurm;
 pub mod source;
 pub mod summary;
 pub mod task;
+pub mod tco;
 pub mod utilisation;
 pub mod validation;
 pub mod values;

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::domain::access::Principal;
 use crate::domain::contract::{ContractChange, NewContract};
+use crate::domain::tco::{NewTco, Phase, PriceParts, Tco, per_minute};
 use crate::domain::values::ProjectId;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
@@ -36,7 +37,22 @@ pub struct ContractView {
     pub gpu_model: String,
     /// `on_demand`, `spot` or `reserved`.
     pub billing_mode: String,
+    /// The price from `valid_from` (a TCO contract's later price is in `phases`).
+    #[schema(value_type = String, example = "2.5")]
     pub price_per_gpu_hour: Decimal,
+    /// The same price per GPU-minute: what an idle minute costs.
+    #[schema(value_type = String, example = "0.04166666666666666667")]
+    pub price_per_gpu_minute: Decimal,
+    /// A TCO contract's price from `valid_from`, part by part (they sum to it exactly).
+    pub price_parts: Option<PricePartsView>,
+    /// Set: the contract is priced by what its cards cost.
+    pub tco: Option<TcoView>,
+    /// A TCO contract's: when its cards are fully depreciated and the depreciation part of
+    /// its price ends.
+    pub depreciated_from: Option<DateTime<Utc>>,
+    /// The contract's prices in time order: one, or two when a TCO contract's cards are
+    /// fully depreciated inside its validity.
+    pub phases: Vec<PhaseView>,
     /// ISO 4217 code of the price.
     pub currency: String,
     pub valid_from: DateTime<Utc>,
@@ -52,14 +68,112 @@ pub struct ContractView {
     pub updated_at: DateTime<Utc>,
 }
 
+/// A price per GPU-hour of a TCO contract, part by part.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PricePartsView {
+    /// `(purchase − salvage) ÷ life_months ÷ 730`; 0 once the cards are fully depreciated.
+    #[schema(value_type = String)]
+    pub depreciation: Decimal,
+    /// `other_per_gpu_month ÷ 730`.
+    #[schema(value_type = String)]
+    pub other: Decimal,
+    /// `power_kw_per_gpu × pue × electricity_price_per_kwh`; measured energy replaces it.
+    #[schema(value_type = String)]
+    pub power: Decimal,
+}
+
+impl From<PriceParts> for PricePartsView {
+    fn from(parts: PriceParts) -> Self {
+        Self {
+            depreciation: parts.depreciation.normalize(),
+            other: parts.other.normalize(),
+            power: parts.power.normalize(),
+        }
+    }
+}
+
+/// One stretch of a contract's validity with one price.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PhaseView {
+    pub from: DateTime<Utc>,
+    /// Exclusive; null means open-ended.
+    pub until: Option<DateTime<Utc>>,
+    #[schema(value_type = String)]
+    pub price_per_gpu_hour: Decimal,
+    #[schema(value_type = String)]
+    pub price_per_gpu_minute: Decimal,
+    /// A TCO contract's price, part by part.
+    pub price_parts: Option<PricePartsView>,
+}
+
+impl PhaseView {
+    fn new(phase: &Phase, tco: bool) -> Self {
+        let price = phase.parts.total().normalize();
+        Self {
+            from: phase.from,
+            until: phase.until,
+            price_per_gpu_hour: price,
+            price_per_gpu_minute: per_minute(price),
+            price_parts: tco.then(|| phase.parts.into()),
+        }
+    }
+}
+
+/// What one owned GPU costs, as given.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TcoView {
+    #[schema(value_type = String)]
+    pub purchase_price_per_gpu: Decimal,
+    #[schema(value_type = String)]
+    pub salvage_value_per_gpu: Decimal,
+    pub life_months: u32,
+    pub in_service_from: DateTime<Utc>,
+    #[schema(value_type = String)]
+    pub power_kw_per_gpu: Decimal,
+    #[schema(value_type = String)]
+    pub electricity_price_per_kwh: Decimal,
+    #[schema(value_type = String)]
+    pub pue: Decimal,
+    #[schema(value_type = String)]
+    pub other_per_gpu_month: Decimal,
+}
+
+impl From<&Tco> for TcoView {
+    fn from(tco: &Tco) -> Self {
+        Self {
+            purchase_price_per_gpu: tco.purchase_price_per_gpu.normalize(),
+            salvage_value_per_gpu: tco.salvage_value_per_gpu.normalize(),
+            life_months: tco.life_months,
+            in_service_from: tco.in_service_from,
+            power_kw_per_gpu: tco.power_kw_per_gpu.normalize(),
+            electricity_price_per_kwh: tco.electricity_price_per_kwh.normalize(),
+            pue: tco.pue.normalize(),
+            other_per_gpu_month: tco.other_per_gpu_month.normalize(),
+        }
+    }
+}
+
 impl From<ContractRow> for ContractView {
     fn from(row: ContractRow) -> Self {
+        let terms = row.fields();
+        let priced_by_tco = terms.tco.is_some();
+        let phases: Vec<PhaseView> = terms
+            .phases()
+            .iter()
+            .map(|phase| PhaseView::new(phase, priced_by_tco))
+            .collect();
+        let first = &terms.phases()[0];
         Self {
             id: row.id,
             name: row.name,
             gpu_model: row.gpu_model,
             billing_mode: row.billing_mode.as_str().to_owned(),
-            price_per_gpu_hour: row.price_per_gpu_hour.normalize(),
+            price_per_gpu_hour: phases[0].price_per_gpu_hour,
+            price_per_gpu_minute: phases[0].price_per_gpu_minute,
+            price_parts: priced_by_tco.then(|| first.parts.into()),
+            tco: terms.tco.as_ref().map(TcoView::from),
+            depreciated_from: terms.depreciated_from(),
+            phases,
             currency: row.currency,
             valid_from: row.valid_from,
             valid_until: row.valid_until,
@@ -80,9 +194,12 @@ pub struct CreateContract {
     pub gpu_model: String,
     /// `on_demand`, `spot` or `reserved`.
     pub billing_mode: String,
-    /// Price of one GPU-hour (decimal string or number, > 0), exact.
-    #[schema(value_type = String, example = "2.50")]
-    pub price_per_gpu_hour: Decimal,
+    /// Price of one GPU-hour (decimal string or number, > 0), exact. Required unless `tco`
+    /// is given.
+    #[schema(value_type = Option<String>, example = "2.50")]
+    pub price_per_gpu_hour: Option<Decimal>,
+    /// What one owned GPU costs, in place of a price (reserved contracts only).
+    pub tco: Option<TcoBody>,
     /// ISO 4217 code, e.g. `USD`.
     pub currency: String,
     /// RFC 3339 with an offset.
@@ -98,14 +215,66 @@ pub struct CreateContract {
     pub committed_gpus: Option<Decimal>,
 }
 
+/// What one owned GPU costs (COST_MODEL §10), in the contract's currency. Creating a TCO
+/// contract requires the purchase price, life and in-service date; salvage, power,
+/// electricity and other costs default to 0 and PUE to 1. A change names only the fields it
+/// changes.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TcoBody {
+    /// What one GPU cost to buy (> 0).
+    #[schema(value_type = Option<String>, example = "30000")]
+    pub purchase_price_per_gpu: Option<Decimal>,
+    /// What it sells for at the end of its life (0 to the purchase price).
+    #[schema(value_type = Option<String>, example = "3000")]
+    pub salvage_value_per_gpu: Option<Decimal>,
+    /// Months it depreciates over (1 to 1200).
+    #[schema(example = 36)]
+    pub life_months: Option<i64>,
+    /// RFC 3339 with an offset: when depreciation starts.
+    #[schema(example = "2026-01-01T00:00:00Z")]
+    pub in_service_from: Option<String>,
+    /// Average power one GPU draws, in kW (≥ 0).
+    #[schema(value_type = Option<String>, example = "0.7")]
+    pub power_kw_per_gpu: Option<Decimal>,
+    /// What one kWh costs (≥ 0).
+    #[schema(value_type = Option<String>, example = "0.12")]
+    pub electricity_price_per_kwh: Option<Decimal>,
+    /// Power usage effectiveness of the data centre (≥ 1).
+    #[schema(value_type = Option<String>, example = "1.25")]
+    pub pue: Option<Decimal>,
+    /// Hosting, network, support and staff per GPU and month (≥ 0).
+    #[schema(value_type = Option<String>, example = "146")]
+    pub other_per_gpu_month: Option<Decimal>,
+}
+
+impl TcoBody {
+    fn given(&self) -> NewTco<'_> {
+        NewTco {
+            purchase_price_per_gpu: self.purchase_price_per_gpu,
+            salvage_value_per_gpu: self.salvage_value_per_gpu,
+            life_months: self.life_months,
+            in_service_from: self.in_service_from.as_deref(),
+            power_kw_per_gpu: self.power_kw_per_gpu,
+            electricity_price_per_kwh: self.electricity_price_per_kwh,
+            pue: self.pue,
+            other_per_gpu_month: self.other_per_gpu_month,
+        }
+    }
+}
+
 /// Fields to change. The model, mode and scope of a contract never change (create another
 /// one instead); `null` makes `valid_until` open-ended or removes `committed_gpus`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateContract {
     pub name: Option<String>,
+    /// Not on a TCO contract (change its `tco`, or set `tco` to null with a price).
     #[schema(value_type = Option<String>)]
     pub price_per_gpu_hour: Option<Decimal>,
+    /// The TCO fields to change; null turns a TCO contract into one with the price given.
+    #[serde(default, deserialize_with = "present")]
+    pub tco: Option<Option<TcoBody>>,
     pub currency: Option<String>,
     pub valid_from: Option<String>,
     #[serde(default, deserialize_with = "present")]
@@ -121,6 +290,10 @@ impl UpdateContract {
         ContractChange {
             name: self.name.as_deref(),
             price_per_gpu_hour: self.price_per_gpu_hour,
+            tco: self
+                .tco
+                .as_ref()
+                .map(|tco| tco.as_ref().map(TcoBody::given)),
             currency: self.currency.as_deref(),
             valid_from: self.valid_from.as_deref(),
             valid_until: self.valid_until.as_ref().map(|until| until.as_deref()),
@@ -149,6 +322,7 @@ pub async fn create_contract(
         gpu_model: &body.gpu_model,
         billing_mode: &body.billing_mode,
         price_per_gpu_hour: body.price_per_gpu_hour,
+        tco: body.tco.as_ref().map(TcoBody::given),
         currency: &body.currency,
         valid_from: &body.valid_from,
         valid_until: body.valid_until.as_deref(),

@@ -106,6 +106,7 @@ pub async fn load(
             provider: None,
             region: None,
             committed_gpus: contract.committed_gpus,
+            tco: None,
         };
         pricing::create_contract(pool, Some(fields), Violations::default(), None, settings).await?;
     }

@@ -51,15 +51,16 @@ async fn commit_and_reassign(
 }
 
 /// Whether a change of a contract's terms from `old` to `new` moves which contract prices
-/// which hours: its model, billing mode, validity or scope. Its price, currency, name and
-/// commitment are read with every figure and re-assign nothing.
+/// which hours: its model, billing mode, validity, scope, or where a TCO contract's
+/// depreciation ends inside its validity. Its price, currency, name, commitment and the rest
+/// of its TCO are read with every figure and re-assign nothing.
 fn reassigns(old: &ContractFields, new: &ContractFields) -> bool {
     fn assigns(f: &ContractFields) -> impl PartialEq + '_ {
+        let bounds: Vec<_> = f.phases().iter().map(|p| (p.from, p.until)).collect();
         (
             f.gpu_model.as_str(),
             f.billing_mode,
-            f.valid_from,
-            f.valid_until,
+            bounds,
             f.project_id.as_deref(),
             f.provider.as_deref(),
             f.region.as_deref(),
@@ -79,6 +80,13 @@ pub fn check_consistency(violations: &mut Violations, fields: &ContractFields) {
     }
     if fields.committed_gpus.is_some() && fields.billing_mode != BillingMode::Reserved {
         violations.push("/committed_gpus", "only reserved contracts commit GPUs");
+    }
+    if fields.tco.is_some() && fields.billing_mode != BillingMode::Reserved {
+        violations.push(
+            "/tco",
+            "only reserved contracts are priced by their TCO: an owned card is paid for whether \
+             it is used or not",
+        );
     }
 }
 
@@ -118,8 +126,8 @@ async fn store_contract(
         return Err(overlap_conflict(tx, fields, existing).await?);
     }
     let stored = match existing {
-        Some(id) => store::contracts::update(tx, id, fields).await,
-        None => store::contracts::insert(tx, Uuid::new_v4(), fields).await,
+        Some(id) => store::contracts::put(tx, id, fields, true).await,
+        None => store::contracts::put(tx, Uuid::new_v4(), fields, false).await,
     };
     match stored {
         Ok(row) => Ok(row),

@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::rating::{BillingMode, Contract};
+use crate::domain::tco::{Phase, Tco};
 
 /// The exclusion constraint that keeps equally specific contracts from overlapping in time.
 pub const OVERLAP_CONSTRAINT: &str = "contracts_equally_specific_overlap";
@@ -27,6 +28,16 @@ pub struct ContractRow {
     pub committed_gpus: Option<Decimal>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Set on the second phase of a TCO contract: the contract it belongs to.
+    pub phase_of: Option<Uuid>,
+    pub tco_purchase_price_per_gpu: Option<Decimal>,
+    pub tco_salvage_value_per_gpu: Option<Decimal>,
+    pub tco_life_months: Option<i32>,
+    pub tco_in_service_from: Option<DateTime<Utc>>,
+    pub tco_power_kw_per_gpu: Option<Decimal>,
+    pub tco_electricity_price_per_kwh: Option<Decimal>,
+    pub tco_other_per_gpu_month: Option<Decimal>,
+    pub pue: Decimal,
 }
 
 impl ContractRow {
@@ -47,13 +58,30 @@ impl ContractRow {
         }
     }
 
-    /// The contract's terms, as a change starts from.
+    /// What the card costs, on a contract priced by its TCO.
+    pub fn tco(&self) -> Option<Tco> {
+        Some(Tco {
+            purchase_price_per_gpu: self.tco_purchase_price_per_gpu?,
+            salvage_value_per_gpu: self.tco_salvage_value_per_gpu?,
+            life_months: u32::try_from(self.tco_life_months?).ok()?,
+            in_service_from: self.tco_in_service_from?,
+            power_kw_per_gpu: self.tco_power_kw_per_gpu?,
+            electricity_price_per_kwh: self.tco_electricity_price_per_kwh?,
+            pue: self.pue,
+            other_per_gpu_month: self.tco_other_per_gpu_month?,
+        })
+    }
+
+    /// The contract's terms, as a change starts from (of a row read by [`get`] or [`list`]).
     pub fn fields(&self) -> ContractFields {
+        let tco = self.tco();
         ContractFields {
             name: self.name.clone(),
             gpu_model: self.gpu_model.clone(),
             billing_mode: self.billing_mode,
-            price_per_gpu_hour: self.price_per_gpu_hour,
+            price_per_gpu_hour: tco
+                .as_ref()
+                .map_or(self.price_per_gpu_hour, |tco| tco.parts().total()),
             currency: self.currency.clone(),
             valid_from: self.valid_from,
             valid_until: self.valid_until,
@@ -61,6 +89,7 @@ impl ContractRow {
             provider: self.provider.clone(),
             region: self.region.clone(),
             committed_gpus: self.committed_gpus,
+            tco,
         }
     }
 }
@@ -70,71 +99,167 @@ pub use crate::domain::contract::ContractTerms as ContractFields;
 
 const COLUMNS: &str = "id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
                        valid_from, valid_until, project_id, provider, region, committed_gpus, \
-                       created_at, updated_at";
+                       created_at, updated_at, phase_of, tco_purchase_price_per_gpu, \
+                       tco_salvage_value_per_gpu, tco_life_months, tco_in_service_from, \
+                       tco_power_kw_per_gpu, tco_electricity_price_per_kwh, \
+                       tco_other_per_gpu_month, pue";
 
-pub async fn insert(
+/// The contracts as given (`c`), without their second phases, valid until their second
+/// phase (`t`) ends when they have one.
+const AS_GIVEN: &str = "SELECT c.id, c.name, c.gpu_model, c.billing_mode, c.price_per_gpu_hour, \
+            c.currency, c.valid_from, \
+            CASE WHEN t.id IS NULL THEN c.valid_until ELSE t.valid_until END AS valid_until, \
+            c.project_id, c.provider, c.region, c.committed_gpus, c.created_at, c.updated_at, \
+            c.phase_of, c.tco_purchase_price_per_gpu, c.tco_salvage_value_per_gpu, \
+            c.tco_life_months, c.tco_in_service_from, c.tco_power_kw_per_gpu, \
+            c.tco_electricity_price_per_kwh, c.tco_other_per_gpu_month, c.pue \
+     FROM contracts c LEFT JOIN contracts t ON t.phase_of = c.id \
+     WHERE c.phase_of IS NULL";
+
+/// The columns a phase of `fields` is stored with, besides its identity, bound in order
+/// from `$2`: name, model, mode, price, currency, validity, scope, commitment, the TCO, and
+/// what measured energy is charged at.
+const PHASE_COLUMNS: &str = "name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
+     valid_from, valid_until, project_id, provider, region, committed_gpus, \
+     tco_purchase_price_per_gpu, tco_salvage_value_per_gpu, tco_life_months, \
+     tco_in_service_from, tco_power_kw_per_gpu, tco_electricity_price_per_kwh, \
+     tco_other_per_gpu_month, pue, power_price_per_gpu_hour, energy_price_per_kwh";
+
+/// Binds the columns of [`PHASE_COLUMNS`] for `phase` of `fields`; the TCO itself only on
+/// the contract's own row (`own`).
+fn bind_phase<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    fields: &'q ContractFields,
+    phase: &Phase,
+    own: bool,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let tco = fields.tco.as_ref().filter(|_| own);
+    let whole = fields.tco.as_ref();
+    query
+        .bind(&fields.name)
+        .bind(&fields.gpu_model)
+        .bind(fields.billing_mode.as_str())
+        .bind(phase.parts.total())
+        .bind(&fields.currency)
+        .bind(phase.from)
+        .bind(phase.until)
+        .bind(&fields.project_id)
+        .bind(&fields.provider)
+        .bind(&fields.region)
+        .bind(fields.committed_gpus)
+        .bind(tco.map(|t| t.purchase_price_per_gpu))
+        .bind(tco.map(|t| t.salvage_value_per_gpu))
+        .bind(tco.map(|t| t.life_months as i32))
+        .bind(tco.map(|t| t.in_service_from))
+        .bind(tco.map(|t| t.power_kw_per_gpu))
+        .bind(tco.map(|t| t.electricity_price_per_kwh))
+        .bind(tco.map(|t| t.other_per_gpu_month))
+        .bind(whole.map_or(Decimal::ONE, |t| t.pue))
+        .bind(phase.parts.power)
+        .bind(whole.map_or(Decimal::ZERO, Tco::energy_price_per_kwh))
+}
+
+fn placeholders(from: usize, count: usize) -> String {
+    (from..from + count)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Stores `fields` as contract `id` (a new one unless `exists`): its own row, valid over
+/// its first phase, and the row of its second phase when its card's life ends inside its
+/// validity. A second phase that keeps its validity keeps its row (and the GPU time rated
+/// to it); one that moves is stored anew. Returns the contract as given.
+pub async fn put(
     conn: &mut PgConnection,
     id: Uuid,
     fields: &ContractFields,
+    exists: bool,
 ) -> sqlx::Result<ContractRow> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "INSERT INTO contracts (id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
-                                valid_from, valid_until, project_id, provider, region, committed_gpus) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(&fields.name)
-    .bind(&fields.gpu_model)
-    .bind(fields.billing_mode.as_str())
-    .bind(fields.price_per_gpu_hour)
-    .bind(&fields.currency)
-    .bind(fields.valid_from)
-    .bind(fields.valid_until)
-    .bind(&fields.project_id)
-    .bind(&fields.provider)
-    .bind(&fields.region)
-    .bind(fields.committed_gpus)
-    .fetch_one(conn)
-    .await
+    let phases = fields.phases();
+    let (first, second) = (&phases[0], phases.get(1));
+    let count = PHASE_COLUMNS.split(',').count();
+    let old_second: Option<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>)> =
+        match exists {
+            true => sqlx::query_as(
+                "SELECT id, valid_from, valid_until FROM contracts WHERE phase_of = $1 FOR UPDATE",
+            )
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?,
+            false => None,
+        };
+    let kept = old_second.filter(|(_, from, until)| {
+        second.is_some_and(|phase| (phase.from, phase.until) == (*from, *until))
+    });
+    if old_second.is_some() && kept.is_none() {
+        // Moved or gone: out of the way before the first phase may take its hours.
+        sqlx::query("DELETE FROM contracts WHERE phase_of = $1")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let own = match exists {
+        true => format!(
+            "UPDATE contracts SET ({PHASE_COLUMNS}, updated_at) = ({}, now()) WHERE id = $1",
+            placeholders(2, count)
+        ),
+        false => format!(
+            "INSERT INTO contracts (id, {PHASE_COLUMNS}) VALUES ($1, {})",
+            placeholders(2, count)
+        ),
+    };
+    bind_phase(sqlx::query(&own).bind(id), fields, first, true)
+        .execute(&mut *conn)
+        .await?;
+    if let Some(phase) = second {
+        let (sql, phase_id) = match kept {
+            Some((phase_id, _, _)) => (
+                format!(
+                    "UPDATE contracts SET ({PHASE_COLUMNS}, updated_at) = ({}, now()) \
+                     WHERE id = $1",
+                    placeholders(2, count)
+                ),
+                phase_id,
+            ),
+            None => (
+                format!(
+                    "INSERT INTO contracts (id, {PHASE_COLUMNS}, phase_of) VALUES ($1, {}, ${})",
+                    placeholders(2, count),
+                    count + 2
+                ),
+                Uuid::new_v4(),
+            ),
+        };
+        let query = bind_phase(sqlx::query(&sql).bind(phase_id), fields, phase, false);
+        let query = match kept {
+            Some(_) => query,
+            None => query.bind(id),
+        };
+        query.execute(&mut *conn).await?;
+    }
+    get(conn, id, false).await?.ok_or(sqlx::Error::RowNotFound)
 }
 
-/// Replaces the changeable fields of a contract (its model, mode and scope never change).
-pub async fn update(
-    conn: &mut PgConnection,
-    id: Uuid,
-    fields: &ContractFields,
-) -> sqlx::Result<ContractRow> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "UPDATE contracts SET name = $2, price_per_gpu_hour = $3, currency = $4, valid_from = $5, \
-                valid_until = $6, committed_gpus = $7, updated_at = now() \
-         WHERE id = $1 RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(&fields.name)
-    .bind(fields.price_per_gpu_hour)
-    .bind(&fields.currency)
-    .bind(fields.valid_from)
-    .bind(fields.valid_until)
-    .bind(fields.committed_gpus)
-    .fetch_one(conn)
-    .await
-}
-
-/// One contract, locked for the rest of the transaction when `for_update`.
+/// One contract as given (the one whose second phase `id` is, for such a row), locked for
+/// the rest of the transaction when `for_update`.
 pub async fn get(
     conn: &mut PgConnection,
     id: Uuid,
     for_update: bool,
 ) -> sqlx::Result<Option<ContractRow>> {
-    let lock = if for_update { "FOR UPDATE" } else { "" };
+    // Rows are locked by id: the second phase's row is locked by the change that stores it.
+    let lock = if for_update { "FOR UPDATE OF c" } else { "" };
     sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts WHERE id = $1 {lock}"
+        "{AS_GIVEN} AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1) \
+         {lock}"
     ))
     .bind(id)
     .fetch_optional(conn)
     .await
 }
 
+/// Deletes a contract and its second phase.
 pub async fn delete(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM contracts WHERE id = $1")
         .bind(id)
@@ -143,14 +268,14 @@ pub async fn delete(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
         .map(|_| ())
 }
 
-/// Contracts in id order after `after`.
+/// Contracts as given in id order after `after`.
 pub async fn list(
     conn: &mut PgConnection,
     after: Option<Uuid>,
     limit: i64,
 ) -> sqlx::Result<Vec<ContractRow>> {
     sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts WHERE ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2"
+        "{AS_GIVEN} AND ($1::uuid IS NULL OR c.id > $1) ORDER BY c.id LIMIT $2"
     ))
     .bind(after)
     .bind(limit)
@@ -171,7 +296,7 @@ pub async fn equally_specific_overlap(
            AND project_id IS NOT DISTINCT FROM $3 AND provider IS NOT DISTINCT FROM $4 \
            AND region IS NOT DISTINCT FROM $5 \
            AND tstzrange(valid_from, valid_until) && tstzrange($6, $7) \
-           AND ($8::uuid IS NULL OR id <> $8) \
+           AND ($8::uuid IS NULL OR (id <> $8 AND phase_of IS DISTINCT FROM $8)) \
          ORDER BY valid_from LIMIT 1",
     )
     .bind(&fields.gpu_model)

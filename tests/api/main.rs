@@ -21,6 +21,7 @@ mod import;
 mod ingest;
 mod jobs;
 mod kubernetes;
+mod owned_cards;
 mod planning;
 mod price_races;
 #[path = "../support/prometheus.rs"]

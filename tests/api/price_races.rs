@@ -1,5 +1,6 @@
-//! Money under concurrent change: price changes, FX changes, and contracts created, moved
-//! and deleted while CI keeps posting records of the same models and months. Afterwards
+//! Money under concurrent change: price changes, FX changes, contracts created, moved and
+//! deleted, and an owned card's TCO changed (its price, and when its depreciation ends)
+//! while CI keeps posting records of the same models and months. Afterwards
 //! every stored row must be what rating every record afresh stores, and every figure what
 //! the cost model gives from the final contracts and rates.
 
@@ -23,8 +24,8 @@ use crate::rollups::rated_state;
 
 const NOVEMBER: &str = "/cost?month=2026-11&group_by=day";
 
-/// The `i`-th batch of CI's: twenty records of H100 on demand and A100 spot for `vision`
-/// (USD) and H100 on demand for `euro` (EUR), across November.
+/// The `i`-th batch of CI's: twenty records of H100 on demand, A100 spot and owned
+/// (reserved) A100 for `vision` (USD) and H100 on demand for `euro` (EUR), across November.
 fn batch(i: usize) -> Value {
     let records: Vec<_> = (0..20)
         .map(|j| {
@@ -36,6 +37,7 @@ fn batch(i: usize) -> Value {
             let base = record(&task, &started, &ended).gpu_count((j % 4 + 1) as u32);
             let base = match j % 3 {
                 0 => base,
+                1 if j % 2 == 0 => base.gpu_model("A100").billing_mode("reserved"),
                 1 => base.gpu_model("A100").billing_mode("spot"),
                 _ => base.project("euro"),
             };
@@ -49,9 +51,29 @@ fn batch(i: usize) -> Value {
     serde_json::to_value(records).unwrap()
 }
 
-/// Each kind of change, in turn: a price, an FX rate, a contract created and deleted, and a
-/// contract's validity moved.
-async fn change(app: &TestApp, round: usize, standing: &str, scoped: &mut Option<String>) {
+/// An owned A100 priced by its TCO, depreciated from 10 November 2026.
+fn owned_a100() -> Value {
+    json!({
+        "name": "owned A100", "gpu_model": "A100", "billing_mode": "reserved",
+        "currency": "USD", "valid_from": "2026-10-01T00:00:00Z",
+        "tco": {
+            "purchase_price_per_gpu": "15000", "salvage_value_per_gpu": "1860",
+            "life_months": 12, "in_service_from": "2025-11-10T00:00:00Z",
+            "power_kw_per_gpu": "0.5", "electricity_price_per_kwh": "0.25", "pue": "1.2",
+            "other_per_gpu_month": "73"
+        }
+    })
+}
+
+/// Each kind of change, in turn: a price, an FX rate, a contract created and deleted, a
+/// contract's validity moved, and the owned card's electricity price and in-service date
+/// (which moves where its price drops).
+async fn change(
+    app: &TestApp,
+    round: usize,
+    (standing, owned): (&str, &str),
+    scoped: &mut Option<String>,
+) {
     let ok = |response: crate::common::TestResponse, what: &str| {
         assert!(
             response.status.is_success(),
@@ -60,7 +82,7 @@ async fn change(app: &TestApp, round: usize, standing: &str, scoped: &mut Option
             response.text()
         );
     };
-    match round % 5 {
+    match round % 6 {
         0 => {
             let price = format!("2.{:02}", 10 + round % 80);
             let response = app
@@ -131,6 +153,26 @@ async fn change(app: &TestApp, round: usize, standing: &str, scoped: &mut Option
             let response = app.delete(&format!("/v1/contracts/{id}"), &app.admin).await;
             ok(response, "deleting a contract");
         }
+        5 => {
+            let in_service = format!("2025-11-{:02}T06:00:00Z", 1 + round % 28);
+            let electricity = format!("0.{}", 20 + round % 30);
+            let response = app
+                .patch(
+                    &format!("/v1/contracts/{owned}"),
+                    &app.admin,
+                    json!({"tco": {"in_service_from": in_service}}),
+                )
+                .await;
+            ok(response, "moving where an owned card's price drops");
+            let response = app
+                .patch(
+                    &format!("/v1/contracts/{owned}"),
+                    &app.admin,
+                    json!({"tco": {"electricity_price_per_kwh": electricity}}),
+                )
+                .await;
+            ok(response, "an owned card's electricity price");
+        }
         _ => {
             let response = app.delete("/v1/fx-rates/2026-11/USD/EUR", &app.admin).await;
             ok(response, "deleting an FX rate");
@@ -196,6 +238,7 @@ async fn rate_everything_again(app: &TestApp) {
         [
             ("H100".to_owned(), BillingMode::OnDemand),
             ("A100".to_owned(), BillingMode::Spot),
+            ("A100".to_owned(), BillingMode::Reserved),
         ],
     )
     .await
@@ -227,8 +270,12 @@ async fn oracle_totals(app: &TestApp) -> BTreeMap<String, Decimal> {
         .unwrap();
     let contracts: Vec<_> = store::contracts::for_kinds(
         &mut conn,
-        &["H100".to_owned(), "A100".to_owned()],
-        &["on_demand".to_owned(), "spot".to_owned()],
+        &["H100".to_owned(), "A100".to_owned(), "A100".to_owned()],
+        &[
+            "on_demand".to_owned(),
+            "spot".to_owned(),
+            "reserved".to_owned(),
+        ],
     )
     .await
     .unwrap()
@@ -267,6 +314,9 @@ async fn changes_racing_ingest_leave_every_figure_as_rating_from_scratch_gives()
         .named("H100 on demand")
         .create(&app)
         .await;
+    let owned = app.post("/v1/contracts", &app.admin, owned_a100()).await;
+    assert_eq!(owned.status, StatusCode::CREATED, "{}", owned.text());
+    let owned = owned.json()["id"].as_str().unwrap().to_owned();
     let response = app
         .put(
             "/v1/fx-rates/2026-11/USD/EUR",
@@ -290,8 +340,8 @@ async fn changes_racing_ingest_leave_every_figure_as_rating_from_scratch_gives()
         })
     };
     let mut scoped = None;
-    for round in 0..40 {
-        change(&app, round, &standing, &mut scoped).await;
+    for round in 0..42 {
+        change(&app, round, (&standing, &owned), &mut scoped).await;
     }
     changing.store(false, Ordering::SeqCst);
     let posted = ci.await.unwrap();
