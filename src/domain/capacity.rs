@@ -890,6 +890,7 @@ pub(crate) fn priced_spans(
         gpu_seconds_busy: None,
         outcome: Outcome::Completed,
         compute_share: None,
+        energy_joules: None,
     };
     let spans = contract_spans(&as_record, book.contracts);
     match book.billed.get(&interval.node) {
@@ -1201,6 +1202,8 @@ mod tests {
             price_per_gpu_hour: price,
             currency: "USD".to_owned(),
             committed_gpus: None,
+            power_price_per_gpu_hour: Decimal::ZERO,
+            energy_price_per_kwh: Decimal::ZERO,
         }
     }
 

@@ -370,6 +370,8 @@ mod tests {
             price_per_gpu_hour: Decimal::new(150, 2),
             currency: "USD".into(),
             committed_gpus,
+            power_price_per_gpu_hour: Decimal::ZERO,
+            energy_price_per_kwh: Decimal::ZERO,
         }
     }
 

@@ -163,6 +163,8 @@ impl ContractTerms {
             price_per_gpu_hour: self.price_per_gpu_hour,
             currency: self.currency.code().to_owned(),
             committed_gpus: self.committed_gpus,
+            power_price_per_gpu_hour: Decimal::ZERO,
+            energy_price_per_kwh: Decimal::ZERO,
         }
     }
 }

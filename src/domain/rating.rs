@@ -67,6 +67,8 @@ pub struct RecordToRate {
     /// For a MIG slice, its share of the card: its GPU-seconds are slice-seconds, each
     /// priced at that share of the card's contract price.
     pub compute_share: Option<ComputeShare>,
+    /// The energy its GPUs used, measured; spread over its time like its GPU-seconds.
+    pub energy_joules: Option<Decimal>,
 }
 
 /// A price per GPU-hour, valid over `[valid_from, valid_until)`, optionally scoped.
@@ -85,6 +87,13 @@ pub struct Contract {
     pub currency: String,
     /// GPUs paid for every hour of validity, used or not (reserved contracts only).
     pub committed_gpus: Option<Decimal>,
+    /// The part of the price that is the power a GPU draws (an owned card's, priced by its
+    /// TCO; 0 otherwise): for GPU time whose energy was measured, it is replaced by
+    /// `energy_price_per_kwh` times that energy.
+    pub power_price_per_gpu_hour: Decimal,
+    /// What a kWh a GPU draws costs with the data centre's overhead (`PUE × electricity
+    /// price`; 0 on a contract with a plain price).
+    pub energy_price_per_kwh: Decimal,
 }
 
 impl Contract {
@@ -177,6 +186,10 @@ pub struct Segment {
     pub card_seconds: Decimal,
     /// Where the card-seconds went, split as a cost is (§2): priced, these are the parts.
     pub seconds: Parts,
+    /// The measured energy of the segment in joules, if its record's was measured.
+    pub energy_joules: Option<Decimal>,
+    /// The measured energy split as the card-seconds are (all zero when unmeasured).
+    pub joules: Parts,
     /// In the project's currency; `None` exactly when `unrated` is set. [`assign_record`]
     /// leaves it `None`: its segments are priced when read.
     pub cost: Option<Decimal>,
@@ -356,6 +369,7 @@ struct Spread {
     duration_seconds: Decimal,
     held: Decimal,
     busy: Option<Decimal>,
+    energy: Option<Decimal>,
 }
 
 impl Spread {
@@ -366,6 +380,7 @@ impl Spread {
             duration_seconds: seconds_between(record.started_at, record.ended_at),
             held: record.gpu_seconds_held,
             busy: record.gpu_seconds_busy,
+            energy: record.energy_joules,
         }
     }
 
@@ -373,6 +388,7 @@ impl Spread {
         Share {
             held: self.held,
             busy: self.busy,
+            energy: self.energy,
         }
     }
 
@@ -381,9 +397,11 @@ impl Spread {
             spread: self,
             held_grid: finest_scale_for(self.held),
             busy_grid: self.busy.map(finest_scale_for),
+            energy_grid: self.energy.map(finest_scale_for),
             handed_out: Share {
                 held: Decimal::ZERO,
                 busy: self.busy.map(|_| Decimal::ZERO),
+                energy: self.energy.map(|_| Decimal::ZERO),
             },
         }
     }
@@ -394,6 +412,7 @@ impl Spread {
 struct Share {
     held: Decimal,
     busy: Option<Decimal>,
+    energy: Option<Decimal>,
 }
 
 /// Hands out a record's GPU-seconds piece by piece, in time order, from running totals.
@@ -401,6 +420,7 @@ struct Shares<'a> {
     spread: &'a Spread,
     held_grid: u32,
     busy_grid: Option<u32>,
+    energy_grid: Option<u32>,
     /// Running totals up to the end of the previous piece.
     handed_out: Share,
 }
@@ -421,6 +441,10 @@ impl Shares<'_> {
                     .busy
                     .zip(self.busy_grid)
                     .map(|(busy, grid)| spread_over(busy, grid)),
+                energy: spread
+                    .energy
+                    .zip(self.energy_grid)
+                    .map(|(energy, grid)| spread_over(energy, grid)),
             }
         };
         let piece = Share {
@@ -428,6 +452,10 @@ impl Shares<'_> {
             busy: through_end
                 .busy
                 .zip(self.handed_out.busy)
+                .map(|(through, before)| through - before),
+            energy: through_end
+                .energy
+                .zip(self.handed_out.energy)
                 .map(|(through, before)| through - before),
         };
         self.handed_out = through_end;
@@ -442,7 +470,7 @@ struct Pricer<'a, F> {
     record: &'a RecordToRate,
     fx: Option<&'a F>,
     split: CostSplit,
-    last_price: Option<(Uuid, NaiveDate, Result<Decimal, UnratedReason>)>,
+    last_rate: Option<(Uuid, NaiveDate, Result<Decimal, UnratedReason>)>,
 }
 
 impl<'a, F: FxRates> Pricer<'a, F> {
@@ -451,7 +479,7 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             record,
             fx,
             split: CostSplit::of(record),
-            last_price: None,
+            last_rate: None,
         }
     }
 
@@ -468,13 +496,23 @@ impl<'a, F: FxRates> Pricer<'a, F> {
         };
         let card_seconds = card(share.held);
         // Without an FX table a contract is only assigned: its price applies when read.
-        let price = match (contract, self.fx) {
+        let rate = match (contract, self.fx) {
             (None, _) => Some(Err(UnratedReason::NoContract)),
-            (Some(contract), Some(fx)) => Some(self.price_per_gpu_hour(fx, contract, hour.month)),
+            (Some(contract), Some(fx)) => Some(self.conversion(fx, contract, hour.month)),
             (Some(_), None) => None,
         };
-        let cost =
-            price.map(|price| price.map(|price| card(share.held * price) / SECONDS_PER_HOUR));
+        // Measured energy replaces the power part of the price (§10).
+        let cost = rate.map(|rate| {
+            rate.map(|rate| {
+                let contract = contract.expect("a rate is only found for a contract");
+                let mut cost = card(share.held * contract.price_per_gpu_hour);
+                if let Some(joules) = share.energy {
+                    cost += joules * contract.energy_price_per_kwh / Decimal::ONE_THOUSAND
+                        - card_seconds * contract.power_price_per_gpu_hour;
+                }
+                cost * rate / SECONDS_PER_HOUR
+            })
+        });
         Segment {
             start,
             end,
@@ -485,6 +523,11 @@ impl<'a, F: FxRates> Pricer<'a, F> {
             contract_id: contract.map(|contract| contract.id),
             card_seconds,
             seconds: self.split.parts(card_seconds),
+            energy_joules: share.energy,
+            joules: share
+                .energy
+                .map(|joules| self.split.parts(joules))
+                .unwrap_or_default(),
             cost: cost.and_then(Result::ok),
             unrated: cost.and_then(Result::err),
             parts: match cost {
@@ -494,28 +537,27 @@ impl<'a, F: FxRates> Pricer<'a, F> {
         }
     }
 
-    /// The contract's price converted to the project's currency at the month's rate.
-    fn price_per_gpu_hour(
+    /// What one unit of the contract's currency is in the project's in the month.
+    fn conversion(
         &mut self,
         fx: &F,
         contract: &Contract,
         month: NaiveDate,
     ) -> Result<Decimal, UnratedReason> {
         if contract.currency == self.record.currency {
-            return Ok(contract.price_per_gpu_hour);
+            return Ok(Decimal::ONE);
         }
-        if let Some((id, cached_month, price)) = self.last_price
+        if let Some((id, cached_month, rate)) = self.last_rate
             && id == contract.id
             && cached_month == month
         {
-            return price;
+            return rate;
         }
-        let price = fx
+        let rate = fx
             .rate(month, &contract.currency, &self.record.currency)
-            .map(|rate| contract.price_per_gpu_hour * rate)
             .ok_or(UnratedReason::NoFxRate);
-        self.last_price = Some((contract.id, month, price));
-        price
+        self.last_rate = Some((contract.id, month, rate));
+        rate
     }
 }
 
@@ -616,6 +658,7 @@ mod tests {
             gpu_seconds_busy: None,
             outcome: Outcome::Completed,
             compute_share: None,
+            energy_joules: None,
         }
     }
 
@@ -633,6 +676,8 @@ mod tests {
             price_per_gpu_hour: dec(price),
             currency: "USD".into(),
             committed_gpus: None,
+            power_price_per_gpu_hour: Decimal::ZERO,
+            energy_price_per_kwh: Decimal::ZERO,
         }
     }
 
@@ -1067,6 +1112,8 @@ mod tests {
                     idle: dec("1.20"),
                     ..Parts::default()
                 },
+                energy_joules: None,
+                joules: Parts::default(),
             }]
         );
     }
@@ -1469,6 +1516,7 @@ mod tests {
                                 .map(|permille| held * Decimal::new(permille, 3)),
                             outcome,
                             compute_share: None,
+                            energy_joules: None,
                         }
                     },
                 )
@@ -1520,6 +1568,8 @@ mod tests {
                                 price_per_gpu_hour: price,
                                 currency: currency.into(),
                                 committed_gpus: None,
+                                power_price_per_gpu_hour: Decimal::ZERO,
+                                energy_price_per_kwh: Decimal::ZERO,
                             }
                         },
                     );

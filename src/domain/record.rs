@@ -41,7 +41,7 @@ pub fn label_value(raw: &str) -> Option<String> {
 /// The most nodes one record may name.
 pub const MAX_NODES: usize = 256;
 
-const FIELDS: [&str; 26] = [
+const FIELDS: [&str; 27] = [
     "project",
     "task_id",
     "attempt",
@@ -67,8 +67,13 @@ const FIELDS: [&str; 26] = [
     "memory_peak_gib",
     "memory_total_gib",
     "mig_profile",
+    "energy_joules",
     "nodes",
 ];
+
+/// The most power one GPU may be reported to have drawn on average, in watts: energy above
+/// it is a unit mistake (millijoules for joules), not a GPU.
+pub const MAX_WATTS_PER_GPU: u32 = 10_000;
 
 /// The largest memory one GPU or slice may report, in GiB; beyond it a value is a unit
 /// mistake (bytes or MiB for GiB).
@@ -211,6 +216,9 @@ pub struct Telemetry {
     pub memory_total_gib: Option<Decimal>,
     /// The canonical name (`3g.40gb`) of the MIG profile; `gpu_count` then counts slices.
     pub mig_profile: Option<String>,
+    /// The energy the record's GPUs used over the attempt, in joules
+    /// (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` or Slurm's `ConsumedEnergyRaw`).
+    pub energy_joules: Option<Decimal>,
 }
 
 impl Telemetry {
@@ -362,6 +370,18 @@ impl JobRecord {
             (Some(None), _) | (_, None) => None,
             (None, Some(capacity)) => Some(capacity),
         };
+        if let (Some(telemetry), Some(held)) = (&telemetry, held)
+            && let Some(joules) = telemetry.energy_joules
+            && joules > held * Decimal::from(MAX_WATTS_PER_GPU)
+        {
+            v.push(
+                at("energy_joules"),
+                format!(
+                    "is more than {MAX_WATTS_PER_GPU} W per GPU over gpu_seconds_held; \
+                     energy_joules is in joules (DCGM counts millijoules)"
+                ),
+            );
+        }
         let busy = busy.flatten();
         if let Some(busy) = busy {
             if busy < Decimal::ZERO {
@@ -472,6 +492,7 @@ impl JobRecord {
             billing_mode: self.billing_mode.as_str(),
             dram_active: canonical_decimal(self.telemetry.dram_active),
             ended_at: format_time(self.ended_at),
+            energy_joules: canonical_decimal(self.telemetry.energy_joules),
             failures: self.failures,
             gpu_count: self.gpu_count.normalize().to_string(),
             gpu_model: &self.gpu_model,
@@ -522,6 +543,8 @@ struct Canonical<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     dram_active: Option<String>,
     ended_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    energy_joules: Option<String>,
     failures: i32,
     gpu_count: String,
     gpu_model: &'a str,
@@ -806,6 +829,18 @@ impl<'a> Fields<'a> {
         let dram_active = self.fraction("dram_active");
         let peak = self.memory("memory_peak_gib", false);
         let total = self.memory("memory_total_gib", true);
+        let energy = match self.decimal("energy_joules") {
+            None => Some(None),
+            Some(None) => None,
+            Some(Some(joules)) if joules < Decimal::ZERO => {
+                self.check::<()>(
+                    "energy_joules",
+                    Err(format!("must not be negative, got {joules}")),
+                );
+                None
+            }
+            Some(Some(joules)) => Some(Some(joules.normalize())),
+        };
         let profile = match self.text("mig_profile", MAX_NAME_CHARS) {
             None => Some(None),
             Some(None) => None,
@@ -819,7 +854,7 @@ impl<'a> Fields<'a> {
                 }
             }
         };
-        let (peak, total, profile) = (peak?, total?, profile?);
+        let (peak, total, profile, energy) = (peak?, total?, profile?, energy?);
         let known_total = profile
             .map(|profile| Decimal::from(profile.memory_gib))
             .or_else(|| {
@@ -853,6 +888,7 @@ impl<'a> Fields<'a> {
             memory_peak_gib: peak,
             memory_total_gib: total,
             mig_profile: profile.map(|profile| profile.name()),
+            energy_joules: energy,
         })
     }
 

@@ -451,6 +451,8 @@ mod tests {
             price_per_gpu_hour: dec(price),
             currency: "USD".into(),
             committed_gpus: None,
+            power_price_per_gpu_hour: Decimal::ZERO,
+            energy_price_per_kwh: Decimal::ZERO,
         }
     }
 
@@ -470,6 +472,7 @@ mod tests {
             gpu_seconds_busy: None,
             outcome: Outcome::Completed,
             compute_share: None,
+            energy_joules: None,
         };
         let contracts = [
             contract(1, "L40S", "1.50", None),

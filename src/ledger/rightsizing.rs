@@ -220,6 +220,7 @@ impl<F: FxRates> Pricing<'_, F> {
             ),
             outcome: record.outcome,
             compute_share: None,
+            energy_joules: None,
         }
     }
 }

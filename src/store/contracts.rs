@@ -38,6 +38,10 @@ pub struct ContractRow {
     pub tco_electricity_price_per_kwh: Option<Decimal>,
     pub tco_other_per_gpu_month: Option<Decimal>,
     pub pue: Decimal,
+    /// The power part of this row's price, which measured energy replaces (0 unless TCO).
+    pub power_price_per_gpu_hour: Decimal,
+    /// PUE × electricity price (0 unless TCO).
+    pub energy_price_per_kwh: Decimal,
 }
 
 impl ContractRow {
@@ -55,6 +59,8 @@ impl ContractRow {
             price_per_gpu_hour: self.price_per_gpu_hour,
             currency: self.currency.clone(),
             committed_gpus: self.committed_gpus,
+            power_price_per_gpu_hour: self.power_price_per_gpu_hour,
+            energy_price_per_kwh: self.energy_price_per_kwh,
         }
     }
 
@@ -102,7 +108,17 @@ const COLUMNS: &str = "id, name, gpu_model, billing_mode, price_per_gpu_hour, cu
                        created_at, updated_at, phase_of, tco_purchase_price_per_gpu, \
                        tco_salvage_value_per_gpu, tco_life_months, tco_in_service_from, \
                        tco_power_kw_per_gpu, tco_electricity_price_per_kwh, \
-                       tco_other_per_gpu_month, pue";
+                       tco_other_per_gpu_month, pue, power_price_per_gpu_hour, \
+                       energy_price_per_kwh";
+
+/// Every column a [`ContractRow`] reads, qualified by `alias`.
+pub fn qualified_columns(alias: &str) -> String {
+    COLUMNS
+        .split(',')
+        .map(|column| format!("{alias}.{}", column.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The contracts as given (`c`), without their second phases, valid until their second
 /// phase (`t`) ends when they have one.
@@ -112,7 +128,8 @@ const AS_GIVEN: &str = "SELECT c.id, c.name, c.gpu_model, c.billing_mode, c.pric
             c.project_id, c.provider, c.region, c.committed_gpus, c.created_at, c.updated_at, \
             c.phase_of, c.tco_purchase_price_per_gpu, c.tco_salvage_value_per_gpu, \
             c.tco_life_months, c.tco_in_service_from, c.tco_power_kw_per_gpu, \
-            c.tco_electricity_price_per_kwh, c.tco_other_per_gpu_month, c.pue \
+            c.tco_electricity_price_per_kwh, c.tco_other_per_gpu_month, c.pue, \
+            c.power_price_per_gpu_hour, c.energy_price_per_kwh \
      FROM contracts c LEFT JOIN contracts t ON t.phase_of = c.id \
      WHERE c.phase_of IS NULL";
 

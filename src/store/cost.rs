@@ -21,7 +21,9 @@ use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::numeric::Numeric;
-use crate::store::prices::{PriceJoin, UNRATED_MODEL, UNRATED_REASON, summed_money};
+use crate::store::prices::{
+    PriceJoin, UNRATED_MODEL, UNRATED_REASON, summed_money, summed_priced,
+};
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Whose figures a query reads, and how they are grouped.
@@ -293,7 +295,7 @@ pub async fn cost_sums(
     let price = PriceJoin::new(&mut binder, what_if, "g");
     let money = rollups::PRICED_SUMS
         .iter()
-        .map(|(seconds, money)| summed_money(seconds, money))
+        .map(summed_priced)
         .collect::<Vec<_>>()
         .join(", ");
     // Pricing is linear, so the rows are priced as they come, each once, and summed by what
@@ -304,10 +306,16 @@ pub async fn cost_sums(
          FROM ( \
            SELECT g.key, g.completed, g.output_unit, g.segments, g.gpu_seconds_held, \
                   g.gpu_seconds_busy, g.card_seconds, g.productive_seconds, g.idle_seconds, \
-                  g.unmeasured_seconds, g.failed_seconds, g.output_quantity, {columns} \
+                  g.unmeasured_seconds, g.failed_seconds, g.output_quantity, \
+                  {energy}, {columns} \
            FROM ({rows}) AS g {joins}) AS priced \
          GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0",
         rounded = rounded_sums(["gpu_seconds_held", "gpu_seconds_busy", "output_quantity"]),
+        energy = rollups::ENERGY_SUMS
+            .iter()
+            .map(|column| format!("g.{column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         columns = price.columns(),
         joins = price.joins(),
     );

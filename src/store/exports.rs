@@ -11,7 +11,8 @@ use crate::domain::figures::SUM_SCALE;
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::contracts::ContractRow;
-use crate::store::prices::{PriceJoin, UNRATED_REASON, summed_money};
+use crate::store::prices::{PriceJoin, UNRATED_REASON, summed_priced};
+use crate::store::rollups::PRICED_SUMS;
 use crate::store::rollups::PeriodSplit;
 
 /// GPU time of one project under one contract in a period: rated (no `unrated_reason`), or
@@ -51,7 +52,7 @@ pub async fn usage_by_contract(
         &mut binder,
         "cost",
         "project_id, {month} AS month, gpu_model, billing_mode, contract_id, segments, \
-         gpu_seconds_held, gpu_seconds_busy, card_seconds",
+         gpu_seconds_held, gpu_seconds_busy, card_seconds, metered_card_seconds, energy_joules",
         ("", "", ""),
         every_project,
         &zone,
@@ -68,12 +69,15 @@ pub async fn usage_by_contract(
              FROM ( \
                SELECT project_id, gpu_model, billing_mode, contract_id, \
                       {UNRATED_REASON} AS unrated_reason, gpu_seconds_held, gpu_seconds_busy, \
-                      card_seconds, price \
+                      card_seconds, metered_card_seconds, energy_joules, price, power_price, \
+                      energy_price \
                FROM (SELECT g.*, {columns} FROM ( \
                  SELECT project_id, month, gpu_model, billing_mode, contract_id, \
                         sum(segments) AS segments, sum(gpu_seconds_held) AS gpu_seconds_held, \
                         sum(gpu_seconds_busy) AS gpu_seconds_busy, \
-                        sum(card_seconds) AS card_seconds \
+                        sum(card_seconds) AS card_seconds, \
+                        sum(metered_card_seconds) AS metered_card_seconds, \
+                        sum(energy_joules) AS energy_joules \
                  FROM ({rows}) AS rows \
                  GROUP BY 1, 2, 3, 4, 5 HAVING sum(segments) > 0) AS g \
                {joins}) AS with_prices) AS priced \
@@ -94,7 +98,7 @@ pub async fn usage_by_contract(
               AND t.billing_mode = u.billing_mode \
               AND t.contract_id IS NOT DISTINCT FROM u.contract_id \
          ORDER BY u.project_id, u.contract_id, u.unrated_reason, u.gpu_model, u.billing_mode",
-        cost = summed_money("card_seconds", "cost"),
+        cost = summed_priced(&PRICED_SUMS[0]),
         columns = price.columns(),
         joins = price.joins(),
     );
@@ -115,16 +119,14 @@ pub async fn commitments(
     conn: &mut PgConnection,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
 ) -> sqlx::Result<Vec<Commitment>> {
-    sqlx::query_as::<_, Commitment>(
-        "SELECT c.id, c.name, c.gpu_model, c.billing_mode, c.price_per_gpu_hour, \
-                c.currency::text AS currency, c.valid_from, c.valid_until, c.project_id, \
-                c.provider, c.region, c.committed_gpus, c.created_at, c.updated_at, \
-                p.name AS project_name, p.currency::text AS project_currency \
+    sqlx::query_as::<_, Commitment>(&format!(
+        "SELECT {columns}, p.name AS project_name, p.currency::text AS project_currency \
          FROM contracts c LEFT JOIN projects p ON p.id = c.project_id \
          WHERE c.billing_mode = 'reserved' AND c.committed_gpus IS NOT NULL \
            AND c.valid_from < $2 AND (c.valid_until IS NULL OR c.valid_until > $1) \
          ORDER BY c.project_id NULLS LAST, c.name, c.id",
-    )
+        columns = crate::store::contracts::qualified_columns("c"),
+    ))
     .bind(from)
     .bind(to)
     .fetch_all(conn)

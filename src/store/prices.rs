@@ -12,15 +12,28 @@
 use crate::domain::figures::SUM_SCALE;
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
+use crate::store::rollups::PricedSum;
 
 /// Divides by 3600 keeping 24 decimal places, far below any digit a figure shows.
 pub const PER_HOUR: &str = "3600.000000000000000000000000";
 
 /// `round(Σ seconds × price ÷ 3600, SUM_SCALE) AS name` over rows with a `price` column
 /// (null where unrated, which adds nothing): the products are summed exactly and divided
-/// once, so a figure is one division however many rows it sums.
+/// once, so a figure is one division however many rows it sums. Prices GPU time only, with
+/// the power part of an owned card's price estimated (see [`summed_priced`] for money).
 pub fn summed_money(seconds: &str, name: &str) -> String {
     format!("round(coalesce(sum({seconds} * price), 0) / {PER_HOUR}, {SUM_SCALE}) AS {name}")
+}
+
+/// A money figure over rows with the columns of [`PriceJoin::columns`] and the sums of
+/// `sum`: the card-seconds at the price, with measured energy in place of the power part of
+/// an owned card's price (COST_MODEL §10), summed exactly and divided once.
+pub fn summed_priced(sum: &PricedSum) -> String {
+    format!(
+        "round(coalesce(sum({money}), 0) / {PER_HOUR}, {SUM_SCALE}) AS {name}",
+        money = sum.times_3600(),
+        name = sum.money,
+    )
 }
 
 /// The joins that price rows aliased `row`, which have `project_id`, `contract_id`, `month`
@@ -29,6 +42,8 @@ pub fn summed_money(seconds: &str, name: &str) -> String {
 pub struct PriceJoin {
     joins: String,
     price: String,
+    /// A condition true where a what-if price replaced the contract's.
+    replaced: Vec<&'static str>,
     row: String,
 }
 
@@ -41,6 +56,7 @@ impl PriceJoin {
              LEFT JOIN fx_rates px ON px.month = {row}.month \
                  AND px.from_currency = pc.currency AND px.to_currency = pp.currency"
         );
+        let mut replaced = Vec::new();
         let contract_price = match what_if.contracts.is_empty() {
             true => "pc.price_per_gpu_hour".to_owned(),
             false => {
@@ -51,6 +67,7 @@ impl PriceJoin {
                     ids = binder.bind(ids.into_iter().copied().collect::<Vec<_>>()),
                     prices = binder.bind(prices.into_iter().copied().collect::<Vec<_>>()),
                 ));
+                replaced.push("pw.price IS NOT NULL");
                 "coalesce(pw.price, pc.price_per_gpu_hour)".to_owned()
             }
         };
@@ -74,14 +91,31 @@ impl PriceJoin {
                     modes = binder.bind(modes),
                     prices = binder.bind(prices),
                 ));
+                replaced.push("pk.price IS NOT NULL");
                 format!("coalesce(pk.price, {converted})")
             }
         };
         Self {
             joins,
             price,
+            replaced,
             row: row.to_owned(),
         }
+    }
+
+    /// One of the contract's energy prices (`power_price_per_gpu_hour` or
+    /// `energy_price_per_kwh`) in the project's currency: 0 where no contract prices the row
+    /// or a what-if price replaced the contract's (a flat price has no power part).
+    fn energy_price(&self, column: &str) -> String {
+        let replaced = match self.replaced.is_empty() {
+            true => String::new(),
+            false => format!("WHEN {} THEN 0 ", self.replaced.join(" OR ")),
+        };
+        format!(
+            "CASE {replaced}WHEN pc.id IS NULL THEN 0 \
+                  WHEN pc.currency = pp.currency THEN pc.{column} \
+                  ELSE coalesce(pc.{column} * px.rate, 0) END"
+        )
     }
 
     /// The joins, to follow the rows in a `FROM` clause.
@@ -96,14 +130,25 @@ impl PriceJoin {
     }
 
     /// The columns a priced row set selects from its row and the joins: `price`,
+    /// `power_price` and `energy_price` (which [`summed_priced`] reads), and
     /// `priced_by_contract` and `priced_model`, which [`UNRATED_REASON`] and
-    /// [`UNRATED_MODEL`] read. The price is worked out once a row.
+    /// [`UNRATED_MODEL`] read. The prices are worked out once a row.
     pub fn columns(&self) -> String {
         format!(
-            "{price} AS price, pc.id IS NOT NULL AS priced_by_contract, \
+            "{prices}, pc.id IS NOT NULL AS priced_by_contract, \
              coalesce(pc.gpu_model, {row}.gpu_model) AS priced_model",
-            price = self.price,
+            prices = self.prices(),
             row = self.row,
+        )
+    }
+
+    /// `price`, `power_price` and `energy_price`: what [`summed_priced`] reads.
+    pub fn prices(&self) -> String {
+        format!(
+            "{price} AS price, {power} AS power_price, {energy} AS energy_price",
+            price = self.price,
+            power = self.energy_price("power_price_per_gpu_hour"),
+            energy = self.energy_price("energy_price_per_kwh"),
         )
     }
 }

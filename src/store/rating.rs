@@ -83,6 +83,7 @@ impl AttemptRow {
             compute_share: telemetry
                 .mig(&self.gpu_model)
                 .map(|profile| profile.compute_share()),
+            energy_joules: telemetry.energy_joules,
         }
     }
 
@@ -151,7 +152,7 @@ const RECORDS: &str = "r.project_id, r.task_id, r.attempt, r.gpu_model, r.billin
      r.provider, r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
      r.gpu_seconds_busy, r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, \
      r.gpu_util, r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
-     r.memory_total_gib, r.mig_profile, r.nodes, \
+     r.memory_total_gib, r.mig_profile, r.energy_joules, r.nodes, \
      (SELECT p.currency FROM projects p WHERE p.id = r.project_id) AS currency \
      FROM job_records r";
 
@@ -203,6 +204,11 @@ pub struct SegmentColumns {
     dram_active: Vec<Option<Decimal>>,
     memory_used_share: Vec<Option<Decimal>>,
     mig_slices: Vec<Option<i16>>,
+    energy_joules: Vec<Option<Decimal>>,
+    productive_joules: Vec<Decimal>,
+    idle_joules: Vec<Decimal>,
+    unmeasured_joules: Vec<Decimal>,
+    failed_joules: Vec<Decimal>,
 }
 
 impl SegmentColumns {
@@ -259,6 +265,11 @@ impl SegmentColumns {
             self.dram_active.push(carried.dram_active);
             self.memory_used_share.push(carried.memory_used_share);
             self.mig_slices.push(mig_slices);
+            self.energy_joules.push(segment.energy_joules);
+            self.productive_joules.push(segment.joules.productive);
+            self.idle_joules.push(segment.joules.idle);
+            self.unmeasured_joules.push(segment.joules.unmeasured);
+            self.failed_joules.push(segment.joules.failed);
         }
         Ok(())
     }
@@ -291,6 +302,11 @@ impl SegmentColumns {
             binder.bind(&self.dram_active) + "::numeric[]",
             binder.bind(&self.memory_used_share) + "::numeric[]",
             binder.bind(&self.mig_slices) + "::smallint[]",
+            binder.bind(&self.energy_joules) + "::numeric[]",
+            binder.bind(&self.productive_joules) + "::numeric[]",
+            binder.bind(&self.idle_joules) + "::numeric[]",
+            binder.bind(&self.unmeasured_joules) + "::numeric[]",
+            binder.bind(&self.failed_joules) + "::numeric[]",
         ];
         format!("UNNEST({}) AS s({SEGMENT_COLUMNS})", columns.join(", "))
     }
@@ -301,7 +317,8 @@ const SEGMENT_COLUMNS: &str = "project_id, task_id, attempt, seq, hour, gpu_mode
      billing_mode, outcome, contract_id, unrated_reason, output_unit, gpu_seconds_held, \
      gpu_seconds_busy, card_seconds, productive_seconds, idle_seconds, unmeasured_seconds, \
      failed_seconds, output_quantity, gpu_util, sm_active, tensor_active, dram_active, \
-     memory_used_share, mig_slices";
+     memory_used_share, mig_slices, energy_joules, productive_joules, idle_joules, \
+     unmeasured_joules, failed_joules";
 
 /// A stored segment (`rated_segments` columns) as a change taken out: `sign` -1 and its
 /// figures negated, so that every sum over a change is a plain sum.
@@ -311,7 +328,10 @@ const OLD_SEGMENT: &str = "-1 AS sign, project_id, task_id, attempt, seq, hour, 
      -card_seconds AS card_seconds, -productive_seconds AS productive_seconds, \
      -idle_seconds AS idle_seconds, -unmeasured_seconds AS unmeasured_seconds, \
      -failed_seconds AS failed_seconds, -output_quantity AS output_quantity, gpu_util, \
-     sm_active, tensor_active, dram_active, memory_used_share, mig_slices";
+     sm_active, tensor_active, dram_active, memory_used_share, mig_slices, \
+     -energy_joules AS energy_joules, -productive_joules AS productive_joules, \
+     -idle_joules AS idle_joules, -unmeasured_joules AS unmeasured_joules, \
+     -failed_joules AS failed_joules";
 
 /// New `rated_records` rows, column by column.
 #[derive(Default)]
@@ -432,10 +452,11 @@ fn cost_diff(changes: &str) -> String {
                   sum(idle_seconds) AS idle_seconds, \
                   sum(unmeasured_seconds) AS unmeasured_seconds, \
                   sum(failed_seconds) AS failed_seconds, \
-                  sum(coalesce(output_quantity, 0)) AS output_quantity \
+                  sum(coalesce(output_quantity, 0)) AS output_quantity, {energy} \
            FROM {changes} \
            GROUP BY project_id, hour, gpu_model, billing_mode, outcome, contract_id, \
-                    unrated_reason, output_unit)"
+                    unrated_reason, output_unit)",
+        energy = rollups::summed_energy_sql(""),
     )
 }
 

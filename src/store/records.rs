@@ -45,14 +45,14 @@ pub async fn insert_batch(
     if telemetry.is_some() {
         extra_columns.push_str(
             ", gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, \
-             memory_total_gib, mig_profile",
+             memory_total_gib, mig_profile, energy_joules",
         );
         extra_arrays.push_str(
             ", $21::numeric[], $22::numeric[], $23::numeric[], $24::numeric[], \
-             $25::numeric[], $26::numeric[], $27::text[]",
+             $25::numeric[], $26::numeric[], $27::text[], $28::numeric[]",
         );
-        extra_names.push_str(", gu, sa, ta, da, mp, mt, mg");
-        extra_values.push_str(", gu, sa, ta, da, mp, mt, mg");
+        extra_names.push_str(", gu, sa, ta, da, mp, mt, mg, ej");
+        extra_values.push_str(", gu, sa, ta, da, mp, mt, mg, ej");
     }
     // Most batches name no nodes either; a record's nodes travel as one JSON array each.
     let nodes = records
@@ -60,7 +60,7 @@ pub async fn insert_batch(
         .any(|r| !r.nodes.is_empty())
         .then(|| node_arrays(records));
     if nodes.is_some() {
-        let placeholder = if telemetry.is_some() { 28 } else { 21 };
+        let placeholder = if telemetry.is_some() { 29 } else { 21 };
         extra_columns.push_str(", nodes");
         extra_arrays.push_str(&format!(", ${placeholder}::text[]"));
         extra_names.push_str(", nd");
@@ -112,7 +112,8 @@ pub async fn insert_batch(
             .bind(&t.dram_active)
             .bind(&t.memory_peak_gib)
             .bind(&t.memory_total_gib)
-            .bind(&t.mig_profile),
+            .bind(&t.mig_profile)
+            .bind(&t.energy_joules),
         None => query,
     };
     let query = match &nodes {
@@ -287,6 +288,7 @@ struct TelemetryColumns {
     memory_peak_gib: Vec<Option<Decimal>>,
     memory_total_gib: Vec<Option<Decimal>>,
     mig_profile: Vec<Option<String>>,
+    energy_joules: Vec<Option<Decimal>>,
 }
 
 impl TelemetryColumns {
@@ -300,6 +302,7 @@ impl TelemetryColumns {
             c.memory_peak_gib.push(t.memory_peak_gib);
             c.memory_total_gib.push(t.memory_total_gib);
             c.mig_profile.push(t.mig_profile.clone());
+            c.energy_joules.push(t.energy_joules);
         }
         c
     }
@@ -342,7 +345,7 @@ pub const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu
     billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
     gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
     gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, memory_total_gib, \
-    mig_profile, nodes, ingested_at, updated_at";
+    mig_profile, energy_joules, nodes, ingested_at, updated_at";
 
 impl RecordRow {
     /// The record as it was validated.
@@ -390,6 +393,7 @@ pub struct TelemetryRow {
     pub memory_peak_gib: Option<Decimal>,
     pub memory_total_gib: Option<Decimal>,
     pub mig_profile: Option<String>,
+    pub energy_joules: Option<Decimal>,
 }
 
 impl TelemetryRow {
@@ -403,6 +407,7 @@ impl TelemetryRow {
             memory_peak_gib: normal(self.memory_peak_gib),
             memory_total_gib: normal(self.memory_total_gib),
             mig_profile: self.mig_profile.clone(),
+            energy_joules: normal(self.energy_joules),
         }
     }
 }
@@ -504,7 +509,8 @@ pub async fn replace(
              retries = $15, failures = $16, output_quantity = $17, output_unit = $18, \
              labels = $19::jsonb, content_hash = $20, gpu_util = $21, sm_active = $22, \
              tensor_active = $23, dram_active = $24, memory_peak_gib = $25, \
-             memory_total_gib = $26, mig_profile = $27, nodes = $28, updated_at = now() \
+             memory_total_gib = $26, mig_profile = $27, nodes = $28, energy_joules = $29, \
+             updated_at = now() \
          WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
     )
     .bind(&record.key.project)
@@ -535,6 +541,7 @@ pub async fn replace(
     .bind(record.telemetry.memory_total_gib)
     .bind(&record.telemetry.mig_profile)
     .bind((!record.nodes.is_empty()).then_some(&record.nodes))
+    .bind(record.telemetry.energy_joules)
     .execute(conn)
     .await?;
     Ok(())

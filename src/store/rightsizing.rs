@@ -9,7 +9,8 @@ use sqlx::PgConnection;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
-use crate::store::prices::{PriceJoin, summed_money};
+use crate::store::prices::{PriceJoin, summed_priced};
+use crate::store::rollups::PRICED_SUMS;
 
 /// A record on whole GPUs (no MIG profile) with some of its time in the period.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -64,12 +65,16 @@ pub async fn whole_gpu_records(
                   sum(CASE WHEN price IS NULL THEN segments ELSE 0 END)::bigint \
                       AS unrated_segments \
            FROM ( \
-             SELECT g.task_id, g.attempt, g.segments, g.card_seconds, {priced} AS price \
+             SELECT g.task_id, g.attempt, g.segments, g.card_seconds, \
+                    g.metered_card_seconds, g.energy_joules, {prices} \
              FROM ( \
                SELECT project_id, task_id, attempt, contract_id, \
                       date_trunc('month', hour AT TIME ZONE {zone})::date AS month, \
                       NULL::text AS gpu_model, NULL::text AS billing_mode, \
-                      count(*) AS segments, sum(card_seconds) AS card_seconds \
+                      count(*) AS segments, sum(card_seconds) AS card_seconds, \
+                      sum(CASE WHEN energy_joules IS NULL THEN 0 ELSE card_seconds END) \
+                          AS metered_card_seconds, \
+                      sum(coalesce(energy_joules, 0)) AS energy_joules \
                FROM rated_segments \
                WHERE project_id = {project} AND hour >= {from} AND hour < {to} \
                GROUP BY 1, 2, 3, 4, 5) AS g \
@@ -79,8 +84,8 @@ pub async fn whole_gpu_records(
            ON r.project_id = {project} AND r.task_id = s.task_id AND r.attempt = s.attempt \
          WHERE r.mig_profile IS NULL \
          ORDER BY workload, r.gpu_model, r.task_id, r.attempt",
-        cost = summed_money("card_seconds", "cost"),
-        priced = price.price(),
+        cost = summed_priced(&PRICED_SUMS[0]),
+        prices = price.prices(),
         joins = price.joins(),
     );
     binder

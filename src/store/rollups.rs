@@ -131,7 +131,7 @@ pub fn segment_kinds_sql(prefix: &str) -> String {
 }
 
 /// The summed columns of the cost rollups and of `cost_monthly_kinds`, `segments` first.
-pub const COST_KIND_SUMS: [&str; 9] = [
+pub const COST_KIND_SUMS: [&str; 19] = [
     "segments",
     "gpu_seconds_held",
     "gpu_seconds_busy",
@@ -141,7 +141,71 @@ pub const COST_KIND_SUMS: [&str; 9] = [
     "unmeasured_seconds",
     "failed_seconds",
     "output_quantity",
+    "metered_card_seconds",
+    "productive_metered",
+    "idle_metered",
+    "unmeasured_metered",
+    "failed_metered",
+    "energy_joules",
+    "productive_joules",
+    "idle_joules",
+    "unmeasured_joules",
+    "failed_joules",
 ];
+
+/// The energy sums of a segment (`rated_segments` columns qualified by `prefix`), as the
+/// views `cost_hourly` and `task_hourly` have them: the card-seconds of each part whose
+/// energy was measured, and the joules measured in each part (see migration 0020).
+pub fn energy_sums_sql(prefix: &str) -> String {
+    energy_sums(prefix)
+        .iter()
+        .map(|(expression, name)| format!("{expression} AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The energy sums of [`energy_sums_sql`], summed over the segments.
+pub fn summed_energy_sql(prefix: &str) -> String {
+    energy_sums(prefix)
+        .iter()
+        .map(|(expression, name)| format!("sum({expression}) AS {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The names of the energy sums, as [`COST_KIND_SUMS`] ends with them.
+pub const ENERGY_SUMS: [&str; 10] = [
+    "metered_card_seconds",
+    "productive_metered",
+    "idle_metered",
+    "unmeasured_metered",
+    "failed_metered",
+    "energy_joules",
+    "productive_joules",
+    "idle_joules",
+    "unmeasured_joules",
+    "failed_joules",
+];
+
+fn energy_sums(prefix: &str) -> [(String, &'static str); 10] {
+    let metered = |seconds: &str| {
+        format!("CASE WHEN {prefix}energy_joules IS NULL THEN 0 ELSE {seconds} END")
+    };
+    let [card, productive, idle, unmeasured, failed, energy, productive_j, idle_j, unmeasured_j, failed_j] =
+        ENERGY_SUMS;
+    [
+        (metered(&format!("coalesce({prefix}card_seconds, 0)")), card),
+        (metered(&format!("{prefix}productive_seconds")), productive),
+        (metered(&format!("{prefix}idle_seconds")), idle),
+        (metered(&format!("{prefix}unmeasured_seconds")), unmeasured),
+        (metered(&format!("{prefix}failed_seconds")), failed),
+        (format!("coalesce({prefix}energy_joules, 0)"), energy),
+        (format!("{prefix}productive_joules"), productive_j),
+        (format!("{prefix}idle_joules"), idle_j),
+        (format!("{prefix}unmeasured_joules"), unmeasured_j),
+        (format!("{prefix}failed_joules"), failed_j),
+    ]
+}
 
 /// [`COST_KIND_SUMS`] of each row of `rated_segments` (qualified by `prefix`), as the view
 /// `cost_hourly` has them.
@@ -151,19 +215,68 @@ pub fn segment_sums_sql(prefix: &str) -> String {
          coalesce({prefix}gpu_seconds_busy, 0) AS gpu_seconds_busy, \
          coalesce({prefix}card_seconds, 0) AS card_seconds, {prefix}productive_seconds, \
          {prefix}idle_seconds, {prefix}unmeasured_seconds, {prefix}failed_seconds, \
-         coalesce({prefix}output_quantity, 0) AS output_quantity"
+         coalesce({prefix}output_quantity, 0) AS output_quantity, {energy}",
+        energy = energy_sums_sql(prefix),
     )
 }
 
 /// The card-seconds columns of [`COST_KIND_SUMS`], each with the money column a price
-/// makes of it.
-pub const PRICED_SUMS: [(&str, &str); 5] = [
-    ("card_seconds", "cost"),
-    ("productive_seconds", "productive"),
-    ("idle_seconds", "idle"),
-    ("unmeasured_seconds", "unmeasured"),
-    ("failed_seconds", "failed"),
+/// makes of it and the energy sums beside it.
+pub const PRICED_SUMS: [PricedSum; 5] = [
+    PricedSum::new("card_seconds", "metered_card_seconds", "energy_joules", "cost"),
+    PricedSum::new(
+        "productive_seconds",
+        "productive_metered",
+        "productive_joules",
+        "productive",
+    ),
+    PricedSum::new("idle_seconds", "idle_metered", "idle_joules", "idle"),
+    PricedSum::new(
+        "unmeasured_seconds",
+        "unmeasured_metered",
+        "unmeasured_joules",
+        "unmeasured",
+    ),
+    PricedSum::new("failed_seconds", "failed_metered", "failed_joules", "failed"),
 ];
+
+/// Card-seconds a price applies to, with the part of them whose energy was measured and
+/// that energy: what one money figure is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct PricedSum {
+    pub seconds: &'static str,
+    pub metered: &'static str,
+    pub joules: &'static str,
+    pub money: &'static str,
+}
+
+impl PricedSum {
+    const fn new(
+        seconds: &'static str,
+        metered: &'static str,
+        joules: &'static str,
+        money: &'static str,
+    ) -> Self {
+        Self {
+            seconds,
+            metered,
+            joules,
+            money,
+        }
+    }
+
+    /// The money of one row with the priced columns of
+    /// [`PriceJoin::columns`](crate::store::prices::PriceJoin::columns), times 3600; null
+    /// where the row is unrated.
+    pub fn times_3600(&self) -> String {
+        format!(
+            "({seconds} * price - {metered} * power_price + {joules} * energy_price / 1000)",
+            seconds = self.seconds,
+            metered = self.metered,
+            joules = self.joules,
+        )
+    }
+}
 
 /// `sum(column) AS column` for each of `columns`.
 pub fn summed(columns: &[&str]) -> String {
@@ -601,7 +714,7 @@ async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
 }
 
 /// The summed columns of `task_monthly` and of the view `task_hourly` it is built from.
-pub const TASK_SUMS: [&str; 16] = [
+pub const TASK_SUMS: [&str; 26] = [
     "segments",
     "card_seconds",
     "productive_seconds",
@@ -618,6 +731,16 @@ pub const TASK_SUMS: [&str; 16] = [
     "failures",
     "queue_wait_seconds",
     "queue_waits",
+    "metered_card_seconds",
+    "productive_metered",
+    "idle_metered",
+    "unmeasured_metered",
+    "failed_metered",
+    "energy_joules",
+    "productive_joules",
+    "idle_joules",
+    "unmeasured_joules",
+    "failed_joules",
 ];
 
 /// SQL reading `columns` of `{family}_{level}` for the projects matching `projects`, where

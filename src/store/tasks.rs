@@ -26,14 +26,16 @@ use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
-use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_money};
+use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_priced};
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
-use crate::store::rollups::{Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, summed};
+use crate::store::rollups::{
+    ENERGY_SUMS, Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, summed, summed_energy_sql,
+};
 
 /// The summed columns filled from segments, with the expression over a segment change
 /// (`sign` and the `rated_segments` columns, with the figures of an old segment negated)
 /// each adds.
-const SEGMENT_SUMS: [(&str, &str); 9] = [
+const SEGMENT_SUMS: [(&str, &str); 19] = [
     ("segments", "sign"),
     ("card_seconds", "coalesce(card_seconds, 0)"),
     ("productive_seconds", "productive_seconds"),
@@ -46,6 +48,31 @@ const SEGMENT_SUMS: [(&str, &str); 9] = [
         "unrated_gpu_seconds",
         "CASE WHEN contract_id IS NULL THEN gpu_seconds_held ELSE 0 END",
     ),
+    (
+        "metered_card_seconds",
+        "CASE WHEN energy_joules IS NULL THEN 0 ELSE coalesce(card_seconds, 0) END",
+    ),
+    (
+        "productive_metered",
+        "CASE WHEN energy_joules IS NULL THEN 0 ELSE productive_seconds END",
+    ),
+    (
+        "idle_metered",
+        "CASE WHEN energy_joules IS NULL THEN 0 ELSE idle_seconds END",
+    ),
+    (
+        "unmeasured_metered",
+        "CASE WHEN energy_joules IS NULL THEN 0 ELSE unmeasured_seconds END",
+    ),
+    (
+        "failed_metered",
+        "CASE WHEN energy_joules IS NULL THEN 0 ELSE failed_seconds END",
+    ),
+    ("energy_joules", "coalesce(energy_joules, 0)"),
+    ("productive_joules", "productive_joules"),
+    ("idle_joules", "idle_joules"),
+    ("unmeasured_joules", "unmeasured_joules"),
+    ("failed_joules", "failed_joules"),
 ];
 
 /// The columns a task's row is kept by besides the task and month: the contract, model and
@@ -374,7 +401,7 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
     let price = PriceJoin::new(binder, what_if, "r");
     let money = PRICED_SUMS
         .iter()
-        .map(|(seconds, money)| format!("coalesce(sum({seconds} * price), 0) AS {money}"))
+        .map(|sum| format!("coalesce(sum({}), 0) AS {}", sum.times_3600(), sum.money))
         .collect::<Vec<_>>()
         .join(", ");
     let counted = summed(&[
@@ -389,14 +416,14 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
     ]);
     format!(
         "rows AS ( \
-           SELECT r.*, {price} AS price FROM ({rows}) AS r {joins}), \
+           SELECT r.*, {prices} FROM ({rows}) AS r {joins}), \
          f AS ( \
            SELECT {group}, {money}, {counted}, \
                   sum(CASE WHEN price IS NULL THEN gpu_seconds_held ELSE 0 END) \
                       AS unrated_gpu_seconds \
            FROM rows \
            GROUP BY {group})",
-        price = price.price(),
+        prices = price.prices(),
         joins = price.joins(),
     )
 }
@@ -737,7 +764,7 @@ pub async fn attempt_pricing(
     let price = PriceJoin::new(&mut binder, &WhatIf::default(), "g");
     let money = PRICED_SUMS
         .iter()
-        .map(|(seconds, money)| summed_money(seconds, money))
+        .map(summed_priced)
         .collect::<Vec<_>>()
         .join(", ");
     let rounded = |column: &str| format!("round(sum({column}), {SUM_SCALE}) AS {column}");
@@ -748,7 +775,8 @@ pub async fn attempt_pricing(
            SELECT attempt, contract_id, contract_name, price_per_gpu_hour, contract_currency, \
                   {UNRATED_REASON} AS unrated_reason, first_hour, segments, gpu_seconds_held, \
                   gpu_seconds_busy, card_seconds, productive_seconds, idle_seconds, \
-                  unmeasured_seconds, failed_seconds, price \
+                  unmeasured_seconds, failed_seconds, {energy}, price, power_price, \
+                  energy_price \
            FROM ( \
              SELECT g.*, pc.name AS contract_name, pc.price_per_gpu_hour, \
                     pc.currency::text AS contract_currency, {columns} \
@@ -763,7 +791,7 @@ pub async fn attempt_pricing(
                       sum(s.productive_seconds) AS productive_seconds, \
                       sum(s.idle_seconds) AS idle_seconds, \
                       sum(s.unmeasured_seconds) AS unmeasured_seconds, \
-                      sum(s.failed_seconds) AS failed_seconds \
+                      sum(s.failed_seconds) AS failed_seconds, {summed_energy} \
                FROM rated_segments AS s \
                WHERE s.project_id = {project} AND s.task_id = {task} \
                GROUP BY 1, 2, 3, 4) AS g \
@@ -772,6 +800,8 @@ pub async fn attempt_pricing(
          ORDER BY attempt, min(first_hour), contract_id, unrated_reason",
         held = rounded("gpu_seconds_held"),
         busy = rounded("gpu_seconds_busy"),
+        energy = ENERGY_SUMS.join(", "),
+        summed_energy = summed_energy_sql("s."),
         columns = price.columns(),
         joins = price.joins(),
     );

@@ -31,6 +31,8 @@ fn reservation(id: &str, from: &str, until: &str) -> Contract {
         price_per_gpu_hour: Decimal::new(150, 2),
         currency: "USD".into(),
         committed_gpus: Some(Decimal::from(3)),
+        power_price_per_gpu_hour: Decimal::ZERO,
+        energy_price_per_kwh: Decimal::ZERO,
     }
 }
 
