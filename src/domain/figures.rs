@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::summary::{cost_per_completed_task, unit_costs};
-use super::utilisation::{UtilSums, Utilisation};
+use super::utilisation::{SHARE_SCALE, UtilSums, Utilisation};
 
 /// What the figures of a period are grouped by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,63 @@ pub struct SegmentSums {
     pub unmeasured: Decimal,
     pub failed: Decimal,
     pub output_quantity: Decimal,
+}
+
+/// The measured energy of one group's segments of one output unit (or of none), and what
+/// of it has a grid intensity (COST_MODEL §10).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnergySums {
+    /// The output unit of completed segments that produced output.
+    pub output_unit: Option<String>,
+    /// GPU-seconds held of the segments whose energy was measured.
+    pub metered_gpu_seconds: Decimal,
+    pub joules: Decimal,
+    /// GPU-seconds held of those whose region had a grid intensity that month.
+    pub intensity_gpu_seconds: Decimal,
+    /// Σ joules × PUE × gCO2e per kWh.
+    pub gram_joules: Decimal,
+}
+
+/// Joules in a kWh.
+const JOULES_PER_KWH: Decimal = Decimal::from_parts(3_600_000, 0, 0, false, 0);
+
+/// Energy of a period or group: kWh measured, with the share of GPU time measured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EnergyView {
+    /// kWh the GPUs of the records that measured it used (their `energy_joules` ÷ 3.6
+    /// million), without the data centre's overhead.
+    #[schema(value_type = String, example = "1.6")]
+    pub kwh: Decimal,
+    /// Share of the GPU-seconds held whose energy was measured, 0 to 1.
+    #[schema(value_type = String, example = "0.75")]
+    pub coverage: Decimal,
+    /// Per output unit of completed records: kWh per unit, over those that measured it.
+    pub kwh_per_unit: Vec<UnitEnergyView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UnitEnergyView {
+    pub unit: String,
+    /// kWh of the completed records with this unit ÷ their output; null without output.
+    #[schema(value_type = Option<String>)]
+    pub kwh: Option<Decimal>,
+    /// Share of those records' GPU-seconds held whose energy was measured: below 1, `kwh`
+    /// understates.
+    #[schema(value_type = String)]
+    pub coverage: Decimal,
+}
+
+/// Emissions of a period or group, from measured energy and the grid intensity of each
+/// record's region and month; nothing is estimated where either is missing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EmissionsView {
+    /// kg CO2e: Σ kWh × PUE × gCO2e per kWh ÷ 1000; null when no measured energy had an
+    /// intensity.
+    #[schema(value_type = Option<String>, example = "0.512")]
+    pub kg_co2e: Option<Decimal>,
+    /// Share of the GPU-seconds held with both measured energy and a grid intensity.
+    #[schema(value_type = String, example = "0.5")]
+    pub coverage: Decimal,
 }
 
 /// Per-record counts of one group: records that ended in it.
@@ -179,6 +236,13 @@ pub struct Figures {
     /// total. Null when no record reported its memory peak.
     #[serde(default)]
     pub unused_memory_cost: Option<Decimal>,
+    /// Energy the GPUs used, from the records that measured it; null when none did.
+    #[serde(default)]
+    pub energy: Option<EnergyView>,
+    /// Emissions of that energy where the grid intensity of its region and month is known;
+    /// null when no record measured energy.
+    #[serde(default)]
+    pub emissions: Option<EmissionsView>,
 }
 
 /// How long the attempts that started in a period waited to start: the queue wait of an
@@ -221,7 +285,59 @@ pub struct FigureSums {
     completed_cost: Decimal,
     /// Unit → (quantity, direct cost).
     output: BTreeMap<String, (Decimal, Decimal)>,
+    /// Unit → GPU-seconds held of the completed segments with that unit.
+    unit_held: BTreeMap<String, Decimal>,
     util: UtilSums,
+    energy: EnergyTotals,
+}
+
+/// Energy sums of one group, and per output unit.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct EnergyTotals {
+    metered_gpu_seconds: Decimal,
+    joules: Decimal,
+    intensity_gpu_seconds: Decimal,
+    gram_joules: Decimal,
+    /// Unit → (metered GPU-seconds, joules).
+    by_unit: BTreeMap<String, (Decimal, Decimal)>,
+}
+
+impl EnergyTotals {
+    fn add(&mut self, sums: &EnergySums) {
+        self.metered_gpu_seconds += sums.metered_gpu_seconds;
+        self.joules += sums.joules;
+        self.intensity_gpu_seconds += sums.intensity_gpu_seconds;
+        self.gram_joules += sums.gram_joules;
+        if let Some(unit) = &sums.output_unit {
+            let (metered, joules) = self.by_unit.entry(unit.clone()).or_default();
+            *metered += sums.metered_gpu_seconds;
+            *joules += sums.joules;
+        }
+    }
+
+    fn merge(&mut self, other: &EnergyTotals) {
+        self.metered_gpu_seconds += other.metered_gpu_seconds;
+        self.joules += other.joules;
+        self.intensity_gpu_seconds += other.intensity_gpu_seconds;
+        self.gram_joules += other.gram_joules;
+        for (unit, (metered, joules)) in &other.by_unit {
+            let (m, j) = self.by_unit.entry(unit.clone()).or_default();
+            *m += metered;
+            *j += joules;
+        }
+    }
+}
+
+/// `part ÷ whole` as a share, 0 when the whole is 0.
+fn share(part: Decimal, whole: Decimal) -> Decimal {
+    part.checked_div(whole)
+        .unwrap_or_default()
+        .round_dp(SHARE_SCALE)
+        .normalize()
+}
+
+fn kwh(joules: Decimal) -> Decimal {
+    (joules / JOULES_PER_KWH).round_dp(SUM_SCALE).normalize()
 }
 
 impl FigureSums {
@@ -241,8 +357,14 @@ impl FigureSums {
                 let (quantity, direct) = self.output.entry(unit.clone()).or_default();
                 *quantity += sums.output_quantity;
                 *direct += sums.cost;
+                *self.unit_held.entry(unit.clone()).or_default() += sums.gpu_seconds_held;
             }
         }
+    }
+
+    /// Measured energy of the group's segments.
+    pub fn add_energy(&mut self, sums: &EnergySums) {
+        self.energy.add(sums);
     }
 
     pub fn add_records(&mut self, counts: &RecordCounts) {
@@ -297,7 +419,51 @@ impl FigureSums {
             *q += quantity;
             *d += direct;
         }
+        for (unit, held) in &other.unit_held {
+            *self.unit_held.entry(unit.clone()).or_default() += held;
+        }
         self.util.merge(&other.util);
+        self.energy.merge(&other.energy);
+    }
+
+    fn energy_view(&self) -> Option<EnergyView> {
+        let energy = &self.energy;
+        if energy.metered_gpu_seconds.is_zero() && energy.joules.is_zero() {
+            return None;
+        }
+        Some(EnergyView {
+            kwh: kwh(energy.joules),
+            coverage: share(energy.metered_gpu_seconds, self.gpu_seconds_held),
+            kwh_per_unit: self
+                .output
+                .iter()
+                .map(|(unit, (quantity, _))| {
+                    let (metered, joules) = energy.by_unit.get(unit).copied().unwrap_or_default();
+                    let held = self.unit_held.get(unit).copied().unwrap_or_default();
+                    UnitEnergyView {
+                        unit: unit.clone(),
+                        kwh: (!quantity.is_zero() && !metered.is_zero())
+                            .then(|| (kwh(joules) / quantity).round_dp(SUM_SCALE).normalize()),
+                        coverage: share(metered, held),
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    fn emissions_view(&self) -> Option<EmissionsView> {
+        let energy = &self.energy;
+        if energy.metered_gpu_seconds.is_zero() && energy.joules.is_zero() {
+            return None;
+        }
+        Some(EmissionsView {
+            kg_co2e: (!energy.intensity_gpu_seconds.is_zero()).then(|| {
+                (energy.gram_joules / JOULES_PER_KWH / Decimal::ONE_THOUSAND)
+                    .round_dp(SUM_SCALE)
+                    .normalize()
+            }),
+            coverage: share(energy.intensity_gpu_seconds, self.gpu_seconds_held),
+        })
     }
 
     pub fn total(&self) -> Decimal {
@@ -365,6 +531,8 @@ impl FigureSums {
             looks_busy_cost: self.util.looks_busy_cost(),
             unused_memory_gpu_seconds: self.util.unused_memory_gpu_seconds(),
             unused_memory_cost: self.util.unused_memory_cost(),
+            energy: self.energy_view(),
+            emissions: self.emissions_view(),
         }
     }
 }

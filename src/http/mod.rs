@@ -14,6 +14,7 @@ pub mod error;
 pub mod exports;
 pub mod extract;
 pub mod fx_rates;
+pub mod grid_intensity;
 pub mod health;
 pub mod observe;
 pub mod pagination;
@@ -89,6 +90,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(capacity::router())
         .merge(bills::router())
         .merge(fx_rates::router())
+        .merge(grid_intensity::router())
         .merge(cost::router())
         .merge(tasks::router())
         .merge(rightsizing::router())

@@ -112,6 +112,12 @@ pub struct JobRecordInput {
     /// counts slices, each priced at g/7 of the card's contract price.
     #[schema(example = "3g.40gb")]
     pub mig_profile: Option<String>,
+    /// Energy the attempt's GPUs used, in joules (≥ 0; at most 10 kW per GPU over the held
+    /// time): the difference of DCGM's `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (millijoules)
+    /// over the attempt ÷ 1000, or Slurm's `ConsumedEnergyRaw`. On an owned card priced by
+    /// its TCO it replaces the power estimate in the price.
+    #[schema(value_type = Option<String>, example = "5760000")]
+    pub energy_joules: Option<Decimal>,
     /// The nodes the attempt ran on (a pod's node, Slurm's NodeList expanded), 1 to 256
     /// distinct names: its held GPU-seconds are spread evenly over them, and they count as
     /// used time of those nodes' capacity. A record stored without nodes and sent again with
@@ -181,6 +187,9 @@ pub struct RecordView {
     pub memory_total_gib: Option<Decimal>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub energy_joules: Option<Decimal>,
     /// The nodes it ran on, sorted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<String>>,
@@ -225,6 +234,7 @@ impl From<RecordRow> for RecordView {
             memory_peak_gib: telemetry.memory_peak_gib,
             memory_total_gib: telemetry.memory_total_gib,
             mig_profile: telemetry.mig_profile,
+            energy_joules: telemetry.energy_joules,
             nodes: row.nodes,
             version: row.version,
             ingested_at: row.ingested_at,

@@ -248,6 +248,10 @@ async fn priced_sums(
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_util(&sums);
     }
+    for row in store::cost::energy_sums(conn, scope, period, tz).await? {
+        let (key, sums) = row.into_parts();
+        groups.entry(key).or_default().add_energy(&sums);
+    }
     Ok(groups)
 }
 

@@ -7,6 +7,7 @@ pub mod alerting;
 pub mod bills;
 pub mod capacity;
 pub mod capacity_rollup;
+pub mod carbon;
 pub mod commitments;
 pub mod cost;
 pub mod demo;

@@ -16,14 +16,14 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::commitment::WholeDays;
-use crate::domain::figures::{Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums};
+use crate::domain::figures::{
+    EnergySums, Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums,
+};
 use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::numeric::Numeric;
-use crate::store::prices::{
-    PriceJoin, UNRATED_MODEL, UNRATED_REASON, summed_money, summed_priced,
-};
+use crate::store::prices::{PriceJoin, UNRATED_MODEL, UNRATED_REASON, summed_money, summed_priced};
 use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 
 /// Whose figures a query reads, and how they are grouped.
@@ -738,6 +738,78 @@ pub async fn util_sums(
         unused_memory = summed_money("unused_memory_seconds", "unused_memory_cost"),
         price = price.price(),
         joins = price.joins(),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
+}
+
+impl EnergyRow {
+    /// The group key and the sums it holds.
+    pub fn into_parts(self) -> (Option<String>, EnergySums) {
+        (
+            self.key,
+            EnergySums {
+                output_unit: self.output_unit,
+                metered_gpu_seconds: self.metered_gpu_seconds,
+                joules: self.joules,
+                intensity_gpu_seconds: self.intensity_gpu_seconds,
+                gram_joules: self.gram_joules,
+            },
+        )
+    }
+}
+
+/// Measured energy of one group's segments, for one output unit or none (those of attempts
+/// that did not complete, or produced no output).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EnergyRow {
+    pub key: Option<String>,
+    pub output_unit: Option<String>,
+    /// GPU-seconds held of the segments whose energy was measured.
+    pub metered_gpu_seconds: Decimal,
+    pub joules: Decimal,
+    /// GPU-seconds held of those whose region has a grid intensity that month.
+    pub intensity_gpu_seconds: Decimal,
+    /// Σ joules × PUE × gCO2e per kWh: grams of CO2e times 3.6 million.
+    pub gram_joules: Decimal,
+}
+
+/// The measured energy of the scope's segments over `[from, to)` by group and output unit,
+/// with the emissions of those in a region and month with a grid intensity: each segment's
+/// joules × the PUE of the contract that priced it (1 when none did, or it has a plain
+/// price) × the intensity of its record's region in its ledger month. Only the segments that
+/// carry energy are read (through their partial index).
+pub async fn energy_sums(
+    conn: &mut PgConnection,
+    scope: Scope<'_>,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> sqlx::Result<Vec<EnergyRow>> {
+    let mut binder = Binder::new();
+    let grouping = scope.grouping();
+    let projects = scope.projects(&mut binder);
+    let (zone, extra) = key_parameters(&mut binder, grouping, tz);
+    let (from, to) = (binder.bind(from), binder.bind(to));
+    let key = match scope {
+        Scope::Project(..) => key_expression(grouping, "hour", "s.", &extra),
+        Scope::EveryProject => "s.project_id".to_owned(),
+    };
+    let sql = format!(
+        "SELECT {key} AS key, \
+                CASE WHEN s.outcome = 'completed' THEN s.output_unit END AS output_unit, \
+                round(sum(s.gpu_seconds_held), {SUM_SCALE}) AS metered_gpu_seconds, \
+                round(sum(s.energy_joules), {SUM_SCALE}) AS joules, \
+                round(coalesce(sum(s.gpu_seconds_held) FILTER (WHERE gi.region IS NOT NULL), 0), \
+                      {SUM_SCALE}) AS intensity_gpu_seconds, \
+                round(coalesce(sum(s.energy_joules * coalesce(c.pue, 1) * gi.g_co2e_per_kwh), 0), \
+                      {SUM_SCALE}) AS gram_joules \
+         FROM rated_segments s \
+         JOIN job_records r USING (project_id, task_id, attempt) \
+         LEFT JOIN contracts c ON c.id = s.contract_id \
+         LEFT JOIN grid_intensity gi ON gi.region = r.region \
+              AND gi.month = date_trunc('month', s.hour AT TIME ZONE {zone})::date \
+         WHERE s.project_id {projects} AND s.hour >= {from} AND s.hour < {to} \
+           AND s.energy_joules IS NOT NULL \
+         GROUP BY 1, 2",
     );
     binder.query_as(&sql)?.fetch_all(conn).await
 }

@@ -10,6 +10,7 @@ pub mod contracts;
 pub mod cost;
 pub mod exports;
 pub mod fx_rates;
+pub mod grid_intensity;
 pub mod jobs;
 pub mod numeric;
 pub mod planning;

@@ -191,8 +191,18 @@ fn energy_sums(prefix: &str) -> [(String, &'static str); 10] {
     let metered = |seconds: &str| {
         format!("CASE WHEN {prefix}energy_joules IS NULL THEN 0 ELSE {seconds} END")
     };
-    let [card, productive, idle, unmeasured, failed, energy, productive_j, idle_j, unmeasured_j, failed_j] =
-        ENERGY_SUMS;
+    let [
+        card,
+        productive,
+        idle,
+        unmeasured,
+        failed,
+        energy,
+        productive_j,
+        idle_j,
+        unmeasured_j,
+        failed_j,
+    ] = ENERGY_SUMS;
     [
         (metered(&format!("coalesce({prefix}card_seconds, 0)")), card),
         (metered(&format!("{prefix}productive_seconds")), productive),
@@ -223,7 +233,12 @@ pub fn segment_sums_sql(prefix: &str) -> String {
 /// The card-seconds columns of [`COST_KIND_SUMS`], each with the money column a price
 /// makes of it and the energy sums beside it.
 pub const PRICED_SUMS: [PricedSum; 5] = [
-    PricedSum::new("card_seconds", "metered_card_seconds", "energy_joules", "cost"),
+    PricedSum::new(
+        "card_seconds",
+        "metered_card_seconds",
+        "energy_joules",
+        "cost",
+    ),
     PricedSum::new(
         "productive_seconds",
         "productive_metered",
@@ -237,7 +252,12 @@ pub const PRICED_SUMS: [PricedSum; 5] = [
         "unmeasured_joules",
         "unmeasured",
     ),
-    PricedSum::new("failed_seconds", "failed_metered", "failed_joules", "failed"),
+    PricedSum::new(
+        "failed_seconds",
+        "failed_metered",
+        "failed_joules",
+        "failed",
+    ),
 ];
 
 /// Card-seconds a price applies to, with the part of them whose energy was measured and

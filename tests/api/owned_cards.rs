@@ -276,3 +276,121 @@ async fn bad_tco_input_is_refused_field_by_field() {
     let unchanged = app.get(&format!("/v1/contracts/{id}"), &app.admin).await;
     assert_money(&unchanged.json()["price_per_gpu_hour"], "1.75");
 }
+
+#[tokio::test]
+async fn measured_energy_replaces_the_power_estimate_and_gives_kwh_and_emissions() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let created = app.post("/v1/contracts", &app.admin, owned_a100()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
+    let intensity = app
+        .put(
+            "/v1/grid-intensity/2026-11/dc-1",
+            &app.admin,
+            json!({"g_co2e_per_kwh": "400"}),
+        )
+        .await;
+    assert_eq!(intensity.status, StatusCode::OK, "{}", intensity.text());
+    let a100 = |task: &str, from: &str, until: &str| {
+        record(task, from, until)
+            .gpu_model("A100")
+            .billing_mode("reserved")
+            .with("region", "dc-1")
+    };
+    app.ingest(vec![
+        // 4 h at 400 W: 1.6 kWh, 3 of the 4 hours busy.
+        a100("metered", "2026-11-10T00:00:00Z", "2026-11-10T04:00:00Z")
+            .gpu_seconds_busy(10800)
+            .with("energy_joules", "5760000")
+            .output("1000", "tokens"),
+        a100("estimated", "2026-11-11T00:00:00Z", "2026-11-11T02:00:00Z").output("1000", "tokens"),
+        // 2 h at 400 W in a region without an intensity, failed.
+        a100("elsewhere", "2026-11-12T00:00:00Z", "2026-11-12T02:00:00Z")
+            .with("region", "dc-2")
+            .outcome("failed")
+            .with("energy_joules", 2880000),
+    ])
+    .await;
+
+    // metered: 4 h × (1.5 + 0.1) + 1.6 kWh × 1.2 × 0.25 = 6.4 + 0.48 = 6.88, three quarters
+    // productive (5.16) and a quarter idle (1.72); estimated: 2 × 1.75 = 3.5, unmeasured;
+    // elsewhere: 2 × 1.6 + 0.8 × 0.3 = 3.44, failed.
+    let november = cost(&app, NOVEMBER).await;
+    assert_money(&november["total"], "13.82");
+    assert_money(&november["breakdown"]["productive"], "5.16");
+    assert_money(&november["breakdown"]["idle"], "1.72");
+    assert_money(&november["breakdown"]["unmeasured"], "3.5");
+    assert_money(&november["breakdown"]["failed"], "3.44");
+    assert_money(&task_total(&app, "metered").await, "6.88");
+
+    // 2.4 kWh over 6 of the 8 GPU-hours; per token over the completed records with tokens:
+    // 1.6 kWh ÷ 2,000 tokens, with 4 of their 6 GPU-hours measured.
+    let energy = &november["energy"];
+    assert_money(&energy["kwh"], "2.4");
+    assert_money(&energy["coverage"], "0.75");
+    assert_eq!(energy["kwh_per_unit"][0]["unit"], "tokens");
+    assert_money(&energy["kwh_per_unit"][0]["kwh"], "0.0008");
+    assert_money(&energy["kwh_per_unit"][0]["coverage"], "0.666667");
+    // Only dc-1 has an intensity: 1.6 kWh × PUE 1.2 × 400 g = 768 g, over 4 of 8 GPU-hours.
+    assert_money(&november["emissions"]["kg_co2e"], "0.768");
+    assert_money(&november["emissions"]["coverage"], "0.5");
+
+    // By day, each group has its own.
+    let by_day = cost(&app, &format!("{NOVEMBER}&group_by=day")).await;
+    let groups = by_day["groups"].as_array().unwrap();
+    assert_money(&groups[0]["energy"]["kwh"], "1.6");
+    assert_eq!(groups[1]["energy"], Value::Null);
+    assert_eq!(groups[2]["emissions"]["kg_co2e"], Value::Null);
+    assert_money(&groups[2]["emissions"]["coverage"], "0");
+
+    // dc-2's intensity once entered counts at once: 0.8 × 1.2 × 250 g = 240 g more.
+    let intensity = app
+        .put(
+            "/v1/grid-intensity/2026-11/dc-2",
+            &app.admin,
+            json!({"g_co2e_per_kwh": 250}),
+        )
+        .await;
+    assert_eq!(intensity.status, StatusCode::OK, "{}", intensity.text());
+    let november = cost(&app, NOVEMBER).await;
+    assert_money(&november["emissions"]["kg_co2e"], "1.008");
+    assert_money(&november["emissions"]["coverage"], "0.75");
+    let listed = app.get("/v1/grid-intensity", &app.admin).await.json();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2);
+    assert_eq!(listed["items"][1]["region"], "dc-2");
+
+    // Energy is refused when negative or a thousand times too large.
+    let refused = app
+        .post(
+            "/v1/job-records",
+            &app.admin,
+            json!([
+                a100("bad", "2026-11-13T00:00:00Z", "2026-11-13T01:00:00Z")
+                    .with("energy_joules", "-1"),
+                a100("milli", "2026-11-13T00:00:00Z", "2026-11-13T01:00:00Z")
+                    .with("energy_joules", "2520000000"),
+            ]),
+        )
+        .await;
+    assert_eq!(
+        unprocessable(&refused),
+        ["/0/energy_joules", "/1/energy_joules"]
+    );
+    let refused = app
+        .put(
+            "/v1/grid-intensity/2026-13/dc-1",
+            &app.admin,
+            json!({"g_co2e_per_kwh": "-3"}),
+        )
+        .await;
+    assert_eq!(unprocessable(&refused), ["path:month", "/g_co2e_per_kwh"]);
+    let reader = app.token("reader", &["vision"]).await;
+    let forbidden = app
+        .put(
+            "/v1/grid-intensity/2026-11/dc-1",
+            &reader,
+            json!({"g_co2e_per_kwh": 1}),
+        )
+        .await;
+    assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
+}

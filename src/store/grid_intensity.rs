@@ -1,0 +1,65 @@
+//! Carbon intensity of the electricity grid per region and ledger month.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use sqlx::PgConnection;
+
+#[derive(Debug, Clone)]
+pub struct GridIntensityRow {
+    pub month: NaiveDate,
+    pub region: String,
+    pub g_co2e_per_kwh: Decimal,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Sets the intensity of one month and region.
+pub async fn put(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    region: &str,
+    g_co2e_per_kwh: Decimal,
+) -> sqlx::Result<GridIntensityRow> {
+    sqlx::query_as!(
+        GridIntensityRow,
+        "INSERT INTO grid_intensity (month, region, g_co2e_per_kwh) VALUES ($1, $2, $3) \
+         ON CONFLICT (month, region) \
+         DO UPDATE SET g_co2e_per_kwh = EXCLUDED.g_co2e_per_kwh, updated_at = now() \
+         RETURNING month, region, g_co2e_per_kwh, updated_at",
+        month,
+        region,
+        g_co2e_per_kwh,
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// Deletes the intensity of one month and region; whether it existed.
+pub async fn delete(conn: &mut PgConnection, month: NaiveDate, region: &str) -> sqlx::Result<bool> {
+    sqlx::query!(
+        "DELETE FROM grid_intensity WHERE month = $1 AND region = $2",
+        month,
+        region,
+    )
+    .execute(conn)
+    .await
+    .map(|done| done.rows_affected() > 0)
+}
+
+/// Intensities in `(month, region)` order after `after`.
+pub async fn list(
+    conn: &mut PgConnection,
+    after: Option<&(NaiveDate, String)>,
+    limit: i64,
+) -> sqlx::Result<Vec<GridIntensityRow>> {
+    sqlx::query_as!(
+        GridIntensityRow,
+        "SELECT month, region, g_co2e_per_kwh, updated_at FROM grid_intensity \
+         WHERE $1::date IS NULL OR (month, region) > ($1, $2::text) \
+         ORDER BY month, region LIMIT $3",
+        after.map(|a| a.0),
+        after.map(|a| a.1.as_str()),
+        limit,
+    )
+    .fetch_all(conn)
+    .await
+}
