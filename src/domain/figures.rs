@@ -100,6 +100,38 @@ pub struct EnergySums {
     pub gram_joules: Decimal,
 }
 
+impl EnergySums {
+    /// The energy and emissions of one task over GPU-seconds `held`: kWh per unit of each
+    /// unit of its `output` is all its energy (failed attempts included) over the quantity,
+    /// as its cost per unit is.
+    pub fn task_views(
+        &self,
+        held: Decimal,
+        output: &BTreeMap<String, Decimal>,
+    ) -> (Option<EnergyView>, Option<EmissionsView>) {
+        let mut totals = EnergyTotals::default();
+        totals.add(self);
+        let coverage = share(self.metered_gpu_seconds, held);
+        let energy = EnergyView {
+            kwh: kwh(self.joules),
+            coverage,
+            kwh_per_unit: output
+                .iter()
+                .map(|(unit, quantity)| UnitEnergyView {
+                    unit: unit.clone(),
+                    kwh: (!quantity.is_zero()).then(|| {
+                        (kwh(self.joules) / quantity)
+                            .round_dp(SUM_SCALE)
+                            .normalize()
+                    }),
+                    coverage,
+                })
+                .collect(),
+        };
+        (Some(energy), totals.emissions_view(held))
+    }
+}
+
 /// Joules in a kWh.
 const JOULES_PER_KWH: Decimal = Decimal::from_parts(3_600_000, 0, 0, false, 0);
 
@@ -315,6 +347,21 @@ impl EnergyTotals {
         }
     }
 
+    /// Emissions over GPU-seconds `held`; none when no energy was measured.
+    fn emissions_view(&self, held: Decimal) -> Option<EmissionsView> {
+        if self.metered_gpu_seconds.is_zero() && self.joules.is_zero() {
+            return None;
+        }
+        Some(EmissionsView {
+            kg_co2e: (!self.intensity_gpu_seconds.is_zero()).then(|| {
+                (self.gram_joules / JOULES_PER_KWH / Decimal::ONE_THOUSAND)
+                    .round_dp(SUM_SCALE)
+                    .normalize()
+            }),
+            coverage: share(self.intensity_gpu_seconds, held),
+        })
+    }
+
     fn merge(&mut self, other: &EnergyTotals) {
         self.metered_gpu_seconds += other.metered_gpu_seconds;
         self.joules += other.joules;
@@ -452,18 +499,7 @@ impl FigureSums {
     }
 
     fn emissions_view(&self) -> Option<EmissionsView> {
-        let energy = &self.energy;
-        if energy.metered_gpu_seconds.is_zero() && energy.joules.is_zero() {
-            return None;
-        }
-        Some(EmissionsView {
-            kg_co2e: (!energy.intensity_gpu_seconds.is_zero()).then(|| {
-                (energy.gram_joules / JOULES_PER_KWH / Decimal::ONE_THOUSAND)
-                    .round_dp(SUM_SCALE)
-                    .normalize()
-            }),
-            coverage: share(energy.intensity_gpu_seconds, self.gpu_seconds_held),
-        })
+        self.energy.emissions_view(self.gpu_seconds_held)
     }
 
     pub fn total(&self) -> Decimal {

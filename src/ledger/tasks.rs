@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::domain::csv_cell::text_cell;
+use crate::domain::figures::{EmissionsView, EnergyView};
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::duration_seconds;
 use crate::domain::task::{
@@ -130,6 +131,33 @@ pub struct TaskView {
     /// final_cost / the quantity of its lifetime output, when that output is in one unit;
     /// null without output, or while the task is not completed.
     pub cost_per_unit: Option<Decimal>,
+    /// Energy its attempts' GPUs used in the period, where they measured it; null when none
+    /// did.
+    pub energy: Option<EnergyView>,
+    /// Emissions of that energy where its region's grid intensity is known.
+    pub emissions: Option<EmissionsView>,
+}
+
+/// The energy and emissions views of each task of `energy`.
+fn energy_views(
+    energy: Vec<store::tasks::TaskEnergyRow>,
+) -> HashMap<String, store::tasks::TaskEnergyRow> {
+    energy
+        .into_iter()
+        .map(|row| (row.task_id.clone(), row))
+        .collect()
+}
+
+fn task_energy(
+    energy: Option<&store::tasks::TaskEnergyRow>,
+    figures: &TaskFigures,
+) -> (Option<EnergyView>, Option<EmissionsView>) {
+    energy
+        .map(|row| {
+            row.sums()
+                .task_views(figures.gpu_seconds_held, &figures.output)
+        })
+        .unwrap_or_default()
 }
 
 /// A page of a task list.
@@ -216,7 +244,12 @@ pub async fn list_tasks(
         store::tasks::monthly_figures(&mut tx, of.project, &completed, tz, &query.what_if)
             .await
             .context("reading the lifetimes of completed tasks")?;
+    let listed: Vec<String> = rows.iter().map(|row| row.task_id.clone()).collect();
+    let energy = store::tasks::energy(&mut tx, of.project, &listed, Some(query.period), tz)
+        .await
+        .context("reading the tasks' energy")?;
     tx.commit().await?;
+    let energy = energy_views(energy);
     let lifetimes = lifetimes(&monthly);
     let next = has_more
         .then(|| rows.last().map(|row| row.key.clone()))
@@ -226,6 +259,7 @@ pub async fn list_tasks(
         .map(|row| {
             let (final_cost, cost_per_unit) =
                 final_cost(row.status, lifetimes.get(row.task_id.as_str()));
+            let (energy, emissions) = task_energy(energy.get(&row.task_id), &row.figures);
             TaskView {
                 figures: TaskFiguresView::from(&row.figures),
                 task_id: row.task_id,
@@ -237,13 +271,15 @@ pub async fn list_tasks(
                 currency: of.currency.to_owned(),
                 final_cost,
                 cost_per_unit,
+                energy,
+                emissions,
             }
         })
         .collect();
     Ok(TaskPage { items, next })
 }
 
-const CSV_HEADER: [&str; 24] = [
+const CSV_HEADER: [&str; 28] = [
     "task_id",
     "status",
     "completed_at",
@@ -268,6 +304,10 @@ const CSV_HEADER: [&str; 24] = [
     "output",
     "final_cost",
     "cost_per_unit",
+    "energy_kwh",
+    "energy_coverage",
+    "kg_co2e",
+    "emissions_coverage",
 ];
 
 /// Decimal places of `cost_per_unit` in CSV: a price per token is far below a cent.
@@ -327,6 +367,23 @@ pub fn tasks_csv(items: &[TaskView]) -> LedgerResult<String> {
                         RoundingStrategy::MidpointNearestEven,
                     ))
                 })
+                .unwrap_or_default(),
+            task.energy
+                .as_ref()
+                .map(|e| number(e.kwh))
+                .unwrap_or_default(),
+            task.energy
+                .as_ref()
+                .map(|e| number(e.coverage))
+                .unwrap_or_default(),
+            task.emissions
+                .as_ref()
+                .and_then(|e| e.kg_co2e)
+                .map(number)
+                .unwrap_or_default(),
+            task.emissions
+                .as_ref()
+                .map(|e| number(e.coverage))
                 .unwrap_or_default(),
         ];
         writer.write_record(&row).map_err(anyhow::Error::from)?;
@@ -412,6 +469,9 @@ pub struct AttemptView {
     pub memory_total_gib: Option<Decimal>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
+    /// Energy its GPUs used, in joules, where it measured it.
+    #[schema(value_type = Option<String>)]
+    pub energy_joules: Option<Decimal>,
     /// The attempt's cost in the project's currency, and its parts.
     pub total: Decimal,
     pub breakdown: TaskBreakdown,
@@ -439,6 +499,11 @@ pub struct TaskDetailView {
     pub final_cost: Option<Decimal>,
     /// final_cost / its lifetime output, when that output is in one unit.
     pub cost_per_unit: Option<Decimal>,
+    /// Energy its attempts' GPUs used over its lifetime, where they measured it; null when
+    /// none did.
+    pub energy: Option<EnergyView>,
+    /// Emissions of that energy where its region's grid intensity is known.
+    pub emissions: Option<EmissionsView>,
     /// Its figures per ledger month, in month order.
     pub months: Vec<TaskMonthView>,
     /// Every attempt, by attempt number.
@@ -464,6 +529,9 @@ pub async fn task_detail(
     let pricing = store::tasks::attempt_pricing(&mut tx, of.project, task_id, tz)
         .await
         .context("reading how the task's attempts were priced")?;
+    let energy = store::tasks::energy(&mut tx, of.project, &task_ids, None, tz)
+        .await
+        .context("reading the task's energy")?;
     tx.commit().await?;
     let not_found =
         || LedgerError::NotFound(format!("project {} has no task {task_id}", of.project));
@@ -482,6 +550,7 @@ pub async fn task_detail(
         .collect();
     let status = crate::domain::task::task_status(&ends).ok_or_else(not_found)?;
     let (final_cost, cost_per_unit) = final_cost(status.status, Some(&lifetime));
+    let (energy, emissions) = task_energy(energy.first(), &lifetime);
     let mut gpu_models: Vec<String> = attempts
         .iter()
         .map(|a| a.record.gpu_model.clone())
@@ -500,6 +569,8 @@ pub async fn task_detail(
         lifetime: TaskFiguresView::from(&lifetime),
         final_cost,
         cost_per_unit,
+        energy,
+        emissions,
         months: monthly
             .iter()
             .map(|(_, month, figures)| TaskMonthView {
@@ -577,6 +648,7 @@ fn attempt_view(
         memory_peak_gib: telemetry.memory_peak_gib,
         memory_total_gib: telemetry.memory_total_gib,
         mig_profile: telemetry.mig_profile,
+        energy_joules: telemetry.energy_joules,
         total: (breakdown.productive + breakdown.idle + breakdown.unmeasured + breakdown.failed)
             .normalize(),
         breakdown,

@@ -796,20 +796,38 @@ pub async fn energy_sums(
     let sql = format!(
         "SELECT {key} AS key, \
                 CASE WHEN s.outcome = 'completed' THEN s.output_unit END AS output_unit, \
-                round(sum(s.gpu_seconds_held), {SUM_SCALE}) AS metered_gpu_seconds, \
-                round(sum(s.energy_joules), {SUM_SCALE}) AS joules, \
-                round(coalesce(sum(s.gpu_seconds_held) FILTER (WHERE gi.region IS NOT NULL), 0), \
-                      {SUM_SCALE}) AS intensity_gpu_seconds, \
-                round(coalesce(sum(s.energy_joules * coalesce(c.pue, 1) * gi.g_co2e_per_kwh), 0), \
-                      {SUM_SCALE}) AS gram_joules \
-         FROM rated_segments s \
-         JOIN job_records r USING (project_id, task_id, attempt) \
-         LEFT JOIN contracts c ON c.id = s.contract_id \
-         LEFT JOIN grid_intensity gi ON gi.region = r.region \
-              AND gi.month = date_trunc('month', s.hour AT TIME ZONE {zone})::date \
+                {sums} \
+         FROM {segments} \
          WHERE s.project_id {projects} AND s.hour >= {from} AND s.hour < {to} \
            AND s.energy_joules IS NOT NULL \
          GROUP BY 1, 2",
+        sums = energy_sums_columns(),
+        segments = metered_segments(&zone),
     );
     binder.query_as(&sql)?.fetch_all(conn).await
+}
+
+/// The sums of an [`EnergyRow`] over the segments of [`metered_segments`].
+pub fn energy_sums_columns() -> String {
+    format!(
+        "round(sum(s.gpu_seconds_held), {SUM_SCALE}) AS metered_gpu_seconds, \
+         round(sum(s.energy_joules), {SUM_SCALE}) AS joules, \
+         round(coalesce(sum(s.gpu_seconds_held) FILTER (WHERE gi.region IS NOT NULL), 0), \
+               {SUM_SCALE}) AS intensity_gpu_seconds, \
+         round(coalesce(sum(s.energy_joules * coalesce(c.pue, 1) * gi.g_co2e_per_kwh), 0), \
+               {SUM_SCALE}) AS gram_joules"
+    )
+}
+
+/// Segments `s` with their records `r`, the contract `c` that priced each, and the grid
+/// intensity `gi` of the record's region in the segment's ledger month (`zone` is the
+/// placeholder of the ledger time zone).
+pub fn metered_segments(zone: &str) -> String {
+    format!(
+        "rated_segments s \
+         JOIN job_records r USING (project_id, task_id, attempt) \
+         LEFT JOIN contracts c ON c.id = s.contract_id \
+         LEFT JOIN grid_intensity gi ON gi.region = r.region \
+              AND gi.month = date_trunc('month', s.hour AT TIME ZONE {zone})::date"
+    )
 }

@@ -21,7 +21,7 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::figures::SUM_SCALE;
+use crate::domain::figures::{EnergySums, SUM_SCALE};
 use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::domain::what_if::WhatIf;
@@ -804,6 +804,64 @@ pub async fn attempt_pricing(
         summed_energy = summed_energy_sql("s."),
         columns = price.columns(),
         joins = price.joins(),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
+}
+
+/// Measured energy of each of `tasks` of `project`, over `[from, to)` or over its lifetime.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskEnergyRow {
+    pub task_id: String,
+    pub metered_gpu_seconds: Decimal,
+    pub joules: Decimal,
+    pub intensity_gpu_seconds: Decimal,
+    pub gram_joules: Decimal,
+}
+
+impl TaskEnergyRow {
+    /// The sums as a figure reads them.
+    pub fn sums(&self) -> EnergySums {
+        EnergySums {
+            output_unit: None,
+            metered_gpu_seconds: self.metered_gpu_seconds,
+            joules: self.joules,
+            intensity_gpu_seconds: self.intensity_gpu_seconds,
+            gram_joules: self.gram_joules,
+        }
+    }
+}
+
+/// The measured energy and its emissions of each of `tasks` (those with any), over
+/// `period` or, without one, over their lifetime; as `store::cost::energy_sums` reads them.
+pub async fn energy(
+    conn: &mut PgConnection,
+    project: &str,
+    tasks: &[String],
+    period: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    tz: Tz,
+) -> sqlx::Result<Vec<TaskEnergyRow>> {
+    let mut binder = Binder::new();
+    let (project, tasks, zone) = (
+        binder.bind(project.to_owned()),
+        binder.bind(tasks.to_vec()),
+        binder.bind(tz.name().to_owned()),
+    );
+    let within = match period {
+        Some((from, to)) => format!(
+            "AND s.hour >= {} AND s.hour < {}",
+            binder.bind(from),
+            binder.bind(to)
+        ),
+        None => String::new(),
+    };
+    let sql = format!(
+        "SELECT s.task_id, {sums} \
+         FROM {segments} \
+         WHERE s.project_id = {project} AND s.task_id = ANY({tasks}) \
+           AND s.energy_joules IS NOT NULL {within} \
+         GROUP BY 1",
+        sums = crate::store::cost::energy_sums_columns(),
+        segments = crate::store::cost::metered_segments(&zone),
     );
     binder.query_as(&sql)?.fetch_all(conn).await
 }

@@ -56,6 +56,21 @@ fn unprocessable(response: &crate::common::TestResponse) -> Vec<String> {
     response.pointers()
 }
 
+fn csv_rows(body: &[u8]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut reader = csv::Reader::from_reader(body);
+    let header = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_owned)
+        .collect();
+    let rows = reader
+        .records()
+        .map(|row| row.unwrap().iter().map(str::to_owned).collect())
+        .collect();
+    (header, rows)
+}
+
 async fn task_total(app: &TestApp, task: &str) -> Value {
     let detail = app
         .get(&format!("/v1/projects/vision/tasks/{task}"), &app.admin)
@@ -342,6 +357,63 @@ async fn measured_energy_replaces_the_power_estimate_and_gives_kwh_and_emissions
     assert_eq!(groups[1]["energy"], Value::Null);
     assert_eq!(groups[2]["emissions"]["kg_co2e"], Value::Null);
     assert_money(&groups[2]["emissions"]["coverage"], "0");
+
+    // Per task, in the list (and as CSV) and over its lifetime.
+    let tasks = app
+        .get(
+            "/v1/projects/vision/tasks?month=2026-11&sort=started_at&order=asc",
+            &app.admin,
+        )
+        .await
+        .json();
+    let metered = &tasks["items"][0];
+    assert_eq!(metered["task_id"], "metered");
+    assert_money(&metered["energy"]["kwh"], "1.6");
+    assert_money(&metered["energy"]["coverage"], "1");
+    assert_money(&metered["energy"]["kwh_per_unit"][0]["kwh"], "0.0016");
+    assert_money(&metered["emissions"]["kg_co2e"], "0.768");
+    assert_eq!(tasks["items"][1]["energy"], Value::Null);
+    assert_eq!(tasks["items"][2]["emissions"]["kg_co2e"], Value::Null);
+    let request = axum::http::Request::get(
+        "/v1/projects/vision/tasks?month=2026-11&sort=started_at&order=asc",
+    )
+    .header("authorization", format!("Bearer {}", app.admin))
+    .header("accept", "text/csv")
+    .body(axum::body::Body::empty())
+    .unwrap();
+    let csv = app.send(request).await;
+    assert_eq!(csv.status, StatusCode::OK, "{}", csv.text());
+    let (header, rows) = csv_rows(&csv.body);
+    let at =
+        |row: usize, name: &str| rows[row][header.iter().position(|h| h == name).unwrap()].clone();
+    assert_eq!(at(0, "energy_kwh"), "1.6");
+    assert_eq!(at(0, "kg_co2e"), "0.768");
+    assert_eq!(at(1, "energy_kwh"), "");
+    let detail = app
+        .get("/v1/projects/vision/tasks/metered", &app.admin)
+        .await
+        .json();
+    assert_money(&detail["energy"]["kwh"], "1.6");
+    assert_eq!(detail["attempts"][0]["energy_joules"], "5760000");
+
+    // The monthly report carries them, in JSON and in CSV.
+    let report = app
+        .get("/v1/reports/monthly/2026-11", &app.admin)
+        .await
+        .json();
+    assert_money(&report["projects"][0]["energy"]["kwh"], "2.4");
+    assert_money(&report["projects"][0]["emissions"]["kg_co2e"], "0.768");
+    let csv = app
+        .get("/v1/reports/monthly/2026-11?format=csv", &app.admin)
+        .await;
+    assert_eq!(csv.status, StatusCode::OK, "{}", csv.text());
+    let (header, rows) = csv_rows(&csv.body);
+    let project = rows.iter().find(|row| row[0] == "project").unwrap();
+    let column = |name: &str| project[header.iter().position(|h| h == name).unwrap()].clone();
+    assert_eq!(column("energy_kwh"), "2.4");
+    assert_eq!(column("energy_coverage"), "0.75");
+    assert_eq!(column("kg_co2e"), "0.768");
+    assert_eq!(column("emissions_coverage"), "0.5");
 
     // dc-2's intensity once entered counts at once: 0.8 × 1.2 × 250 g = 240 g more.
     let intensity = app

@@ -22,7 +22,7 @@ pub fn round_money(amount: Decimal, currency: &str) -> Decimal {
     rounded
 }
 
-const CSV_HEADER: [&str; 29] = [
+const CSV_HEADER: [&str; 33] = [
     "row_type",
     "month",
     "belongs_to",
@@ -52,6 +52,10 @@ const CSV_HEADER: [&str; 29] = [
     "sm_active",
     "unused_memory_share",
     "looks_busy_cost",
+    "energy_kwh",
+    "energy_coverage",
+    "kg_co2e",
+    "emissions_coverage",
 ];
 
 /// The report as CSV, from its JSON form (so a frozen report renders the same bytes every
@@ -125,11 +129,13 @@ fn project_rows(month: &str, line: &ProjectLine) -> Vec<Vec<String>> {
             .unwrap_or_default(),
     );
     project.extend(utilisation_cells(&line.figures, currency));
+    project.extend(energy_cells(&line.figures));
     let groups = line.groups.iter().map(|group| {
         let mut row = labels("group", group.key.as_deref());
         row.extend(figure_cells(&group.figures, currency));
         row.extend([String::new(), String::new()]);
         row.extend(utilisation_cells(&group.figures, currency));
+        row.extend(energy_cells(&group.figures));
         row
     });
     std::iter::once(project).chain(groups).collect()
@@ -184,6 +190,24 @@ fn utilisation_cells(figures: &Figures, currency: &str) -> [String; 4] {
         figures
             .looks_busy_cost
             .map(|cost| money(cost, currency))
+            .unwrap_or_default(),
+    ]
+}
+
+/// Energy in kWh (to the Wh) and emissions in kg CO2e (to the gram), each with its coverage;
+/// empty where no record measured energy, and emissions empty where no intensity applied.
+fn energy_cells(figures: &Figures) -> [String; 4] {
+    let energy = figures.energy.as_ref();
+    let emissions = figures.emissions.as_ref();
+    [
+        energy.map(|e| rounded(e.kwh, 3)).unwrap_or_default(),
+        energy.map(|e| rounded(e.coverage, 4)).unwrap_or_default(),
+        emissions
+            .and_then(|e| e.kg_co2e)
+            .map(|kg| rounded(kg, 3))
+            .unwrap_or_default(),
+        emissions
+            .map(|e| rounded(e.coverage, 4))
             .unwrap_or_default(),
     ]
 }
