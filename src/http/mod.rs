@@ -19,6 +19,7 @@ pub mod health;
 pub mod observe;
 pub mod pagination;
 pub mod planning;
+pub mod prices;
 pub mod problems;
 pub mod projects;
 pub mod records;
@@ -99,6 +100,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(alerts::router())
         .merge(reports::router())
         .merge(planning::router())
+        .merge(prices::router())
         .merge(exports::router())
 }
 

@@ -278,6 +278,53 @@ pub async fn contract(pool: &PgPool, id: Uuid) -> LedgerResult<Option<ContractRo
     Ok(store::contracts::get(&mut conn, id, false).await?)
 }
 
+/// What a GPU of each contract in force at `at` costs then: the contract as given and its
+/// phase at `at` (every contract, or those that could price `project`'s GPU time), with the
+/// price per GPU-hour in `currency` at the month's FX rate where one is asked for (`None`
+/// where the rate is missing).
+pub async fn prices_at(
+    pool: &PgPool,
+    at: DateTime<Utc>,
+    project: Option<(&str, &str)>,
+    tz: chrono_tz::Tz,
+) -> LedgerResult<Vec<PriceAt>> {
+    let mut conn = pool.acquire().await?;
+    let rows = store::contracts::in_force(&mut conn, at, project.map(|(id, _)| id)).await?;
+    let month = crate::domain::ledger_time::LedgerHour::holding(at, tz).month;
+    let currencies: Vec<String> = project.map(|(_, c)| c.to_owned()).into_iter().collect();
+    let rates = store::fx_rates::table(&mut conn, month, month, &currencies).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let terms = row.fields();
+            let phase = terms
+                .phases()
+                .into_iter()
+                .find(|phase| phase.from <= at && phase.until.is_none_or(|until| at < until))?;
+            let converted = project.and_then(|(_, currency)| {
+                use crate::domain::rating::FxRates;
+                rates
+                    .conversion(month, &row.currency, currency)
+                    .map(|rate| phase.parts.total() * rate)
+            });
+            Some(PriceAt {
+                row,
+                phase,
+                converted,
+            })
+        })
+        .collect())
+}
+
+/// A contract's price at an instant (see [`prices_at`]).
+#[derive(Debug, Clone)]
+pub struct PriceAt {
+    pub row: ContractRow,
+    pub phase: crate::domain::tco::Phase,
+    /// The price per GPU-hour in the currency asked for.
+    pub converted: Option<Decimal>,
+}
+
 /// FX rates in `(month, from, to)` order after `after`.
 pub async fn fx_rates(
     pool: &PgPool,

@@ -276,6 +276,25 @@ pub async fn get(
     .await
 }
 
+/// Contracts as given in force at `at`, for every project or only those that could price
+/// `project`'s GPU time (unscoped or scoped to it), by model, mode and id.
+pub async fn in_force(
+    conn: &mut PgConnection,
+    at: DateTime<Utc>,
+    project: Option<&str>,
+) -> sqlx::Result<Vec<ContractRow>> {
+    sqlx::query_as::<_, ContractRow>(&format!(
+        "SELECT * FROM ({AS_GIVEN}) AS given \
+         WHERE valid_from <= $1 AND (valid_until IS NULL OR valid_until > $1) \
+           AND ($2::text IS NULL OR project_id IS NULL OR project_id = $2) \
+         ORDER BY gpu_model, billing_mode, id"
+    ))
+    .bind(at)
+    .bind(project)
+    .fetch_all(conn)
+    .await
+}
+
 /// Deletes a contract and its second phase.
 pub async fn delete(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM contracts WHERE id = $1")

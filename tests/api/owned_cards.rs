@@ -139,6 +139,55 @@ async fn the_price_drops_when_the_cards_are_depreciated_and_changes_re_price() {
     assert_money(&task_total(&app, "after").await, "1");
     assert_money(&cost(&app, OCTOBER).await["total"], "3.5");
 
+    // What an idle minute costs, before and after the drop, to a reader of the project.
+    let reader = app.token("reader", &["vision"]).await;
+    let before = app
+        .get(
+            "/v1/projects/vision/prices?at=2026-11-10T00:00:00Z",
+            &reader,
+        )
+        .await;
+    assert_eq!(before.status, StatusCode::OK, "{}", before.text());
+    let before = before.json();
+    assert_eq!(before["items"].as_array().unwrap().len(), 1);
+    assert_eq!(before["items"][0]["gpu_model"], "A100");
+    assert_money(
+        &before["items"][0]["price_per_gpu_minute"],
+        "0.02916666666666666667",
+    );
+    assert_money(
+        &before["items"][0]["project_price_per_gpu_minute"],
+        "0.02916666666666666667",
+    );
+    assert_money(&before["items"][0]["price_parts"]["depreciation"], "1.5");
+    let after = app
+        .get(
+            "/v1/projects/vision/prices?at=2026-11-20T00:00:00Z",
+            &reader,
+        )
+        .await
+        .json();
+    assert_money(&after["items"][0]["price_per_gpu_hour"], "0.25");
+    assert_money(&after["items"][0]["price_parts"]["depreciation"], "0");
+    let fleet = app
+        .get("/v1/prices?at=2026-11-20T00:00:00Z", &app.admin)
+        .await;
+    assert_eq!(fleet.status, StatusCode::OK, "{}", fleet.text());
+    assert_money(
+        &fleet.json()["items"][0]["price_per_gpu_minute"],
+        "0.00416666666666666667",
+    );
+    let forbidden = app.get("/v1/prices", &reader).await;
+    assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
+    let early = app
+        .get(
+            "/v1/projects/vision/prices?at=2026-09-01T00:00:00Z",
+            &reader,
+        )
+        .await
+        .json();
+    assert!(early["items"].as_array().unwrap().is_empty());
+
     // Electricity at 0.5: power 0.3, so 1.9 and 0.4 an hour.
     // across 2 × 2 × 1.9 + 2 × 2 × 0.4 = 9.2; before 19; after 1.6; November 29.8.
     let changed = app
