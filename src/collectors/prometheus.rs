@@ -259,6 +259,7 @@ impl PrometheusCollector {
                     &key.name,
                     Some(key.uid.as_str()).filter(|uid| !uid.is_empty()),
                     candidate.ended - candidate.started,
+                    self.resolution,
                 );
                 let samples = self.query(client, &query, candidate.ended).await?;
                 let dcgm = Dcgm::read(&samples)

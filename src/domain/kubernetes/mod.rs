@@ -658,6 +658,7 @@ fn record_of(
         != Dcgm {
             models: dcgm.models.clone(),
             mig_profiles: dcgm.mig_profiles.clone(),
+            energy: dcgm.energy.clone(),
             ..Dcgm::default()
         };
     if request.is_share() && !mig {
@@ -684,6 +685,17 @@ fn record_of(
                 record[field] = json!(figure.to_string());
             }
         }
+    }
+    // Under time-slicing NVIDIA's feature discovery marks the node's product `-SHARED`.
+    let time_sliced = pod
+        .node
+        .as_ref()
+        .and_then(|node| measured.node_products.get(node))
+        .is_some_and(|product| product.ends_with("-SHARED"));
+    match telemetry::energy_joules(dcgm, request.gpus, mig, request.is_share() || time_sliced) {
+        Ok(Some(joules)) => record["energy_joules"] = json!(joules.to_string()),
+        Ok(None) => {}
+        Err(reason) => batch.leave_out(reason),
     }
     if let Some(profile) = profile {
         record["mig_profile"] = json!(profile.name());
@@ -1146,5 +1158,76 @@ mod tests {
         let (value, batch) = record(shared, dcgm(&["TPU"], &[]), &Mapping::default());
         assert_eq!(value["gpu_count"], "2");
         assert_eq!(batch.left_out[&SHARE_OF_UNKNOWN_MODEL], 1);
+    }
+
+    /// DCGM's energy counter on `gpus` (UUID, first and last reading in mJ, resets).
+    fn energy(gpus: &[(&str, &str, &str, &str)]) -> Dcgm {
+        let mut samples = Vec::new();
+        for (uuid, least, most, resets) in gpus {
+            for (figure, value) in [
+                ("energy_least", least),
+                ("energy_most", most),
+                ("energy_resets", resets),
+            ] {
+                samples.push(sample(&[("figure", figure), ("UUID", uuid)], value));
+            }
+        }
+        Dcgm::read(&samples).unwrap()
+    }
+
+    #[test]
+    fn energy_goes_into_records_of_gpus_the_pod_had_alone() {
+        // Two GPUs over the hour: 2,520,000,000 and 2,430,000,500 mJ used.
+        let two = energy(&[
+            ("GPU-0", "81000000000", "83520000000", "0"),
+            ("GPU-1", "90000000000", "92430000500", "0"),
+        ]);
+        let mut sliced = pod("sliced");
+        sliced.node = Some("n2".to_owned());
+        let mut hami = pod("hami");
+        hami.request.add("nvidia_com_gpucores", Decimal::from(50));
+        let mut mig = pod("mig");
+        mig.request = GpuRequest::default();
+        mig.request.add("nvidia_com_mig_3g_40gb", Decimal::ONE);
+        let pods = vec![pod("a"), sliced, hami, mig];
+        let keys: Vec<PodKey> = pods.iter().map(|p| p.key.clone()).collect();
+        let plan = plan(pods, &horizon(), &Mapping::default());
+        let measured = Measured {
+            dcgm: keys.into_iter().map(|key| (key, two.clone())).collect(),
+            node_products: [
+                ("n1".to_owned(), "NVIDIA-H100-80GB-HBM3".to_owned()),
+                ("n2".to_owned(), "NVIDIA-H100-80GB-HBM3-SHARED".to_owned()),
+            ]
+            .into(),
+        };
+        let batch = records(plan, &[1, 1, 1, 1], &measured, &Mapping::default());
+        assert_eq!(batch.unparsable, vec![]);
+        let energy: BTreeMap<&str, Option<&Value>> = batch
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    r.value["labels"]["pod"].as_str().unwrap(),
+                    r.value.get("energy_joules"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            energy,
+            [
+                ("a", Some(&json!("4950000.5"))),
+                ("sliced", None),
+                ("hami", None),
+                ("mig", None)
+            ]
+            .into()
+        );
+        assert_eq!(batch.left_out[&telemetry::ENERGY_OF_SHARED_GPU], 2);
+        assert_eq!(batch.left_out[&telemetry::ENERGY_OF_MIG_INSTANCE], 1);
+        assert_eq!(
+            batch.left_out.get(&SHARED_GPU),
+            None,
+            "energy alone is not the telemetry of a shared GPU"
+        );
     }
 }

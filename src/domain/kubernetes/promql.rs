@@ -598,13 +598,17 @@ pub fn task_pods<'a>(
 
 /// The figures dcgm-exporter measured of one pod's GPUs over its life, each tagged with the
 /// label `figure`: averages over the GPUs of the per-GPU averages over time, the highest
-/// framebuffer use, and the GPU models and MIG profiles of the pod's devices.
+/// framebuffer use, the GPU models and MIG profiles of the pod's devices, and each GPU's
+/// energy counter: its lowest and highest reading and how often it went down, read every
+/// `resolution` over the life from the GPU's series merged (`max by` the GPU), so that a
+/// series dcgm-exporter starts anew (after its own restart) continues the same counter.
 pub fn dcgm(
     selector: &str,
     namespace: &str,
     pod: &str,
     uid: Option<&str>,
     life: TimeDelta,
+    resolution: TimeDelta,
 ) -> String {
     let uid_matcher = uid.map(|uid| format!("pod_uid=~{}", any_of([uid, ""])));
     let namespace = format!("namespace={}", string(namespace));
@@ -619,6 +623,12 @@ pub fn dcgm(
         format!("label_replace({expression}, \"figure\", \"{figure}\", \"\", \"\")")
     };
     let average = |name: &str| format!("avg(avg_over_time({}[{range}]))", s(name));
+    let counter = format!(
+        "max by (UUID, GPU_I_ID, GPU_I_PROFILE, vgpu) ({})",
+        s("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    );
+    let step = seconds(resolution);
+    let over_life = |function: &str| format!("{function}(({counter})[{range}:{step}])");
     let devices = |name: &str| {
         format!(
             "count by (modelName, GPU_I_PROFILE) (last_over_time({}[{range}]))",
@@ -644,6 +654,9 @@ pub fn dcgm(
                 devices("DCGM_FI_PROF_GR_ENGINE_ACTIVE")
             ),
         ),
+        tag("energy_least", over_life("min_over_time")),
+        tag("energy_most", over_life("max_over_time")),
+        tag("energy_resets", over_life("resets")),
     ]
     .join("\nor ")
 }
@@ -735,10 +748,22 @@ mod tests {
             r#"uid=~"0a.*|0b.*|x|""#
         );
         assert_eq!(uid_matcher(["a."], false), r#"uid!~"a\\..*""#);
-        let dcgm = dcgm("", "ml", "p-1", Some("u1"), TimeDelta::minutes(10));
+        let dcgm = dcgm(
+            "",
+            "ml",
+            "p-1",
+            Some("u1"),
+            TimeDelta::minutes(10),
+            TimeDelta::seconds(30),
+        );
         assert!(dcgm.contains(
             "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{namespace=\"ml\", pod=\"p-1\", \
              pod_uid=~\"u1|\"}[600s]))"
+        ));
+        assert!(dcgm.contains(
+            "label_replace(resets((max by (UUID, GPU_I_ID, GPU_I_PROFILE, vgpu) (\
+             DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{namespace=\"ml\", pod=\"p-1\", \
+             pod_uid=~\"u1|\"}))[600s:30s]), \"figure\", \"energy_resets\", \"\", \"\")"
         ));
     }
 

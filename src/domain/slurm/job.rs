@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, NaiveDateTime, TimeZone, Utc};
 
-use super::tres::{GpuTres, GpuUsage};
+use super::tres::{Energy, GpuTres, GpuUsage};
 use crate::domain::rating::Outcome;
 
 /// One job allocation as sacct reported it: an array task or a heterogeneous component is an
@@ -31,6 +31,9 @@ pub struct SlurmJob {
     pub gpus: GpuTres,
     /// The highest usage any of its steps measured.
     pub usage: GpuUsage,
+    /// The energy Slurm accounted to the allocation: the sum its energy plugin measured over
+    /// the steps, on all of the allocation's nodes.
+    pub energy: Energy,
     /// The nodes it ran on, as Slurm's host list (`NodeList`, `gpu[01-04]`).
     pub nodes: Option<String>,
 }

@@ -7,7 +7,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
 
 use super::job::{SlurmJob, State};
-use super::tres::{self, GpuTres, GpuUsage};
+use super::tres::{self, Energy, GpuTres, GpuUsage};
 use crate::domain::source::Problem;
 use crate::domain::validation::repeated_key;
 
@@ -115,6 +115,7 @@ fn job_of(job: &Value, job_id: String, location: String) -> Result<SlurmJob, Str
         restarts: number(&job["restart_cnt"])?.and_then(|n| u32::try_from(n).ok()),
         gpus: gpus_of(&job["tres"]["allocated"])?,
         usage,
+        energy: energy_of(&job["tres"]["allocated"])?,
         nodes: text(&job["nodes"]),
     })
 }
@@ -208,6 +209,28 @@ fn gpus_of(allocated: &Value) -> Result<GpuTres, String> {
     Ok(gpus)
 }
 
+/// The allocation's `energy` TRES entry: the joules slurmctld added up from its steps when
+/// they ended, what sacct prints as ConsumedEnergyRaw. Slurm's "unset" (`NO_VAL64`) and
+/// "infinite" (`INFINITE64`) come out of its unsigned count as -2 and -1: nothing accounted,
+/// as is a running job's -2 in the 23.02 and 23.11 fixtures.
+fn energy_of(allocated: &Value) -> Result<Energy, String> {
+    let Some(entries) = allocated.as_array() else {
+        return Ok(Energy::Unmeasured);
+    };
+    let Some(entry) = entries
+        .iter()
+        .find(|entry| entry["type"].as_str() == Some("energy"))
+    else {
+        return Ok(Energy::Unmeasured);
+    };
+    match number(&entry["count"])? {
+        None | Some(-2 | -1) => Ok(Energy::Unmeasured),
+        Some(joules) => u64::try_from(joules)
+            .map(Energy::of_joules)
+            .map_err(|_| format!("energy `{joules}` is not an amount of joules")),
+    }
+}
+
 fn usage_of(max: &Value) -> Result<GpuUsage, String> {
     let mut usage = GpuUsage::default();
     for (name, count) in gres_entries(max)? {
@@ -243,6 +266,45 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].location, "twice.json: /jobs/0/array/job_id");
         assert_eq!(problems[0].reason, "this key appears more than once");
+    }
+
+    #[test]
+    fn energy_is_the_allocations_energy_tres_and_slurms_unset_is_none() {
+        // The 23.02 and 23.11 fixtures' running job carries energy -2: NO_VAL64, unset.
+        for real in [
+            include_str!("../../../tests/fixtures/slurm/slurm_23_2_6.json"),
+            include_str!("../../../tests/fixtures/slurm/slurm_23_11_5.json"),
+        ] {
+            let (jobs, problems) = read("real.json", real);
+            assert!(problems.is_empty(), "{problems:?}");
+            assert_eq!(jobs[0].energy, Energy::Unmeasured);
+        }
+        // The 25.05 fixture accounts no energy TRES, its steps' `energy.consumed` unset.
+        let real = include_str!("../../../tests/fixtures/slurm/v0.0.43/fromage_1716595200.json");
+        let (jobs, _) = read("fromage.json", real);
+        assert!(jobs.iter().all(|job| job.energy == Energy::Unmeasured));
+        // Job 6 (one V100 for 2,343 s) as a node measured by IPMI would account it.
+        let mut document: Value = serde_json::from_str(real).unwrap();
+        let allocated = document["jobs"][0]["tres"]["allocated"]
+            .as_array_mut()
+            .unwrap();
+        allocated.insert(
+            2,
+            serde_json::json!({"type": "energy", "name": "", "id": 3, "count": 1_874_400, "task": null, "node": null}),
+        );
+        let (jobs, problems) = read("fromage.json", &document.to_string());
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(jobs[0].job_id, "6");
+        assert_eq!(jobs[0].energy, Energy::Joules(1_874_400.into()));
+        let energy =
+            |count: Value| energy_of(&serde_json::json!([{"type": "energy", "count": count}]));
+        assert_eq!(energy(serde_json::json!(-1)), Ok(Energy::Unmeasured));
+        assert_eq!(energy(serde_json::json!(0)), Ok(Energy::Unmeasured));
+        assert_eq!(
+            energy(serde_json::json!({"set": true, "infinite": false, "number": 42})),
+            Ok(Energy::Joules(42.into()))
+        );
+        assert!(energy(serde_json::json!(-7)).unwrap_err().contains("`-7`"));
     }
 
     #[test]

@@ -325,6 +325,11 @@ fn record_of(
     if let Some(profile) = telemetry.mig_profile {
         record["mig_profile"] = json!(profile);
     }
+    match telemetry::energy_joules(job.energy, model.mig_profile.is_some()) {
+        Ok(Some(joules)) => record["energy_joules"] = json!(joules.to_string()),
+        Ok(None) => {}
+        Err(reason) => batch.leave_out(reason),
+    }
     match job
         .nodes
         .as_deref()
@@ -360,7 +365,7 @@ fn labels(job: &SlurmJob) -> Map<String, Value> {
 
 #[cfg(test)]
 mod tests {
-    use self::tres::GpuUsage;
+    use self::tres::{Energy, GpuUsage};
     use super::*;
     use crate::domain::rating::Outcome;
     use crate::domain::record::{JobRecord, RecordRules};
@@ -391,6 +396,7 @@ mod tests {
             restarts: None,
             gpus,
             usage: GpuUsage::default(),
+            energy: Energy::Unmeasured,
             nodes: Some("gpu[01-02]".to_owned()),
         }
     }
@@ -579,6 +585,69 @@ mod tests {
             parsed[0].telemetry.mig("a100").map(|p| p.compute_share()),
             Some(crate::domain::gpu::ComputeShare { slices: 3 })
         );
+    }
+
+    #[test]
+    fn energy_goes_into_the_record_except_on_a_slice_or_rounded() {
+        let mut whole = job("11");
+        whole.energy = Energy::Joules(Decimal::from(5_400_123));
+        let mut slice = job("12");
+        slice.gpus = GpuTres::default();
+        slice.gpus.add("gpu:a100_3g.20gb", 1);
+        slice.energy = Energy::Joules(Decimal::from(900_000));
+        let mut rounded = job("13");
+        rounded.energy = Energy::Rounded;
+        let unmeasured = job("14");
+        let batch = convert(vec![whole, slice, rounded, unmeasured], &Mapping::default());
+        assert_eq!(batch.unparsable, vec![]);
+        let energy: Vec<Option<&Value>> = batch
+            .records
+            .iter()
+            .map(|r| r.value.get("energy_joules"))
+            .collect();
+        assert_eq!(energy, vec![Some(&json!("5400123")), None, None, None]);
+        assert_eq!(
+            batch.left_out,
+            [
+                (telemetry::ENERGY_OF_MIG_SLICE, 1),
+                (telemetry::ENERGY_ROUNDED, 1)
+            ]
+            .into()
+        );
+    }
+
+    #[test]
+    fn a_real_jobs_accounted_energy_becomes_its_records() {
+        let real = include_str!("../../../tests/fixtures/slurm/v0.0.43/fromage_1716595200.json");
+        let records = |text: &str| {
+            let batch = batch(&Format::Json, "fromage.json", text, &Mapping::default());
+            assert_eq!(batch.unparsable, vec![]);
+            batch.records
+        };
+        assert!(
+            records(real)
+                .iter()
+                .all(|r| r.value.get("energy_joules").is_none()),
+            "the fixture accounts no energy"
+        );
+        // Job 6 and job 37 (two V100s) with the energy TRES a measuring plugin accounts.
+        let mut document: Value = serde_json::from_str(real).unwrap();
+        for (index, joules) in [(0, 1_874_400), (10, 0)] {
+            document["jobs"][index]["tres"]["allocated"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"type": "energy", "name": "", "id": 3, "count": joules}));
+        }
+        assert_eq!(document["jobs"][10]["job_id"], 37);
+        let records = records(&document.to_string());
+        let energy = |task: &str| {
+            records
+                .iter()
+                .find(|r| r.value["task_id"] == task)
+                .and_then(|r| r.value.get("energy_joules").cloned())
+        };
+        assert_eq!(energy("6"), Some(json!("1874400")));
+        assert_eq!(energy("37"), None, "0 J is nothing measured");
     }
 
     #[test]

@@ -3,6 +3,23 @@
 //! A figure that cannot be right (a peak above 100 % per GPU, more memory than the GPU or
 //! slice has) or a profile the catalogue does not know is left out with its reason, and the
 //! job is stored without it: one odd job never stops a batch.
+//!
+//! The job's energy is `energy_joules`: the allocation's `energy` TRES (ConsumedEnergyRaw,
+//! joules). Slurm's energy plugin measures nodes, not jobs: `acct_gather_energy/ipmi` the
+//! node's power from its BMC, `acct_gather_energy/rapl` its CPU packages and DRAM, and
+//! `acct_gather_energy/gpu` its GPUs (only the job's own where cgroups constrain devices,
+//! else all of the node's). Each step's energy is what its nodes used while it ran, and the
+//! job's is the sum of its steps' (only the extern step's with `PrologFlags=Contain`). That
+//! figure is taken as the record's energy, as sacct reports it: Slurm's documentation warns
+//! that only for an exclusive allocation is it the job's real consumption, and on a node
+//! shared with other jobs it is the node's.
+//!
+//! A 0 is taken for nothing measured, not a measurement: sacct prints 0 for every job where
+//! no energy plugin is configured, and a plugin that samples every 30 s or so accounts 0 to
+//! a job shorter than its interval. A job that ran drew energy, so a 0 would only ever
+//! understate it, and is better left empty. A MIG slice's record leaves the figure out (a
+//! node's or card's energy is not the slice's), counted with its reason, as is a
+//! ConsumedEnergy rounded to a unit prefix.
 
 use rust_decimal::Decimal;
 
@@ -10,7 +27,7 @@ use crate::domain::gpu::{self, MigProfile};
 use crate::domain::record::MAX_MEMORY_GIB;
 use crate::domain::source::LeftOut;
 
-use super::tres::GpuUsage;
+use super::tres::{Energy, GpuUsage};
 
 /// Why a MIG type's profile is left out.
 pub const MIG_UNKNOWN_MODEL: LeftOut = LeftOut {
@@ -34,6 +51,16 @@ pub const MEMORY_ABOVE_TOTAL: LeftOut = LeftOut {
 pub const MEMORY_ABOVE_LIMIT: LeftOut = LeftOut {
     field: "memory_peak_gib",
     reason: "above the most a record allows per GPU",
+};
+
+/// Why a job's energy is left out.
+pub const ENERGY_OF_MIG_SLICE: LeftOut = LeftOut {
+    field: "energy_joules",
+    reason: "a MIG slice: Slurm measures the whole card or node",
+};
+pub const ENERGY_ROUNDED: LeftOut = LeftOut {
+    field: "energy_joules",
+    reason: "ConsumedEnergy rounded to a unit prefix by sacct; ask for ConsumedEnergyRaw",
 };
 
 /// Decimal places of a figure divided by the GPU count: a hundredth of a percent, and about
@@ -86,6 +113,17 @@ pub fn telemetry(
         mig_profile: profile.map(|profile| profile.name()),
     };
     (telemetry, left_out)
+}
+
+/// The record's `energy_joules` of a job's accounted energy: `Ok(None)` where nothing was
+/// measured; left out on a MIG slice (`mig`) and where only a rounded figure was given.
+pub fn energy_joules(energy: Energy, mig: bool) -> Result<Option<Decimal>, LeftOut> {
+    match energy {
+        Energy::Unmeasured => Ok(None),
+        _ if mig => Err(ENERGY_OF_MIG_SLICE),
+        Energy::Rounded => Err(ENERGY_ROUNDED),
+        Energy::Joules(joules) => Ok(Some(joules)),
+    }
 }
 
 /// The catalogue's profile of a MIG-typed allocation; `Ok(None)` for whole GPUs.
@@ -183,6 +221,21 @@ mod tests {
         assert_eq!(memory_peak_gib(gib(500), 8, None), Ok(dec("500")));
         assert_eq!(memory_peak_gib(gib(8192), 4, None), Ok(dec("2048")));
         assert_eq!(memory_peak_gib(gib(8192), 1, None), Err(MEMORY_ABOVE_LIMIT));
+    }
+
+    #[test]
+    fn energy_is_the_jobs_joules_except_on_a_slice_or_rounded() {
+        let joules = Energy::Joules(dec("5400000"));
+        assert_eq!(energy_joules(joules, false), Ok(Some(dec("5400000"))));
+        assert_eq!(energy_joules(joules, true), Err(ENERGY_OF_MIG_SLICE));
+        assert_eq!(energy_joules(Energy::Rounded, false), Err(ENERGY_ROUNDED));
+        assert_eq!(
+            energy_joules(Energy::Rounded, true),
+            Err(ENERGY_OF_MIG_SLICE)
+        );
+        // Nothing measured is nothing to leave out, slice or not.
+        assert_eq!(energy_joules(Energy::Unmeasured, true), Ok(None));
+        assert_eq!(energy_joules(Energy::of_joules(0), false), Ok(None));
     }
 
     #[test]

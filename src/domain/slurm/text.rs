@@ -14,7 +14,7 @@ use crate::domain::source::Problem;
 pub const REQUIRED_FIELDS: [&str; 5] = ["JobID", "State", "Start", "End", "AllocTRES"];
 
 /// The fields read, which `taskledger collect slurm` asks sacct for.
-pub const COLLECTED_FIELDS: [&str; 17] = [
+pub const COLLECTED_FIELDS: [&str; 18] = [
     "JobID",
     "JobName",
     "Account",
@@ -32,7 +32,12 @@ pub const COLLECTED_FIELDS: [&str; 17] = [
     "AllocTRES",
     "TRESUsageInMax",
     "NodeList",
+    "ConsumedEnergyRaw",
 ];
+
+/// Fields also read when the header has them, which the collector does not ask for: the
+/// rounded form of one it asks for, read only in its absence.
+pub const ALSO_READ_FIELDS: [&str; 1] = ["ConsumedEnergy"];
 
 #[derive(Debug, Clone)]
 pub struct TextOptions {
@@ -110,6 +115,7 @@ pub fn read_lines<'a>(
     read.has_account = column("Account").is_some();
     let columns: BTreeMap<&str, usize> = COLLECTED_FIELDS
         .into_iter()
+        .chain(ALSO_READ_FIELDS)
         .filter_map(|field| column(field).map(|at| (field, at)))
         .collect();
     let mut latest_run: BTreeMap<String, usize> = BTreeMap::new();
@@ -243,6 +249,8 @@ impl<'a> Row<'a> {
             .map(tres::usage_of_text)
             .transpose()?
             .unwrap_or_else(GpuUsage::default);
+        let energy =
+            tres::energy_of_text(self.get("ConsumedEnergyRaw"), self.get("ConsumedEnergy"))?;
         Ok(SlurmJob {
             location,
             job_id: job_id.to_owned(),
@@ -261,6 +269,7 @@ impl<'a> Row<'a> {
             restarts,
             gpus: tres::gpus_of_text(self.get("AllocTRES").unwrap_or_default())?,
             usage,
+            energy,
             nodes: self.text("NodeList"),
         })
     }
@@ -269,6 +278,7 @@ impl<'a> Row<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::slurm::tres::Energy;
 
     fn options() -> TextOptions {
         TextOptions {
@@ -305,6 +315,41 @@ JobID|State|Start|End|AllocTRES|TRESUsageInMax
         assert_eq!(read.jobs[0].usage.gpu_util, Some(40.into()));
         assert_eq!(read.jobs[1].usage.gpu_util, Some(90.into()));
         assert_eq!(read.jobs[1].usage.memory_bytes, Some((2u64 << 30).into()));
+    }
+
+    #[test]
+    fn the_allocation_line_gives_the_energy_raw_before_rounded() {
+        let text = "\
+JobID|State|Start|End|AllocTRES|ConsumedEnergy|ConsumedEnergyRaw
+41|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=4|5.40M|5400123
+41.batch|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=4|5.40M|5400123
+42|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1|0|0
+43|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1||
+";
+        let read = read("t.txt", text, &options());
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        let energy: Vec<Energy> = read.jobs.iter().map(|job| job.energy).collect();
+        assert_eq!(
+            energy,
+            vec![
+                Energy::Joules(5_400_123.into()),
+                Energy::Unmeasured,
+                Energy::Unmeasured
+            ]
+        );
+        // Without the raw field the rounded one is read, and said to be rounded.
+        let rounded = "\
+JobID|State|Start|End|AllocTRES|ConsumedEnergy
+44|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1|1.20K
+45|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1|950
+46|COMPLETED|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=1|lots
+";
+        let read = super::read("t.txt", rounded, &options());
+        assert_eq!(read.jobs[0].energy, Energy::Rounded);
+        assert_eq!(read.jobs[1].energy, Energy::Joules(950.into()));
+        assert_eq!(read.problems.len(), 1);
+        assert!(read.problems[0].reason.contains("ConsumedEnergy `lots`"));
+        assert!(COLLECTED_FIELDS.contains(&"ConsumedEnergyRaw"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Trackable resources (TRES): `cpu=4,mem=16G,gres/gpu=2,gres/gpu:a100=2` in sacct's text,
-//! `[{"type": "gres", "name": "gpu:a100", "count": 2}, …]` in its JSON. Only the GPU entries
-//! and the GPU usage figures matter here; the other entries are checked for shape only.
+//! `[{"type": "gres", "name": "gpu:a100", "count": 2}, …]` in its JSON. Only the GPU entries,
+//! the GPU usage figures and the energy matter here; the other entries are checked for shape
+//! only.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -62,6 +63,54 @@ fn max(a: Option<Decimal>, b: Option<Decimal>) -> Option<Decimal> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// The energy Slurm accounted to an allocation: its `energy` TRES, which sacct prints as
+/// ConsumedEnergyRaw (joules) and ConsumedEnergy (the same with a unit prefix).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Energy {
+    /// Nothing accounted: no figure, Slurm's "unset", or 0.
+    #[default]
+    Unmeasured,
+    /// Joules, exactly as Slurm accounted them.
+    Joules(Decimal),
+    /// Only ConsumedEnergy with a unit prefix (`1.20K`), which sacct rounds to three
+    /// significant digits: not exact enough to price.
+    Rounded,
+}
+
+impl Energy {
+    /// A count of joules as Slurm accounts it: 0 is nothing measured (no energy plugin, or
+    /// no sample during the job), never a measurement of no energy.
+    pub fn of_joules(joules: u64) -> Self {
+        if joules == 0 {
+            Energy::Unmeasured
+        } else {
+            Energy::Joules(Decimal::from(joules))
+        }
+    }
+}
+
+/// The energy of an allocation line of sacct's text: ConsumedEnergyRaw when the header has
+/// it, else ConsumedEnergy; an empty field is nothing accounted.
+pub fn energy_of_text(raw: Option<&str>, human: Option<&str>) -> Result<Energy, String> {
+    if let Some(raw) = raw {
+        return u64::from_str(raw)
+            .map(Energy::of_joules)
+            .map_err(|_| format!("ConsumedEnergyRaw `{raw}` is not a whole number of joules"));
+    }
+    let Some(human) = human else {
+        return Ok(Energy::Unmeasured);
+    };
+    // sacct divides by 1000 for each prefix and keeps three significant digits.
+    match human.char_indices().last() {
+        Some((at, unit)) if "KMGTP".contains(unit) && plain_number(&human[..at]).is_some() => {
+            Ok(Energy::Rounded)
+        }
+        _ => u64::from_str(human)
+            .map(Energy::of_joules)
+            .map_err(|_| format!("ConsumedEnergy `{human}` is not an amount of joules")),
     }
 }
 
@@ -262,6 +311,28 @@ mod tests {
         );
         let raw = usage_of_text("gres/gpumem=85899345920").unwrap();
         assert_eq!(raw.memory_bytes, Some(Decimal::from(85_899_345_920u64)));
+    }
+
+    #[test]
+    fn energy_prefers_the_raw_joules_and_zero_is_nothing_measured() {
+        let joules = |n: u64| Ok(Energy::Joules(Decimal::from(n)));
+        assert_eq!(
+            energy_of_text(Some("1234567"), Some("1.23M")),
+            joules(1_234_567)
+        );
+        assert_eq!(energy_of_text(Some("0"), None), Ok(Energy::Unmeasured));
+        assert_eq!(energy_of_text(None, None), Ok(Energy::Unmeasured));
+        // --noconvert prints ConsumedEnergy unrounded; otherwise it has a prefix.
+        assert_eq!(energy_of_text(None, Some("950")), joules(950));
+        assert_eq!(energy_of_text(None, Some("1.20K")), Ok(Energy::Rounded));
+        assert_eq!(energy_of_text(None, Some("0")), Ok(Energy::Unmeasured));
+        assert!(
+            energy_of_text(Some("1.5"), None)
+                .unwrap_err()
+                .contains("ConsumedEnergyRaw `1.5`")
+        );
+        assert!(energy_of_text(Some("-2"), None).is_err());
+        assert!(energy_of_text(None, Some("12Q")).is_err());
     }
 
     #[test]
