@@ -548,6 +548,58 @@ function utilisationPanel(cost) {
     <div class="util-grid">${UTIL_METRICS.map(metric).join("")}${memory}${looksBusy}</div></div></section>`;
 }
 
+// kWh to a readable number of digits: two decimals from 10 kWh on, three below.
+function kwhText(kwh) {
+  if (kwh === null || kwh === undefined) return "—";
+  return `${roundDecimal(kwh, Number(kwh) >= 10 ? 2 : 3)} kWh`;
+}
+
+function energyPanel(cost) {
+  const e = cost.energy;
+  const em = cost.emissions;
+  if (!e) {
+    return `<section id="energy"><h2>Energy and emissions</h2><div class="panel muted" id="energy-empty">
+      No record this month measured its energy. Post <code>energy_joules</code> with the job records (the
+      Slurm importer and the Kubernetes collector read it from Slurm and DCGM) to see kWh and emissions here.</div></section>`;
+  }
+  const perUnit = e.kwh_per_unit.filter((u) => u.kwh !== null).map((u) => `<div><div class="label">Per ${escapeHtml(u.unit.replace(/([^s])s$/, "$1"))}</div>
+      <div class="value">${escapeHtml(roundDecimal(u.kwh, 9).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, ""))} kWh</div>
+      <div class="small muted">measured for ${pct(u.coverage)} of that work's GPU time</div></div>`).join("");
+  const emissions = em.kg_co2e === null
+    ? `<div><div class="label">Emissions</div><div class="value">—</div>
+        <div class="small muted">no grid intensity for the regions and month of the measured energy</div></div>`
+    : `<div title="kWh × PUE × the grid's gCO2e per kWh of each record's region and month"><div class="label">Emissions</div>
+        <div class="value">${escapeHtml(roundDecimal(em.kg_co2e, 2))} kg CO2e</div>
+        <div class="small muted">for ${pct(em.coverage)} of GPU time; nothing estimated for the rest</div></div>`;
+  return `<section id="energy"><h2>Energy and emissions</h2><div class="panel">
+    <div class="util-grid"><div title="What the GPUs drew, from the records that measured it"><div class="label">Energy</div>
+      <div class="value" id="energy-kwh">${kwhText(e.kwh)}</div>
+      <div class="small muted">measured for ${pct(e.coverage)} of GPU time</div></div>${emissions}${perUnit}</div></div></section>`;
+}
+
+// What an idle minute of each card costs: the price per GPU-minute of each contract in force
+// now, an owned card's with the parts of its price.
+function idleMinutePanel(prices, projectCurrency) {
+  const rows = prices.items.map((p) => {
+    const minute = projectCurrency && p.project_price_per_gpu_minute !== null
+      ? `${roundDecimal(p.project_price_per_gpu_minute, 4)} ${escapeHtml(projectCurrency)}`
+      : `${roundDecimal(p.price_per_gpu_minute, 4)} ${escapeHtml(p.currency)}`;
+    const parts = p.price_parts
+      ? `depreciation ${roundDecimal(p.price_parts.depreciation, 4)} · other ${roundDecimal(p.price_parts.other, 4)} · power ${roundDecimal(p.price_parts.power, 4)} per hour`
+        + (p.depreciated_from ? `<div class="small muted">depreciated ${Date.parse(p.depreciated_from) <= Date.now() ? "since" : "from"} ${escapeHtml(when(p.depreciated_from).slice(0, 10))}</div>` : "")
+      : '<span class="muted">price list</span>';
+    return `<tr data-model="${escapeHtml(p.gpu_model)}"><th scope="row">${escapeHtml(p.gpu_model)}</th>
+      <td>${escapeHtml(p.billing_mode.replace("_", " "))}</td><td>${escapeHtml(p.name)}</td>
+      <td class="num"><b>${minute}</b></td><td class="num">${money(p.price_per_gpu_hour, p.currency)}</td><td>${parts}</td></tr>`;
+  }).join("");
+  return `<section id="idle-minute"><h2>What an idle minute costs</h2><div class="panel">${rows === ""
+    ? '<span class="muted">No contract is in force now.</span>'
+    : `<div class="scroll"><table><caption class="sr-only">The price of one GPU-minute of each card now, paid whether it works or not</caption>
+      <thead><tr><th scope="col">GPU</th><th scope="col">Bought</th><th scope="col">Contract</th>
+        <th scope="col" class="num">Per GPU-minute</th><th scope="col" class="num">Per GPU-hour</th><th scope="col">Made of</th></tr></thead>
+      <tbody id="idle-minute-rows">${rows}</tbody></table></div>`}</div></section>`;
+}
+
 function recommendationCell(r) {
   if (r.kind === "mig") {
     const slices = r.profile.split("g.")[0];
@@ -607,6 +659,7 @@ const TASK_COLUMNS = [
   { label: "Waste", num: true, sort: "waste", title: "Idle GPUs and failed runs" },
   { label: "Final cost", num: true, title: "Lifetime total of a completed task, failed attempts included" },
   { label: "Cost per unit", num: true, title: "Final cost ÷ lifetime output" },
+  { label: "Energy", num: true, title: "kWh the task's GPUs drew in this month, where its attempts measured it" },
 ];
 
 // GPU-hours (GPU-seconds ÷ 3600) to one decimal: a figure for reading, never for adding up money.
@@ -735,6 +788,8 @@ function taskRow(view, task) {
     <td class="num">${money(task.waste, c)}</td>
     <td class="num"${task.final_cost === null ? ' title="Not completed"' : ""}>${money(task.final_cost, c)}</td>
     <td class="num"${unitCost ? ` title="${escapeHtml(unitCost.exact)}"` : ""}>${unitCost ? `${unitCost.amount}<div class="small muted">per ${unitCost.per}</div>` : "—"}</td>
+    <td class="num">${task.energy ? `${kwhText(task.energy.kwh)}${task.emissions && task.emissions.kg_co2e !== null
+      ? `<div class="small muted">${escapeHtml(roundDecimal(task.emissions.kg_co2e, 2))} kg CO2e</div>` : ""}` : "—"}</td>
   </tr>`;
 }
 
@@ -1078,7 +1133,7 @@ async function renderProject(view, generation) {
     const base = `/v1/projects/${encodeURIComponent(project)}`;
     const firstTasks = api(tasksPath(view));
     firstTasks.catch(() => {});
-    const [cost, days, burn, byTeam, byModel, alertList, recs] = await Promise.all([
+    const [cost, days, burn, byTeam, byModel, alertList, recs, prices] = await Promise.all([
       api(`${base}/cost?month=${month}`),
       api(`${base}/cost?month=${month}&group_by=day`),
       api(`${base}/burn?month=${month}`),
@@ -1086,13 +1141,15 @@ async function renderProject(view, generation) {
       api(`${base}/cost?month=${month}&group_by=gpu_model,billing_mode`),
       api(`/v1/alerts?project=${encodeURIComponent(project)}&month=${month}`).catch(() => ({ items: [] })),
       api(`${base}/recommendations?month=${month}`).catch(() => null),
+      api(`${base}/prices`).catch(() => ({ items: [] })),
     ]);
     if (generation !== state.generation) return;
     $("main").innerHTML = pageHead(`${escapeHtml(projectName(project))} <span class="muted">· ${escapeHtml(month)}</span>`)
       + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
       + teamPanel(byTeam, cost.currency) + dailyChart(days, month, cost.currency)
       + comparisonPanel(byModel, cost.currency)
-      + utilisationPanel(cost) + recommendationsPanel(recs)
+      + utilisationPanel(cost) + energyPanel(cost) + idleMinutePanel(prices, cost.currency)
+      + recommendationsPanel(recs)
       + tasksPanel(view) + outputs(cost) + unrated(cost) + alerts(alertList, cost.currency);
     mountCharts();
     state.shown = `${project}|${month}`;
@@ -1434,12 +1491,12 @@ async function renderFleet(view, generation) {
   $("main").innerHTML = `<p class="muted" role="status">Loading the fleet of ${escapeHtml(month)}…</p>`;
   $("main").setAttribute("aria-busy", "true");
   try {
-    const [pools, zombies] = await Promise.all([api("/v1/pools"), api("/v1/capacity/zombies")]);
+    const [pools, zombies, prices] = await Promise.all([api("/v1/pools"), api("/v1/capacity/zombies"), api("/v1/prices")]);
     const months = await Promise.all(pools.map((p) => api(`/v1/pools/${encodeURIComponent(p.id)}/utilisation?month=${month}`)));
     if (generation !== state.generation) return;
     const panels = pools.map((p, i) => poolPanel(p, months[i], month)).join("");
     $("main").innerHTML = pageHead(`${escapeHtml(monthName(month))} <span class="muted">· fleet</span>`)
-      + zombiesPanel(zombies)
+      + zombiesPanel(zombies) + idleMinutePanel(prices, null)
       + (panels || `<div class="panel muted">No pool yet: create one with <code>PUT /v1/pools/{id}</code> and post its nodes' capacity.</div>`);
     pageLoaded(`Fleet ${month} · taskledger`);
   } catch (error) {

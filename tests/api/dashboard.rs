@@ -1592,3 +1592,71 @@ async fn the_planning_page_shows_the_plan_and_the_month_at_what_if_prices() {
     .unwrap();
     served.stop().await;
 }
+
+#[tokio::test]
+async fn the_project_and_fleet_pages_show_energy_and_what_an_idle_minute_costs() {
+    let app = TestApp::spawn().await;
+    crate::owned_cards::metered_month(&app).await;
+    let finance = app.token("finance", &[]).await;
+    // After the cards' depreciation ended on the 20th: 0.25 an hour.
+    let at = Settings {
+        clock: Clock::Fixed("2026-11-25T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let cost = app
+        .get("/v1/projects/vision/cost?month=2026-11", &app.admin)
+        .await
+        .json();
+    let doms = pages_at(
+        &app,
+        at.clone(),
+        &finance,
+        &["project=vision&month=2026-11", "page=fleet&month=2026-11"],
+    )
+    .await;
+    let project = text(&doms[0]);
+    // 2.4 kWh over 6 of 8 GPU-hours; 0.768 kg over 4 of them.
+    assert_eq!(cost["energy"]["kwh"], "2.4");
+    assert!(
+        project.contains("Energy 2.400 kWh measured for 75% of GPU time"),
+        "{project}"
+    );
+    assert!(
+        project.contains("Emissions 0.77 kg CO2e for 50% of GPU time"),
+        "{project}"
+    );
+    assert!(project.contains("Per token 0.0008 kWh"), "{project}");
+    for dom in &doms {
+        let prices = table_rows(dom, "idle-minute-rows");
+        assert_eq!(prices.len(), 1, "{prices:?}");
+        // 0.25 ÷ 60 = 0.0041666… a GPU-minute.
+        assert_eq!(
+            prices[0][..5],
+            ["A100", "reserved", "owned A100", "0.0042 USD", "0.25 USD"]
+        );
+        assert!(
+            prices[0][5].starts_with("depreciation 0.0000 · other 0.1000 · power 0.1500 per hour"),
+            "{prices:?}"
+        );
+        assert!(prices[0][5].contains("2026-11-20"), "{prices:?}");
+    }
+    let tasks = table_rows(&doms[0], "task-rows");
+    let metered = tasks.iter().find(|row| row[0] == "metered").unwrap();
+    assert_eq!(metered.last().unwrap(), "1.600 kWh 0.77 kg CO2e");
+    let estimated = tasks.iter().find(|row| row[0] == "estimated").unwrap();
+    assert_eq!(estimated.last().unwrap(), "—");
+
+    let served = app.serve_with(at).await;
+    let origin = served.url();
+    let path = screenshot_path("energy.png");
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 1600);
+        browser.open(&format!(
+            "{origin}/#token={finance}&project=vision&month=2026-11"
+        ));
+        browser.screenshot_of("#utilisation, #energy, #idle-minute", &path);
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+}

@@ -341,9 +341,10 @@ async fn bad_tco_input_is_refused_field_by_field() {
     assert_money(&unchanged.json()["price_per_gpu_hour"], "1.75");
 }
 
-#[tokio::test]
-async fn measured_energy_replaces_the_power_estimate_and_gives_kwh_and_emissions() {
-    let app = TestApp::spawn().await;
+/// Project `vision` on the owned A100 in November, with the grid of `dc-1` at 400 g a kWh:
+/// `metered` (4 h, 1.6 kWh measured, 3 h busy, 1,000 tokens), `estimated` (2 h, no energy,
+/// 1,000 tokens) and `elsewhere` (2 h, 0.8 kWh in `dc-2`, which has no intensity; failed).
+pub(crate) async fn metered_month(app: &TestApp) {
     app.create_project("vision", "USD").await;
     let created = app.post("/v1/contracts", &app.admin, owned_a100()).await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
@@ -355,12 +356,6 @@ async fn measured_energy_replaces_the_power_estimate_and_gives_kwh_and_emissions
         )
         .await;
     assert_eq!(intensity.status, StatusCode::OK, "{}", intensity.text());
-    let a100 = |task: &str, from: &str, until: &str| {
-        record(task, from, until)
-            .gpu_model("A100")
-            .billing_mode("reserved")
-            .with("region", "dc-1")
-    };
     app.ingest(vec![
         // 4 h at 400 W: 1.6 kWh, 3 of the 4 hours busy.
         a100("metered", "2026-11-10T00:00:00Z", "2026-11-10T04:00:00Z")
@@ -375,6 +370,19 @@ async fn measured_energy_replaces_the_power_estimate_and_gives_kwh_and_emissions
             .with("energy_joules", 2880000),
     ])
     .await;
+}
+
+fn a100(task: &str, from: &str, until: &str) -> crate::fixtures::Record {
+    record(task, from, until)
+        .gpu_model("A100")
+        .billing_mode("reserved")
+        .with("region", "dc-1")
+}
+
+#[tokio::test]
+async fn measured_energy_replaces_the_power_estimate_and_gives_kwh_and_emissions() {
+    let app = TestApp::spawn().await;
+    metered_month(&app).await;
 
     // metered: 4 h × (1.5 + 0.1) + 1.6 kWh × 1.2 × 0.25 = 6.4 + 0.48 = 6.88, three quarters
     // productive (5.16) and a quarter idle (1.72); estimated: 2 × 1.75 = 3.5, unmeasured;
