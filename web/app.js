@@ -1240,7 +1240,7 @@ function commitmentsPanel(report) {
   }).join("");
   const none = report.commitments === undefined
     ? "This month was closed before its report listed each commitment."
-    : "No reserved contract commits GPUs this month.";
+    : "No reservation outside a capacity pool commits GPUs this month: a pool's reserved or owned cards show their idle time under Capacity pools.";
   const table = lines.length === 0 ? `<p class="muted">${none}</p>` : `<div class="scroll"><table>
     <caption class="sr-only">Each reserved contract's committed and used GPU-hours this month</caption>
     <thead><tr><th scope="col">Contract</th><th scope="col">Charged to</th><th scope="col">Commitment</th>

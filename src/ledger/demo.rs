@@ -18,7 +18,7 @@ use crate::domain::validation::Violations;
 use crate::domain::values::Currency;
 use crate::ledger::sources::{self, SourceSummary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, LedgerResult, alerting, capacity, pricing, zombies};
+use crate::ledger::{LedgerError, LedgerResult, alerting, capacity, carbon, pricing, zombies};
 use crate::store;
 use crate::store::contracts::ContractFields;
 use crate::store::projects::NewProject;
@@ -91,6 +91,14 @@ pub async fn load(
         )
         .await?;
     }
+    for month in [window.previous, window.current] {
+        carbon::put_grid_intensity(
+            pool,
+            (month, demo::OWNED_REGION),
+            Decimal::from(demo::OWNED_REGION_G_CO2E_PER_KWH),
+        )
+        .await?;
+    }
     let mut committed_gpus = Decimal::ZERO;
     for contract in &data.contracts {
         committed_gpus += contract.committed_gpus.unwrap_or_default();
@@ -106,7 +114,7 @@ pub async fn load(
             provider: None,
             region: None,
             committed_gpus: contract.committed_gpus,
-            tco: None,
+            tco: contract.tco.clone(),
         };
         pricing::create_contract(pool, Some(fields), Violations::default(), None, settings).await?;
     }

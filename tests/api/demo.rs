@@ -172,7 +172,8 @@ async fn the_demo_shows_every_part_of_the_ledger() {
         "{retried} tasks completed after a failed attempt"
     );
 
-    // The reserved contract: used by some projects, partly unused, the rest shared.
+    // The owned A100s: used by some projects, priced by their TCO; their idle time is their
+    // pool's, so no unused commitment is shared.
     let mut reserved_hours = Decimal::ZERO;
     for project in currencies.keys() {
         let cost = app
@@ -192,13 +193,43 @@ async fn the_demo_shows_every_part_of_the_ledger() {
         .get("/v1/reports/monthly/2026-10", &finance)
         .await
         .json();
-    let shared = &report["shared"][0];
-    let unused = dec(&shared["unused_gpu_hours"]);
-    let committed = loaded.committed_gpus * Decimal::from(31 * 24);
     assert!(reserved_hours > Decimal::ZERO);
+    assert!(loaded.committed_gpus >= Decimal::ONE);
     assert!(
-        unused > Decimal::ZERO && unused < committed,
-        "{unused} of {committed}"
+        report["shared"].as_array().unwrap().is_empty(),
+        "{}",
+        report["shared"]
+    );
+    let owned = report["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|line| line["pool"] == "a100")
+        .unwrap();
+    // October is before the cards' depreciation ends: their idle hours at the full TCO price.
+    let price = taskledger::domain::demo::owned_a100(loaded.window)
+        .parts()
+        .total();
+    let idle_price = dec(&owned["idle"]["cost"]) / dec(&owned["idle"]["gpu_hours"]);
+    assert!(
+        (idle_price - price).abs() < Decimal::new(1, 9),
+        "{idle_price} is not {price}"
+    );
+    // Their exporter measured energy, and their region has a grid intensity.
+    let energy: Decimal = report["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|line| line["energy"]["kwh"].as_str())
+        .map(|kwh| kwh.parse::<Decimal>().unwrap())
+        .sum();
+    assert!(energy > Decimal::ZERO);
+    assert!(
+        report["projects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|line| line["emissions"]["kg_co2e"].is_string())
     );
 
     // The cluster's nodes are capacity: every pool pays for more than its jobs used, jobs

@@ -20,6 +20,7 @@ use crate::domain::ledger_time::month_bounds;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::format_time;
 use crate::domain::source::{SourceBatch, SourceRecord};
+use crate::domain::tco::Tco;
 use crate::domain::values::Month;
 
 use self::trace::{ModelCapacity, Node, Phase, Pod, Qos};
@@ -172,10 +173,35 @@ const fn model(
     }
 }
 
-/// The model whose latency-sensitive pods run on reserved capacity, and its price (a
-/// one-year commitment) in cents per GPU-hour.
+/// The model whose latency-sensitive pods run on the company's own cards, bought three
+/// years before the demo and priced by what they cost (see [`owned_a100`]).
 pub const RESERVED_MODEL: &str = "A100";
-pub const RESERVED_CENTS: i64 = 220;
+
+/// Where the owned cards stand: the region their records name, and its grid's carbon
+/// intensity in gCO2e per kWh.
+pub const OWNED_REGION: &str = "dc-frankfurt";
+pub const OWNED_REGION_G_CO2E_PER_KWH: i64 = 364;
+
+/// What one of the owned A100s costs: bought for 12,000 USD and sold for 1,500 after three
+/// years, drawing 0.4 kW on average at PUE 1.4 and 0.12 USD a kWh, with 95 USD a month of
+/// hosting, network and support. They went into service three years before the 10th of the
+/// window's current month, so their depreciation ends then and their price drops inside the
+/// window.
+pub fn owned_a100(window: Window) -> Tco {
+    let fully_depreciated = window.boundary + chrono::Duration::days(9);
+    Tco {
+        purchase_price_per_gpu: Decimal::from(12_000),
+        salvage_value_per_gpu: Decimal::from(1_500),
+        life_months: 36,
+        in_service_from: fully_depreciated
+            .checked_sub_months(Months::new(36))
+            .expect("months stay within chrono's range"),
+        power_kw_per_gpu: Decimal::new(4, 1),
+        electricity_price_per_kwh: Decimal::new(12, 2),
+        pue: Decimal::new(14, 1),
+        other_per_gpu_month: Decimal::from(95),
+    }
+}
 
 /// The months the demo fills: the complete month before `until`'s and that month up to
 /// `until`.
@@ -222,6 +248,8 @@ pub struct DemoContract {
     pub valid_from: DateTime<Utc>,
     pub valid_until: Option<DateTime<Utc>>,
     pub committed_gpus: Option<Decimal>,
+    /// Set on the owned cards' contract, priced by what they cost.
+    pub tco: Option<Tco>,
 }
 
 /// An FX rate of the demo: one US dollar in `to`, for a month.
@@ -427,9 +455,14 @@ fn fleet(nodes: &[Node], window: Window) -> (Vec<DemoPool>, Value) {
             continue;
         }
         let id = model.name.to_lowercase();
+        // The owned cards are paid for whether they work or not, at their TCO.
+        let (name, billing) = match model.name == RESERVED_MODEL {
+            true => (format!("{} nodes (owned)", model.name), "reserved"),
+            false => (format!("{} nodes", model.name), "on_demand"),
+        };
         pools.push(DemoPool {
             id: id.clone(),
-            name: format!("{} nodes", model.name),
+            name,
             gpu_model: model.name,
         });
         for node in of_model {
@@ -438,7 +471,7 @@ fn fleet(nodes: &[Node], window: Window) -> (Vec<DemoPool>, Value) {
                 "pool": id,
                 "gpu_model": model.name,
                 "gpus": node.gpus,
-                "billing_mode": "on_demand",
+                "billing_mode": billing,
                 "from": format_time(window.start),
                 "until": format_time(window.until),
                 "state": "up",
@@ -751,31 +784,37 @@ fn contracts(window: Window, committed_gpus: u32) -> Vec<DemoContract> {
                 valid_from: window.start,
                 valid_until: None,
                 committed_gpus: None,
+                tco: None,
             });
         }
     }
+    let owned = owned_a100(window);
     contracts.push(DemoContract {
-        name: format!("{RESERVED_MODEL} reserved, {committed_gpus} GPUs for a year"),
+        name: format!("{RESERVED_MODEL} owned, {committed_gpus} GPUs"),
         gpu_model: RESERVED_MODEL,
         billing_mode: BillingMode::Reserved,
-        price_per_gpu_hour: Decimal::new(RESERVED_CENTS, 2),
+        price_per_gpu_hour: owned.parts().total(),
         valid_from: window.start,
-        valid_until: window.start.checked_add_months(Months::new(12)),
+        valid_until: None,
         committed_gpus: Some(Decimal::from(committed_gpus)),
+        tco: Some(owned),
     });
     contracts
 }
 
 /// What a GPU-hour of the model costs in US dollars under the contract of the billing mode.
+/// The owned cards' price while they depreciate.
 fn price(model: &DemoModel, mode: BillingMode) -> Decimal {
-    Decimal::new(
-        match mode {
-            BillingMode::OnDemand => model.on_demand_cents,
-            BillingMode::Spot => model.spot_cents,
-            BillingMode::Reserved => RESERVED_CENTS,
-        },
-        2,
-    )
+    match mode {
+        BillingMode::OnDemand => Decimal::new(model.on_demand_cents, 2),
+        BillingMode::Spot => Decimal::new(model.spot_cents, 2),
+        BillingMode::Reserved => owned_a100(Window::ending_at(
+            DateTime::<Utc>::UNIX_EPOCH,
+            chrono_tz::UTC,
+        ))
+        .parts()
+        .total(),
+    }
 }
 
 /// What DCGM would have measured of a workload's runs; the trace has no telemetry, so it is
@@ -933,6 +972,17 @@ impl Attempt<'_> {
                 / 10_000;
             record["memory_peak_gib"] = json!(Decimal::new(tenths.max(1) as i64, 1).to_string());
             record["memory_total_gib"] = json!(model.memory_gib.to_string());
+            // The owned cards' exporter reads their energy counter too, on whole GPUs: 55 W
+            // idle to 400 W with every SM busy.
+            if billing_mode(run) == BillingMode::Reserved && pod.gpu_milli == 1000 {
+                let seconds = (ended - started).num_seconds().max(0);
+                let watts = Decimal::new(5500 + 345 * i64::from(activity.sm), 2);
+                let joules = Decimal::from(i64::from(pod.num_gpu) * seconds) * watts;
+                record["energy_joules"] = json!(joules.normalize().to_string());
+            }
+        }
+        if billing_mode(run) == BillingMode::Reserved {
+            record["region"] = json!(OWNED_REGION);
         }
         if outcome == Outcome::Completed {
             let seconds = (ended - started).num_seconds().max(0) as u128;
