@@ -268,24 +268,25 @@ fn run_import_with(
         .unwrap()
 }
 
-/// Four finished jobs of 10 November 2026, an hour each, with what their steps measured:
+/// Four finished jobs of 10 November 2026, an hour each, with what their steps measured and
+/// the energy Slurm accounted them (ConsumedEnergyRaw, joules):
 ///
-/// | job | AllocTRES | step's TRESUsageInMax | stored |
-/// | --- | --- | --- | --- |
-/// | 700 | 2 × h100 (80 GiB) | gpuutil 150, gpumem 120 GiB | sums over 2 GPUs: 0.75, 60 GiB of 80 |
-/// | 701 | 2 × a100_3g.20gb | gpuutil 87, gpumem 4096M | `3g.20gb`, 0.87, 4 GiB of 20; priced at 3/7 |
-/// | 702 | 1 × a100 (40 GiB) | gpuutil 250, gpumem 50G | neither: cannot be on one GPU |
-/// | 703 | 1 × a100_1c.3g.20gb | gpuutil 40 | 0.4; the compute instance is no known profile |
+/// | job | AllocTRES | step's TRESUsageInMax | energy | stored |
+/// | --- | --- | --- | --- | --- |
+/// | 700 | 2 × h100 (80 GiB) | gpuutil 150, gpumem 120 GiB | 5040000 | sums over 2 GPUs: 0.75, 60 GiB of 80; 5040000 J |
+/// | 701 | 2 × a100_3g.20gb | gpuutil 87, gpumem 4096M | 1800000 | `3g.20gb`, 0.87, 4 GiB of 20; priced at 3/7; no energy (a slice) |
+/// | 702 | 1 × a100 (40 GiB) | gpuutil 250, gpumem 50G | 0 | neither: cannot be on one GPU; no energy (0 J is nothing measured) |
+/// | 703 | 1 × a100_1c.3g.20gb | gpuutil 40 | | 0.4; the compute instance is no known profile |
 const TELEMETRY_JOBS: &str = "\
-JobID|State|Start|End|AllocTRES|TRESUsageInMax
-700|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|
-700.0|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|cpu=00:10:00,gres/gpumem=128849018880,gres/gpuutil=150
-701|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|
-701.0|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|gres/gpumem=4096M,gres/gpuutil=87
-702|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|
-702.0|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|gres/gpumem=50G,gres/gpuutil=250
-703|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|
-703.0|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|gres/gpuutil=40
+JobID|State|Start|End|AllocTRES|TRESUsageInMax|ConsumedEnergyRaw
+700|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2||5040000
+700.0|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|cpu=00:10:00,gres/gpumem=128849018880,gres/gpuutil=150|5039000
+701|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2||1800000
+701.0|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|gres/gpumem=4096M,gres/gpuutil=87|1799000
+702|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1||0
+702.0|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|gres/gpumem=50G,gres/gpuutil=250|0
+703|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1||
+703.0|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|gres/gpuutil=40|
 ";
 
 #[tokio::test]
@@ -310,6 +311,7 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     assert!(
         stdout.contains(
             "telemetry read but left out (the jobs are stored without it): \
+             energy_joules on 1 job (a MIG slice: Slurm measures the whole card or node); \
              gpu_util on 1 job (above 100 % per GPU); \
              memory_peak_gib on 1 job (above the memory of the GPU or slice); \
              mig_profile on 1 job (not a MIG profile the catalogue knows for the model)"
@@ -324,6 +326,10 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     assert_eq!(summed["memory_peak_gib"], "60", "120 GiB over 2 GPUs");
     assert_eq!(summed["memory_total_gib"], "80", "an H100's memory");
     assert_eq!(summed["mig_profile"], Value::Null);
+    assert_eq!(
+        summed["energy_joules"], "5040000",
+        "the job's ConsumedEnergyRaw, not its step's"
+    );
 
     let sliced = stored(&app, "vision", "701", 1).await;
     assert_eq!(
@@ -334,11 +340,13 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     assert_eq!(sliced["gpu_util"], "0.87");
     assert_eq!(sliced["memory_peak_gib"], "4");
     assert_eq!(sliced["memory_total_gib"], "20", "the slice's memory");
+    assert_eq!(sliced["energy_joules"], Value::Null);
 
     let implausible = stored(&app, "vision", "702", 1).await;
     assert_eq!(implausible["gpu_util"], Value::Null);
     assert_eq!(implausible["memory_peak_gib"], Value::Null);
     assert_eq!(implausible["memory_total_gib"], Value::Null);
+    assert_eq!(implausible["energy_joules"], Value::Null);
 
     let compute_instance = stored(&app, "vision", "703", 1).await;
     assert_eq!(compute_instance["gpu_model"], "a100");
@@ -361,6 +369,9 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     let month = cost(&app, NOVEMBER).await;
     assert_money(&month["total"], "20");
     assert_money(&month["unrated_gpu_seconds"], "7200");
+    // The month's measured energy is 700's alone: 5,040,000 J ÷ 3,600,000 J/kWh = 1.4 kWh
+    // (two H100s at 700 W for an hour).
+    assert_money(&month["energy"]["kwh"], "1.4");
 }
 
 #[tokio::test]
