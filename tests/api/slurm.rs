@@ -553,9 +553,24 @@ fn sacct_outputs() -> [String; 2] {
     [first.join("\n") + "\n", second.join("\n") + "\n"]
 }
 
-/// A fake sacct: logs TZ and its arguments, then prints the next of the outputs.
+/// `line` with its ConsumedEnergyRaw set to `joules`.
+fn with_energy(line: &str, joules: &str) -> String {
+    let at = COLLECTED_FIELDS
+        .iter()
+        .position(|field| *field == "ConsumedEnergyRaw")
+        .unwrap();
+    let mut fields: Vec<&str> = line.split(DELIMITER).collect();
+    fields[at] = joules;
+    fields.join(DELIMITER)
+}
+
+/// A fake sacct printing [`sacct_outputs`].
 fn fake_sacct(dir: &Path) -> PathBuf {
-    let [first, second] = sacct_outputs();
+    fake_sacct_printing(dir, sacct_outputs())
+}
+
+/// A fake sacct: logs TZ and its arguments, then prints the next of the outputs.
+fn fake_sacct_printing(dir: &Path, [first, second]: [String; 2]) -> PathBuf {
     std::fs::write(dir.join("first.txt"), first).unwrap();
     std::fs::write(dir.join("second.txt"), second).unwrap();
     let script = dir.join("sacct");
@@ -713,6 +728,90 @@ async fn collect_slurm_posts_each_job_once_to_a_server() {
     assert!(!ok, "{out}");
     assert!(!state.exists());
     served.stop().await;
+}
+
+/// Three finished GPU jobs of 24 May 2024 with the energy Slurm accounted them: 600 on four
+/// whole A100s for an hour, 5,400,123 J (375 W a GPU), its step's own figure below it; 602
+/// on two 3g.20gb slices, 900,000 J of the whole card or node; 604 on one A100, 0 J (nothing
+/// measured).
+fn energy_output() -> String {
+    let a100 = "cpu=16,mem=65536,node=1,gres/gpu=4,gres/gpu:a100=4";
+    let mig = "cpu=4,mem=16384,node=1,gres/gpu=2,gres/gpu:a100_3g.20gb=2";
+    let one = "cpu=4,mem=16384,node=1,gres/gpu=1,gres/gpu:a100=1";
+    let (nine, ten, eleven) = (
+        "2024-05-24T09:00:00",
+        "2024-05-24T10:00:00",
+        "2024-05-24T11:00:00",
+    );
+    let step_600 = line(&[
+        ("JobID", "600.0"),
+        ("State", "COMPLETED"),
+        ("AllocTRES", a100),
+        ("Start", nine),
+        ("End", ten),
+    ]);
+    [
+        COLLECTED_FIELDS.join(DELIMITER),
+        with_energy(&job("600", "COMPLETED", "0", a100, nine, ten), "5400123"),
+        with_energy(&step_600, "5400000"),
+        with_energy(
+            &job("602", "COMPLETED", "0", mig, nine, "2024-05-24T09:30:00"),
+            "900000",
+        ),
+        with_energy(&job("604", "COMPLETED", "0", one, ten, eleven), "0"),
+    ]
+    .join("\n")
+        + "\n"
+}
+
+#[tokio::test]
+async fn collect_slurm_posts_the_energy_slurm_accounted_except_a_slices() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let token = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let output = energy_output();
+    let bin = fake_sacct_printing(dir.path(), [output.clone(), output]);
+    let state = dir.path().join("slurm.state");
+    let (ok, out) = collect(
+        &app,
+        &bin,
+        &state,
+        "2024-05-25T00:00:00Z",
+        Some((&served.url(), &token)),
+    )
+    .await;
+    served.stop().await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("jobs read 3, records 3: accepted 3, duplicates 0"),
+        "{out}"
+    );
+    // Only the slice's energy is left out; a 0 is nothing measured, not counted.
+    let left_out: Vec<&str> = out
+        .lines()
+        .filter(|line| line.contains("left out"))
+        .collect();
+    assert_eq!(
+        left_out,
+        [
+            "telemetry read but left out (the jobs are stored without it): \
+          energy_joules on 1 job (a MIG slice: Slurm measures the whole card or node)"
+        ],
+        "{out}"
+    );
+
+    // The allocation line's ConsumedEnergyRaw, exactly, not its step's 5,400,000.
+    let whole = stored(&app, "vision", "600", 1).await;
+    assert_eq!(whole["gpu_count"], "4");
+    assert_eq!(whole["energy_joules"], "5400123");
+    let slice = stored(&app, "vision", "602", 1).await;
+    assert_eq!(slice["mig_profile"], "3g.20gb");
+    assert_eq!(slice["energy_joules"], Value::Null);
+    let unmeasured = stored(&app, "vision", "604", 1).await;
+    assert_eq!(unmeasured["gpu_count"], "1");
+    assert_eq!(unmeasured["energy_joules"], Value::Null);
 }
 
 /// `import --format sacct` reads its file in runs of lines: a requeued job whose two runs lie
