@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use crate::common::TestApp;
+use crate::common::{TestApp, assert_money, cost};
 use crate::prometheus;
 
 /// kube-state-metrics' and dcgm-exporter's scrape interval, seconds.
@@ -78,6 +78,28 @@ struct Spec {
     gpus: Vec<Gpu>,
     /// How long its series stay after it ended (until the pod object is deleted).
     linger: i64,
+    /// DCGM's energy counter on its GPUs, where dcgm-exporter reports it.
+    counters: Option<Counters>,
+}
+
+/// `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` of a pod's GPUs: GPU `i` draws `watts[i]` W, so
+/// at its DCGM sample `k` (every `SCRAPE` s) its counter reads `base_i + k·30·watts[i]·1000`
+/// mJ; from sample `reset` on (a driver reload) it counts again from 0.
+#[derive(Clone)]
+struct Counters {
+    watts: Vec<i64>,
+    reset: Option<usize>,
+}
+
+impl Counters {
+    fn millijoules(&self, gpu: usize, k: usize) -> i64 {
+        let per_sample = SCRAPE * self.watts[gpu] * 1000;
+        match self.reset {
+            Some(reset) if k >= reset => (k - reset) as i64 * per_sample,
+            // Days of use since the driver loaded, different on each GPU.
+            _ => 310_000_000_000 + gpu as i64 * 7_654_321_987 + k as i64 * per_sample,
+        }
+    }
 }
 
 impl Spec {
@@ -96,6 +118,7 @@ impl Spec {
             node: "gpu-node-1",
             gpus: vec![],
             linger: 40 * MINUTE,
+            counters: None,
         }
     }
 
@@ -112,6 +135,15 @@ impl Spec {
 
     fn end(mut self, end: End) -> Self {
         self.end = end;
+        self
+    }
+
+    /// Its GPUs report their energy counters, drawing `watts`, reset at sample `reset`.
+    fn energy(mut self, watts: &[i64], reset: Option<usize>) -> Self {
+        self.counters = Some(Counters {
+            watts: watts.to_vec(),
+            reset,
+        });
         self
     }
 
@@ -454,13 +486,22 @@ fn specs() -> Vec<Spec> {
     specs
 }
 
+/// A series' name and labels as OpenMetrics writes them.
+fn series(name: &str, labels: &[(&str, &str)]) -> String {
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    format!("{name}{{{}}}", labels.join(","))
+}
+
+const ENERGY: &str = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION";
+
 /// The OpenMetrics text of the specs' series, from `base` on.
 fn openmetrics(specs: &[Spec], base: i64) -> String {
     let mut families: BTreeMap<&'static str, String> = BTreeMap::new();
+    // Whole millijoules, written as integers.
+    let mut energy = String::new();
     let mut emit = |name: &'static str, labels: &[(&str, &str)], value: f64, t: i64| {
         let line = families.entry(name).or_default();
-        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-        let _ = writeln!(line, "{name}{{{}}} {value} {}", labels.join(","), base + t);
+        let _ = writeln!(line, "{} {value} {}", series(name, labels), base + t);
     };
     for spec in specs {
         let uid = spec.uid();
@@ -599,6 +640,15 @@ fn openmetrics(specs: &[Spec], base: i64) -> String {
                 labels.push(("GPU_I_ID", "1"));
             }
             for (k, &t) in spec.dcgm_times().iter().enumerate() {
+                if let Some(counters) = &spec.counters {
+                    let _ = writeln!(
+                        energy,
+                        "{} {} {}",
+                        series(ENERGY, &labels),
+                        counters.millijoules(i, k),
+                        base + t
+                    );
+                }
                 if gpu.mig.is_none() {
                     emit("DCGM_FI_DEV_GPU_UTIL", &labels, util(seed, i, k), t);
                 }
@@ -691,6 +741,9 @@ fn openmetrics(specs: &[Spec], base: i64) -> String {
             64.0,
             t,
         );
+    }
+    if !energy.is_empty() {
+        families.insert(ENERGY, energy);
     }
     let mut text = String::new();
     for (name, lines) in families {
@@ -1183,6 +1236,132 @@ async fn collect_prometheus_makes_the_records_the_pods_call_for_once_over_overla
     assert!(!halfway.exists());
     assert_eq!(record_count(&app).await, recorded.len() as i64);
     served.stop().await;
+}
+
+/// Four GPU pods whose GPUs report DCGM's energy counter, from `from` on (offsets from the
+/// day's start). Their samples are on the 30 s grid, never at a start or an end.
+fn energy_specs(from: i64) -> Vec<Spec> {
+    let mig = Gpu {
+        mig: Some("3g.40gb"),
+        memory_mib: 40960,
+        ..A100
+    };
+    vec![
+        // Samples at +1:00:30 … +2:00:30: 120 intervals of 30 s at 400 W and 300 W.
+        Spec::new(
+            "vision",
+            "train-e-1",
+            from + HOUR + 17,
+            from + 2 * HOUR + 43,
+        )
+        .job("train-e")
+        .gpus(A100, 2)
+        .energy(&[400, 300], None),
+        // Samples at +3:00:30 … +3:40:00: 79 intervals at 700, 700, 650 and 650 W.
+        Spec::new(
+            "vision",
+            "train-f-1",
+            from + 3 * HOUR + 7,
+            from + 3 * HOUR + 40 * MINUTE + 29,
+        )
+        .job("train-f")
+        .gpus(H100, 4)
+        .energy(&[700, 700, 650, 650], None),
+        // Its driver reloaded halfway: the counter starts again from 0 at its 60th sample.
+        Spec::new(
+            "vision",
+            "reload-1",
+            from + 2 * HOUR + 11,
+            from + 3 * HOUR + 19,
+        )
+        .job("reload")
+        .gpus(A100, 1)
+        .energy(&[400], Some(60)),
+        // A MIG instance: the counter is the whole card's.
+        Spec {
+            resources: vec![("nvidia_com_mig_3g_40gb", 1)],
+            gpus: vec![mig],
+            ..Spec::new(
+                "vision",
+                "mig-e-1",
+                from + HOUR + 29,
+                from + 2 * HOUR + 2 * MINUTE + 17,
+            )
+            .job("mig-e")
+            .energy(&[250], None)
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_prometheus_posts_each_pods_dcgm_energy_but_not_over_a_reset_or_a_slice() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let token = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = day_start();
+    // The pods lie within one UTC day, so within one month: after midnight where the day's
+    // start is too close to it.
+    let midnight = 24 * HOUR - base.rem_euclid(24 * HOUR);
+    let from = if midnight <= 4 * HOUR { midnight } else { 0 };
+    let specs = energy_specs(from);
+    let prometheus = prometheus_with(&specs, base, dir.path()).await;
+    let state = dir.path().join("prometheus.state");
+    let window = (at(base, from), at(base, from + 5 * HOUR));
+    let (ok, out) = collect(
+        &app,
+        &prometheus.url,
+        &state,
+        (&window.0, &window.1),
+        Some((&served.url(), &token)),
+        &["--no-capacity"],
+    )
+    .await;
+    served.stop().await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("pods seen 4, records 4: accepted 4, duplicates 0"),
+        "{out}"
+    );
+    let left_out: Vec<&str> = out
+        .lines()
+        .filter(|line| line.contains("left out"))
+        .collect();
+    assert_eq!(
+        left_out,
+        [
+            "telemetry read but left out (the jobs are stored without it): \
+          energy_joules on 1 job (a GPU's counter went down during the pod's life \
+          (driver reload or GPU reset)); \
+          energy_joules on 1 job (a MIG instance: DCGM counts the whole card's energy)"
+        ],
+        "{out}"
+    );
+
+    let energy = |task: &'static str| {
+        let app = &app;
+        let path = format!("/v1/projects/vision/job-records/{task}/1");
+        async move {
+            let response = app.get(&path, &app.admin).await;
+            assert_eq!(response.status, 200, "{task}: {}", response.text());
+            response.json()["record"]["energy_joules"].clone()
+        }
+    };
+    // 120 × 30 s × (400 + 300) W = 120 × 21,000 J = 2,520,000 J.
+    assert_eq!(energy("train-e").await, "2520000");
+    // 79 × 30 s × (700 + 700 + 650 + 650) W = 79 × 81,000 J = 6,399,000 J.
+    assert_eq!(energy("train-f").await, "6399000");
+    assert_eq!(energy("reload").await, Value::Null);
+    assert_eq!(energy("mig-e").await, Value::Null);
+
+    // The month's measured energy: (2,520,000 + 6,399,000) J = 8,919,000 J
+    // ÷ 3,600,000 J/kWh = 2.4775 kWh.
+    let month = DateTime::<Utc>::from_timestamp(base + from, 0)
+        .unwrap()
+        .format("%Y-%m");
+    let view = cost(&app, &format!("/v1/projects/vision/cost?month={month}")).await;
+    assert_money(&view["energy"]["kwh"], "2.4775");
 }
 
 /// A proxy to Prometheus at `upstream` that passes on the first `answered` queries and

@@ -268,24 +268,25 @@ fn run_import_with(
         .unwrap()
 }
 
-/// Four finished jobs of 10 November 2026, an hour each, with what their steps measured:
+/// Four finished jobs of 10 November 2026, an hour each, with what their steps measured and
+/// the energy Slurm accounted them (ConsumedEnergyRaw, joules):
 ///
-/// | job | AllocTRES | step's TRESUsageInMax | stored |
-/// | --- | --- | --- | --- |
-/// | 700 | 2 × h100 (80 GiB) | gpuutil 150, gpumem 120 GiB | sums over 2 GPUs: 0.75, 60 GiB of 80 |
-/// | 701 | 2 × a100_3g.20gb | gpuutil 87, gpumem 4096M | `3g.20gb`, 0.87, 4 GiB of 20; priced at 3/7 |
-/// | 702 | 1 × a100 (40 GiB) | gpuutil 250, gpumem 50G | neither: cannot be on one GPU |
-/// | 703 | 1 × a100_1c.3g.20gb | gpuutil 40 | 0.4; the compute instance is no known profile |
+/// | job | AllocTRES | step's TRESUsageInMax | energy | stored |
+/// | --- | --- | --- | --- | --- |
+/// | 700 | 2 × h100 (80 GiB) | gpuutil 150, gpumem 120 GiB | 5040000 | sums over 2 GPUs: 0.75, 60 GiB of 80; 5040000 J |
+/// | 701 | 2 × a100_3g.20gb | gpuutil 87, gpumem 4096M | 1800000 | `3g.20gb`, 0.87, 4 GiB of 20; priced at 3/7; no energy (a slice) |
+/// | 702 | 1 × a100 (40 GiB) | gpuutil 250, gpumem 50G | 0 | neither: cannot be on one GPU; no energy (0 J is nothing measured) |
+/// | 703 | 1 × a100_1c.3g.20gb | gpuutil 40 | | 0.4; the compute instance is no known profile |
 const TELEMETRY_JOBS: &str = "\
-JobID|State|Start|End|AllocTRES|TRESUsageInMax
-700|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|
-700.0|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|cpu=00:10:00,gres/gpumem=128849018880,gres/gpuutil=150
-701|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|
-701.0|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|gres/gpumem=4096M,gres/gpuutil=87
-702|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|
-702.0|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|gres/gpumem=50G,gres/gpuutil=250
-703|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|
-703.0|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|gres/gpuutil=40
+JobID|State|Start|End|AllocTRES|TRESUsageInMax|ConsumedEnergyRaw
+700|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2||5040000
+700.0|COMPLETED|2026-11-10T00:00:00|2026-11-10T01:00:00|cpu=8,gres/gpu=2,gres/gpu:h100=2|cpu=00:10:00,gres/gpumem=128849018880,gres/gpuutil=150|5039000
+701|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2||1800000
+701.0|COMPLETED|2026-11-10T02:00:00|2026-11-10T03:00:00|cpu=4,gres/gpu=2,gres/gpu:a100_3g.20gb=2|gres/gpumem=4096M,gres/gpuutil=87|1799000
+702|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1||0
+702.0|COMPLETED|2026-11-10T04:00:00|2026-11-10T05:00:00|gres/gpu=1,gres/gpu:a100=1|gres/gpumem=50G,gres/gpuutil=250|0
+703|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1||
+703.0|COMPLETED|2026-11-10T06:00:00|2026-11-10T07:00:00|gres/gpu=1,gres/gpu:a100_1c.3g.20gb=1|gres/gpuutil=40|
 ";
 
 #[tokio::test]
@@ -310,6 +311,7 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     assert!(
         stdout.contains(
             "telemetry read but left out (the jobs are stored without it): \
+             energy_joules on 1 job (a MIG slice: Slurm measures the whole card or node); \
              gpu_util on 1 job (above 100 % per GPU); \
              memory_peak_gib on 1 job (above the memory of the GPU or slice); \
              mig_profile on 1 job (not a MIG profile the catalogue knows for the model)"
@@ -324,6 +326,10 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     assert_eq!(summed["memory_peak_gib"], "60", "120 GiB over 2 GPUs");
     assert_eq!(summed["memory_total_gib"], "80", "an H100's memory");
     assert_eq!(summed["mig_profile"], Value::Null);
+    assert_eq!(
+        summed["energy_joules"], "5040000",
+        "the job's ConsumedEnergyRaw, not its step's"
+    );
 
     let sliced = stored(&app, "vision", "701", 1).await;
     assert_eq!(
@@ -334,11 +340,13 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     assert_eq!(sliced["gpu_util"], "0.87");
     assert_eq!(sliced["memory_peak_gib"], "4");
     assert_eq!(sliced["memory_total_gib"], "20", "the slice's memory");
+    assert_eq!(sliced["energy_joules"], Value::Null);
 
     let implausible = stored(&app, "vision", "702", 1).await;
     assert_eq!(implausible["gpu_util"], Value::Null);
     assert_eq!(implausible["memory_peak_gib"], Value::Null);
     assert_eq!(implausible["memory_total_gib"], Value::Null);
+    assert_eq!(implausible["energy_joules"], Value::Null);
 
     let compute_instance = stored(&app, "vision", "703", 1).await;
     assert_eq!(compute_instance["gpu_model"], "a100");
@@ -361,6 +369,9 @@ async fn slurm_telemetry_is_stored_and_implausible_figures_are_left_out_and_coun
     let month = cost(&app, NOVEMBER).await;
     assert_money(&month["total"], "20");
     assert_money(&month["unrated_gpu_seconds"], "7200");
+    // The month's measured energy is 700's alone: 5,040,000 J ÷ 3,600,000 J/kWh = 1.4 kWh
+    // (two H100s at 700 W for an hour).
+    assert_money(&month["energy"]["kwh"], "1.4");
 }
 
 #[tokio::test]
@@ -542,9 +553,24 @@ fn sacct_outputs() -> [String; 2] {
     [first.join("\n") + "\n", second.join("\n") + "\n"]
 }
 
-/// A fake sacct: logs TZ and its arguments, then prints the next of the outputs.
+/// `line` with its ConsumedEnergyRaw set to `joules`.
+fn with_energy(line: &str, joules: &str) -> String {
+    let at = COLLECTED_FIELDS
+        .iter()
+        .position(|field| *field == "ConsumedEnergyRaw")
+        .unwrap();
+    let mut fields: Vec<&str> = line.split(DELIMITER).collect();
+    fields[at] = joules;
+    fields.join(DELIMITER)
+}
+
+/// A fake sacct printing [`sacct_outputs`].
 fn fake_sacct(dir: &Path) -> PathBuf {
-    let [first, second] = sacct_outputs();
+    fake_sacct_printing(dir, sacct_outputs())
+}
+
+/// A fake sacct: logs TZ and its arguments, then prints the next of the outputs.
+fn fake_sacct_printing(dir: &Path, [first, second]: [String; 2]) -> PathBuf {
     std::fs::write(dir.join("first.txt"), first).unwrap();
     std::fs::write(dir.join("second.txt"), second).unwrap();
     let script = dir.join("sacct");
@@ -702,6 +728,90 @@ async fn collect_slurm_posts_each_job_once_to_a_server() {
     assert!(!ok, "{out}");
     assert!(!state.exists());
     served.stop().await;
+}
+
+/// Three finished GPU jobs of 24 May 2024 with the energy Slurm accounted them: 600 on four
+/// whole A100s for an hour, 5,400,123 J (375 W a GPU), its step's own figure below it; 602
+/// on two 3g.20gb slices, 900,000 J of the whole card or node; 604 on one A100, 0 J (nothing
+/// measured).
+fn energy_output() -> String {
+    let a100 = "cpu=16,mem=65536,node=1,gres/gpu=4,gres/gpu:a100=4";
+    let mig = "cpu=4,mem=16384,node=1,gres/gpu=2,gres/gpu:a100_3g.20gb=2";
+    let one = "cpu=4,mem=16384,node=1,gres/gpu=1,gres/gpu:a100=1";
+    let (nine, ten, eleven) = (
+        "2024-05-24T09:00:00",
+        "2024-05-24T10:00:00",
+        "2024-05-24T11:00:00",
+    );
+    let step_600 = line(&[
+        ("JobID", "600.0"),
+        ("State", "COMPLETED"),
+        ("AllocTRES", a100),
+        ("Start", nine),
+        ("End", ten),
+    ]);
+    [
+        COLLECTED_FIELDS.join(DELIMITER),
+        with_energy(&job("600", "COMPLETED", "0", a100, nine, ten), "5400123"),
+        with_energy(&step_600, "5400000"),
+        with_energy(
+            &job("602", "COMPLETED", "0", mig, nine, "2024-05-24T09:30:00"),
+            "900000",
+        ),
+        with_energy(&job("604", "COMPLETED", "0", one, ten, eleven), "0"),
+    ]
+    .join("\n")
+        + "\n"
+}
+
+#[tokio::test]
+async fn collect_slurm_posts_the_energy_slurm_accounted_except_a_slices() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let token = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let output = energy_output();
+    let bin = fake_sacct_printing(dir.path(), [output.clone(), output]);
+    let state = dir.path().join("slurm.state");
+    let (ok, out) = collect(
+        &app,
+        &bin,
+        &state,
+        "2024-05-25T00:00:00Z",
+        Some((&served.url(), &token)),
+    )
+    .await;
+    served.stop().await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("jobs read 3, records 3: accepted 3, duplicates 0"),
+        "{out}"
+    );
+    // Only the slice's energy is left out; a 0 is nothing measured, not counted.
+    let left_out: Vec<&str> = out
+        .lines()
+        .filter(|line| line.contains("left out"))
+        .collect();
+    assert_eq!(
+        left_out,
+        [
+            "telemetry read but left out (the jobs are stored without it): \
+          energy_joules on 1 job (a MIG slice: Slurm measures the whole card or node)"
+        ],
+        "{out}"
+    );
+
+    // The allocation line's ConsumedEnergyRaw, exactly, not its step's 5,400,000.
+    let whole = stored(&app, "vision", "600", 1).await;
+    assert_eq!(whole["gpu_count"], "4");
+    assert_eq!(whole["energy_joules"], "5400123");
+    let slice = stored(&app, "vision", "602", 1).await;
+    assert_eq!(slice["mig_profile"], "3g.20gb");
+    assert_eq!(slice["energy_joules"], Value::Null);
+    let unmeasured = stored(&app, "vision", "604", 1).await;
+    assert_eq!(unmeasured["gpu_count"], "1");
+    assert_eq!(unmeasured["energy_joules"], Value::Null);
 }
 
 /// `import --format sacct` reads its file in runs of lines: a requeued job whose two runs lie
