@@ -245,6 +245,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "9.00 USD",
             "36.00 USD",
             "18.00 USD per 1M tokens",
+            "—",
         ],
         [
             "t2",
@@ -259,6 +260,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "14.40 USD",
             "33.60 USD",
             "33.60 USD per 1M tokens",
+            "—",
         ],
         [
             "t3",
@@ -273,6 +275,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "0.00 USD",
             "10.00 USD",
             "20.00 USD per 1k samples",
+            "—",
         ],
         // t5 began in October: November holds half of it, its final cost all of it.
         [
@@ -288,6 +291,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "0.00 USD",
             "10.00 USD",
             "—",
+            "—",
         ],
         [
             "t4",
@@ -300,6 +304,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "—",
             "0.00 USD + 1.0 GPU-h unrated",
             "0.00 USD",
+            "—",
             "—",
             "—",
         ],
