@@ -130,8 +130,9 @@ pub fn segment_kinds_sql(prefix: &str) -> String {
     )
 }
 
-/// The summed columns of the cost rollups and of `cost_monthly_kinds`, `segments` first.
-pub const COST_KIND_SUMS: [&str; 19] = [
+/// The summed columns of the cost rollups and of `cost_monthly_kinds`, `segments` first,
+/// the [`ENERGY_SUMS`] last.
+pub const COST_KIND_SUMS: [&str; 19] = followed_by_energy([
     "segments",
     "gpu_seconds_held",
     "gpu_seconds_busy",
@@ -141,23 +142,30 @@ pub const COST_KIND_SUMS: [&str; 19] = [
     "unmeasured_seconds",
     "failed_seconds",
     "output_quantity",
-    "metered_card_seconds",
-    "productive_metered",
-    "idle_metered",
-    "unmeasured_metered",
-    "failed_metered",
-    "energy_joules",
-    "productive_joules",
-    "idle_joules",
-    "unmeasured_joules",
-    "failed_joules",
-];
+]);
+
+/// `columns` followed by the [`ENERGY_SUMS`]; `N` is their count.
+const fn followed_by_energy<const M: usize, const N: usize>(
+    columns: [&'static str; M],
+) -> [&'static str; N] {
+    assert!(M + ENERGY_SUMS.len() == N, "N counts both");
+    let mut all = [""; N];
+    let mut i = 0;
+    while i < N {
+        all[i] = match i < M {
+            true => columns[i],
+            false => ENERGY_SUMS[i - M],
+        };
+        i += 1;
+    }
+    all
+}
 
 /// The energy sums of a segment (`rated_segments` columns qualified by `prefix`), as the
 /// views `cost_hourly` and `task_hourly` have them: the card-seconds of each part whose
 /// energy was measured, and the joules measured in each part (see migration 0020).
 pub fn energy_sums_sql(prefix: &str) -> String {
-    energy_sums(prefix)
+    energy_sum_expressions(prefix)
         .iter()
         .map(|(expression, name)| format!("{expression} AS {name}"))
         .collect::<Vec<_>>()
@@ -166,7 +174,7 @@ pub fn energy_sums_sql(prefix: &str) -> String {
 
 /// The energy sums of [`energy_sums_sql`], summed over the segments.
 pub fn summed_energy_sql(prefix: &str) -> String {
-    energy_sums(prefix)
+    energy_sum_expressions(prefix)
         .iter()
         .map(|(expression, name)| format!("sum({expression}) AS {name}"))
         .collect::<Vec<_>>()
@@ -187,7 +195,9 @@ pub const ENERGY_SUMS: [&str; 10] = [
     "failed_joules",
 ];
 
-fn energy_sums(prefix: &str) -> [(String, &'static str); 10] {
+/// The expression over a segment (qualified by `prefix`) of each of the [`ENERGY_SUMS`], with
+/// its name.
+pub fn energy_sum_expressions(prefix: &str) -> [(String, &'static str); 10] {
     let metered = |seconds: &str| {
         format!("CASE WHEN {prefix}energy_joules IS NULL THEN 0 ELSE {seconds} END")
     };
@@ -733,8 +743,9 @@ async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The summed columns of `task_monthly` and of the view `task_hourly` it is built from.
-pub const TASK_SUMS: [&str; 26] = [
+/// The summed columns of `task_monthly` and of the view `task_hourly` it is built from, the
+/// [`ENERGY_SUMS`] last.
+pub const TASK_SUMS: [&str; 26] = followed_by_energy([
     "segments",
     "card_seconds",
     "productive_seconds",
@@ -751,17 +762,7 @@ pub const TASK_SUMS: [&str; 26] = [
     "failures",
     "queue_wait_seconds",
     "queue_waits",
-    "metered_card_seconds",
-    "productive_metered",
-    "idle_metered",
-    "unmeasured_metered",
-    "failed_metered",
-    "energy_joules",
-    "productive_joules",
-    "idle_joules",
-    "unmeasured_joules",
-    "failed_joules",
-];
+]);
 
 /// SQL reading `columns` of `{family}_{level}` for the projects matching `projects`, where
 /// `time` lies in `[start, end)`.

@@ -35,7 +35,7 @@ use crate::store::rollups::{
 /// The summed columns filled from segments, with the expression over a segment change
 /// (`sign` and the `rated_segments` columns, with the figures of an old segment negated)
 /// each adds.
-const SEGMENT_SUMS: [(&str, &str); 19] = [
+const SEGMENT_SUMS: [(&str, &str); 9] = [
     ("segments", "sign"),
     ("card_seconds", "coalesce(card_seconds, 0)"),
     ("productive_seconds", "productive_seconds"),
@@ -48,31 +48,6 @@ const SEGMENT_SUMS: [(&str, &str); 19] = [
         "unrated_gpu_seconds",
         "CASE WHEN contract_id IS NULL THEN gpu_seconds_held ELSE 0 END",
     ),
-    (
-        "metered_card_seconds",
-        "CASE WHEN energy_joules IS NULL THEN 0 ELSE coalesce(card_seconds, 0) END",
-    ),
-    (
-        "productive_metered",
-        "CASE WHEN energy_joules IS NULL THEN 0 ELSE productive_seconds END",
-    ),
-    (
-        "idle_metered",
-        "CASE WHEN energy_joules IS NULL THEN 0 ELSE idle_seconds END",
-    ),
-    (
-        "unmeasured_metered",
-        "CASE WHEN energy_joules IS NULL THEN 0 ELSE unmeasured_seconds END",
-    ),
-    (
-        "failed_metered",
-        "CASE WHEN energy_joules IS NULL THEN 0 ELSE failed_seconds END",
-    ),
-    ("energy_joules", "coalesce(energy_joules, 0)"),
-    ("productive_joules", "productive_joules"),
-    ("idle_joules", "idle_joules"),
-    ("unmeasured_joules", "unmeasured_joules"),
-    ("failed_joules", "failed_joules"),
 ];
 
 /// The columns a task's row is kept by besides the task and month: the contract, model and
@@ -106,15 +81,21 @@ const RECORD_SUMS: [(&str, &str); 6] = [
 /// Groups that change nothing are left out. [`emptied_rows`] names the rows nothing is left
 /// under.
 pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
-    let names: Vec<&str> = SEGMENT_SUMS
+    // The energy sums of a segment change come after the others, as `task_monthly` has them.
+    let energy = crate::store::rollups::energy_sum_expressions("");
+    let segment_sums: Vec<(&str, &str)> = SEGMENT_SUMS
         .iter()
-        .chain(&RECORD_SUMS)
-        .map(|(name, _)| *name)
+        .copied()
+        .chain(
+            energy
+                .iter()
+                .map(|(expression, name)| (*name, expression.as_str())),
+        )
         .collect();
+    let all: Vec<(&str, &str)> = segment_sums.iter().chain(&RECORD_SUMS).copied().collect();
+    let names: Vec<&str> = all.iter().map(|(name, _)| *name).collect();
     let branch = |own: &[(&str, &str)]| {
-        SEGMENT_SUMS
-            .iter()
-            .chain(&RECORD_SUMS)
+        all.iter()
             .map(
                 |(name, expression)| match own.iter().any(|(own, _)| own == name) {
                     true => format!("{expression} AS {name}"),
@@ -145,7 +126,7 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
                 {record_columns} \
          FROM (SELECT *, end_hour AS hour FROM {records}) AS ended",
         segment_key = SEGMENT_KEY,
-        segment_columns = branch(&SEGMENT_SUMS),
+        segment_columns = branch(&segment_sums),
         record_columns = branch(&RECORD_SUMS),
     );
     // Output per unit of each task and month, left out where it nets to zero.
