@@ -258,7 +258,7 @@ impl PrometheusCollector {
                     &key.namespace,
                     &key.name,
                     Some(key.uid.as_str()).filter(|uid| !uid.is_empty()),
-                    candidate.ended - candidate.started,
+                    (candidate.started, candidate.ended),
                     self.resolution,
                 );
                 let samples = self.query(client, &query, candidate.ended).await?;

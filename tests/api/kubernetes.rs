@@ -80,15 +80,22 @@ struct Spec {
     linger: i64,
     /// DCGM's energy counter on its GPUs, where dcgm-exporter reports it.
     counters: Option<Counters>,
+    /// How many pods of its namespace and name came before it (a re-created pod): part of
+    /// its UID.
+    recreated: u32,
+    /// How many seconds after kube-state-metrics dcgm-exporter is scraped, each `SCRAPE`.
+    dcgm_phase: i64,
 }
 
 /// `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` of a pod's GPUs: GPU `i` draws `watts[i]` W, so
 /// at its DCGM sample `k` (every `SCRAPE` s) its counter reads `base_i + k·30·watts[i]·1000`
-/// mJ; from sample `reset` on (a driver reload) it counts again from 0.
+/// mJ, `base_0` being `first`; from sample `reset` on (a driver reload) it counts again
+/// from 0.
 #[derive(Clone)]
 struct Counters {
     watts: Vec<i64>,
     reset: Option<usize>,
+    first: i64,
 }
 
 impl Counters {
@@ -97,7 +104,7 @@ impl Counters {
         match self.reset {
             Some(reset) if k >= reset => (k - reset) as i64 * per_sample,
             // Days of use since the driver loaded, different on each GPU.
-            _ => 310_000_000_000 + gpu as i64 * 7_654_321_987 + k as i64 * per_sample,
+            _ => self.first + gpu as i64 * 7_654_321_987 + k as i64 * per_sample,
         }
     }
 }
@@ -119,6 +126,8 @@ impl Spec {
             gpus: vec![],
             linger: 40 * MINUTE,
             counters: None,
+            recreated: 0,
+            dcgm_phase: 0,
         }
     }
 
@@ -143,14 +152,25 @@ impl Spec {
         self.counters = Some(Counters {
             watts: watts.to_vec(),
             reset,
+            first: 310_000_000_000,
         });
+        self
+    }
+
+    /// Its first GPU's counter reads `millijoules` at its first DCGM sample.
+    fn counted_from(mut self, millijoules: i64) -> Self {
+        self.counters.as_mut().expect("energy() comes first").first = millijoules;
         self
     }
 
     /// A UID shaped as Kubernetes makes them, spread over its first characters as theirs
     /// are (the collector pages by them), and the same on every run.
     fn uid(&self) -> String {
-        let hash = format!("{}/{}", self.namespace, self.name)
+        let mut identity = format!("{}/{}", self.namespace, self.name);
+        if self.recreated > 0 {
+            identity.push_str(&format!("#{}", self.recreated));
+        }
+        let hash = identity
             .bytes()
             .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
                 (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
@@ -209,7 +229,8 @@ impl Spec {
         }
     }
 
-    /// The DCGM sample times of its GPUs.
+    /// The DCGM sample times of its GPUs: every `SCRAPE` s at its phase, after it started and
+    /// before it ended.
     fn dcgm_times(&self) -> Vec<i64> {
         let Some(started) = self.started else {
             return vec![];
@@ -219,9 +240,9 @@ impl Spec {
         } else {
             self.ended
         };
-        (started.div_euclid(SCRAPE) * SCRAPE + SCRAPE..end)
-            .step_by(SCRAPE as usize)
-            .collect()
+        let phase = self.dcgm_phase;
+        let first = (started - phase).div_euclid(SCRAPE) * SCRAPE + SCRAPE + phase;
+        (first..end).step_by(SCRAPE as usize).collect()
     }
 }
 
@@ -1362,6 +1383,85 @@ async fn collect_prometheus_posts_each_pods_dcgm_energy_but_not_over_a_reset_or_
         .format("%Y-%m");
     let view = cost(&app, &format!("/v1/projects/vision/cost?month={month}")).await;
     assert_money(&view["energy"]["kwh"], "2.4775");
+}
+
+/// A StatefulSet's pod `trainer-0` re-created on the same GPU, from `from` on (offsets from
+/// the day's start). dcgm-exporter, scraped 15 s after kube-state-metrics, exports no
+/// `pod_uid`, so both pods' counter readings are one series.
+fn recreated_specs(from: i64) -> Vec<Spec> {
+    let trainer = |started: i64, ended: i64| Spec {
+        dcgm_phase: 15,
+        ..Spec::new("vision", "trainer-0", from + started, from + ended).gpus(A100, 1)
+    };
+    vec![
+        // Samples at +1:00:45 … +1:30:15 at 300 W, counting from 310,000,000,000 mJ; the
+        // last step of its life (+1:30:00) reads +1:29:45, so 58 intervals of 30 s count.
+        // Deleted as it ended, before its successor was created.
+        Spec {
+            linger: 20,
+            ..trainer(HOUR + 17, HOUR + 30 * MINUTE + 20).energy(&[300], None)
+        },
+        // Started 2 minutes after the first ended, before a resolution step (+1:32:30) that
+        // comes before its first sample (+1:32:45). Samples at +1:32:45 … +2:39:45: 134
+        // intervals at 400 W, from 311,000,000,000 mJ, 469,000 J above the first pod's last
+        // reading (310,531,000,000 mJ at +1:30:15).
+        Spec {
+            recreated: 1,
+            ..trainer(HOUR + 32 * MINUTE + 20, 2 * HOUR + 40 * MINUTE + 10)
+                .energy(&[400], None)
+                .counted_from(311_000_000_000)
+        },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_prometheus_counts_no_energy_of_an_earlier_pod_of_the_same_name_on_the_gpu() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let token = app.token("ingest", &["vision"]).await;
+    let served = app.serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = day_start();
+    let midnight = 24 * HOUR - base.rem_euclid(24 * HOUR);
+    let from = if midnight <= 4 * HOUR { midnight } else { 0 };
+    let specs = recreated_specs(from);
+    let prometheus = prometheus_with(&specs, base, dir.path()).await;
+    let state = dir.path().join("prometheus.state");
+    let window = (at(base, from), at(base, from + 5 * HOUR));
+    let (ok, out) = collect(
+        &app,
+        &prometheus.url,
+        &state,
+        (&window.0, &window.1),
+        Some((&served.url(), &token)),
+        &["--no-capacity"],
+    )
+    .await;
+    served.stop().await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("pods seen 2, records 2: accepted 2, duplicates 0"),
+        "{out}"
+    );
+    assert!(!out.contains("left out"), "{out}");
+
+    for (attempt, spec) in (1..).zip(&specs) {
+        let path = format!("/v1/projects/vision/job-records/trainer-0/{attempt}");
+        let response = app.get(&path, &app.admin).await;
+        assert_eq!(response.status, 200, "{path}: {}", response.text());
+        let record = &response.json()["record"];
+        // The averages read only the samples of the pod's own life.
+        assert_record(record, &expected(spec, attempt, base));
+        let energy = &record["energy_joules"];
+        match attempt {
+            // 58 × 30 s × 300 W = 522,000 J.
+            1 => assert_eq!(energy, "522000"),
+            // 134 × 30 s × 400 W = 1,608,000 J: its own readings only. The first pod's last
+            // reading, 2 min 15 s before the step at +1:32:30, is within Prometheus' lookback
+            // there; counted, it would add the 469,000 J between the pods (2,077,000 J).
+            _ => assert_eq!(energy, "1608000"),
+        }
+    }
 }
 
 /// A proxy to Prometheus at `upstream` that passes on the first `answered` queries and

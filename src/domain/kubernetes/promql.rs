@@ -4,7 +4,8 @@
 //! pod), so an answer grows with the number of pods, never with the number of samples. Times
 //! come from sample timestamps (`timestamp()` inside a subquery), never from when a query was
 //! evaluated: an instant selector finds a sample up to five minutes old (Prometheus' lookback),
-//! so a pod's series seem to live on after it is gone.
+//! so a pod's series seem to live on after it is gone, and, read at the start of a pod's life,
+//! reach back before it (see [`dcgm`]).
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -366,6 +367,11 @@ pub fn seconds(span: TimeDelta) -> String {
     format!("{}s", whole.max(1))
 }
 
+/// A time as a PromQL number: Unix seconds, to the millisecond, as Prometheus keeps them.
+fn unix(at: DateTime<Utc>) -> String {
+    format!("{}.{:03}", at.timestamp(), at.timestamp_subsec_millis())
+}
+
 /// `name{matchers}`, with the operator's selector (`cluster="a"`) first.
 fn select(name: &str, selector: &str, matchers: &[&str]) -> String {
     let all: Vec<&str> = std::iter::once(selector)
@@ -596,18 +602,27 @@ pub fn task_pods<'a>(
     )
 }
 
-/// The figures dcgm-exporter measured of one pod's GPUs over its life, each tagged with the
-/// label `figure`: averages over the GPUs of the per-GPU averages over time, the highest
-/// framebuffer use, the GPU models and MIG profiles of the pod's devices, and each GPU's
-/// energy counter: its lowest and highest reading and how often it went down, read every
-/// `resolution` over the life from the GPU's series merged (`max by` the GPU), so that a
-/// series dcgm-exporter starts anew (after its own restart) continues the same counter.
+/// The figures dcgm-exporter measured of one pod's GPUs over its life, from `started` to
+/// `ended` (the query is evaluated at `ended`), each tagged with the label `figure`: averages
+/// over the GPUs of the per-GPU averages over time, the highest framebuffer use, the GPU
+/// models and MIG profiles of the pod's devices, and each GPU's energy counter: its lowest
+/// and highest reading and how often it went down, read every `resolution` over the life
+/// from the GPU's series merged (`max by` the GPU), so that a series dcgm-exporter starts
+/// anew (after its own restart) continues the same counter.
+///
+/// The figures over time read range selectors, which hold only the samples of the range.
+/// The counter's readings come from instant selectors at each step instead, which reach back
+/// up to Prometheus' lookback (five minutes): at the first steps of a life they would find a
+/// reading from before it, of an earlier pod of the same namespace and name on the same GPU
+/// where dcgm-exporter exports no `pod_uid`. So each step keeps only readings taken after
+/// `started` (`timestamp()` of the selector is the sample's own time): the counter is read
+/// from samples in `(started, ended]` alone.
 pub fn dcgm(
     selector: &str,
     namespace: &str,
     pod: &str,
     uid: Option<&str>,
-    life: TimeDelta,
+    (started, ended): (DateTime<Utc>, DateTime<Utc>),
     resolution: TimeDelta,
 ) -> String {
     let uid_matcher = uid.map(|uid| format!("pod_uid=~{}", any_of([uid, ""])));
@@ -617,15 +632,16 @@ pub fn dcgm(
     if let Some(uid) = &uid_matcher {
         matchers.push(uid);
     }
-    let range = seconds(life);
+    let range = seconds(ended - started);
     let s = |name: &str| select(name, selector, &matchers);
     let tag = |figure: &str, expression: String| {
         format!("label_replace({expression}, \"figure\", \"{figure}\", \"\", \"\")")
     };
     let average = |name: &str| format!("avg(avg_over_time({}[{range}]))", s(name));
+    let readings = s("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION");
     let counter = format!(
-        "max by (UUID, GPU_I_ID, GPU_I_PROFILE, vgpu) ({})",
-        s("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+        "max by (UUID, GPU_I_ID, GPU_I_PROFILE, vgpu) ({readings} and (timestamp({readings}) > {}))",
+        unix(started)
     );
     let step = seconds(resolution);
     let over_life = |function: &str| format!("{function}(({counter})[{range}:{step}])");
@@ -748,12 +764,13 @@ mod tests {
             r#"uid=~"0a.*|0b.*|x|""#
         );
         assert_eq!(uid_matcher(["a."], false), r#"uid!~"a\\..*""#);
+        let started: DateTime<Utc> = "2024-06-01T00:00:00.25Z".parse().unwrap();
         let dcgm = dcgm(
             "",
             "ml",
             "p-1",
             Some("u1"),
-            TimeDelta::minutes(10),
+            (started, started + TimeDelta::minutes(10)),
             TimeDelta::seconds(30),
         );
         assert!(dcgm.contains(
@@ -763,7 +780,9 @@ mod tests {
         assert!(dcgm.contains(
             "label_replace(resets((max by (UUID, GPU_I_ID, GPU_I_PROFILE, vgpu) (\
              DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{namespace=\"ml\", pod=\"p-1\", \
-             pod_uid=~\"u1|\"}))[600s:30s]), \"figure\", \"energy_resets\", \"\", \"\")"
+             pod_uid=~\"u1|\"} and (timestamp(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{\
+             namespace=\"ml\", pod=\"p-1\", pod_uid=~\"u1|\"}) > 1717200000.250)))\
+             [600s:30s]), \"figure\", \"energy_resets\", \"\", \"\")"
         ));
     }
 

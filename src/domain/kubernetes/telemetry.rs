@@ -9,13 +9,15 @@
 //! The pod's energy is `energy_joules`, from `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`: each GPU's
 //! counter of millijoules since its driver was loaded. A GPU's energy over the pod's life is
 //! its last reading less its first, both taken every `--resolution` from the series that carry
-//! the pod's labels (so between the first and the last scrape that saw the pod: up to a scrape
-//! interval and a step at each end are not counted, and the figure can only understate); the
-//! pod's is the sum over its GPUs, / 1000, exactly. Nothing is extrapolated to the pod's start and end, and no counter reset
-//! is bridged, as PromQL's `increase()` would do: a price must not rest on a guess. The
-//! readings are the lowest and highest of the counter over the pod's life, and how often it
-//! went down (`resets()`): while it never went down, its lowest reading is its first and its
-//! highest its last.
+//! the pod's labels, and only from samples taken in the pod's life, after its start: a reading
+//! from before it (an earlier pod of the same name on the GPU, which Prometheus' lookback hands
+//! the first steps) is never counted. So the readings lie between the first and the last scrape
+//! that saw the pod: up to a scrape interval and a step at each end are not counted, and the
+//! figure can only understate. The pod's is the sum over its GPUs, / 1000, exactly. Nothing is
+//! extrapolated to the pod's start and end, and no counter reset is bridged, as PromQL's
+//! `increase()` would do: a price must not rest on a guess. The readings are the lowest and
+//! highest of the counter over the pod's life, and how often it went down (`resets()`): while
+//! it never went down, its lowest reading is its first and its highest its last.
 //!
 //! The counter is the whole card's, so energy is left out, with its reason, where the card is
 //! not the pod's alone: a MIG instance, a GPU time-sliced between pods (dcgm-exporter's `vgpu`
