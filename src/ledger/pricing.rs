@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::rating::BillingMode;
+use crate::domain::rating::{BillingMode, FxRates};
 use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::{Currency, Month};
 use crate::ledger::{LedgerError, LedgerResult, alerting, rating};
@@ -302,7 +302,6 @@ pub async fn prices_at(
                 .into_iter()
                 .find(|phase| phase.from <= at && phase.until.is_none_or(|until| at < until))?;
             let converted = project.and_then(|(_, currency)| {
-                use crate::domain::rating::FxRates;
                 rates
                     .conversion(month, &row.currency, currency)
                     .map(|rate| phase.parts.total() * rate)

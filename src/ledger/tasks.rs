@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::domain::csv_cell::text_cell;
-use crate::domain::figures::{EmissionsView, EnergyView};
+use crate::domain::figures::{EmissionsView, EnergySums, EnergyView};
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::duration_seconds;
 use crate::domain::task::{
@@ -138,25 +138,24 @@ pub struct TaskView {
     pub emissions: Option<EmissionsView>,
 }
 
-/// The energy and emissions views of each task of `energy`.
-fn energy_views(
-    energy: Vec<store::tasks::TaskEnergyRow>,
-) -> HashMap<String, store::tasks::TaskEnergyRow> {
+/// Each task's measured energy, by task id.
+fn energy_by_task(energy: Vec<store::cost::EnergyRow>) -> HashMap<String, EnergySums> {
     energy
         .into_iter()
-        .map(|row| (row.task_id.clone(), row))
+        .filter_map(|row| {
+            let (task, sums) = row.into_parts();
+            Some((task?, sums))
+        })
         .collect()
 }
 
+/// A task's energy and emissions views over its figures' GPU time and output.
 fn task_energy(
-    energy: Option<&store::tasks::TaskEnergyRow>,
+    energy: Option<&EnergySums>,
     figures: &TaskFigures,
 ) -> (Option<EnergyView>, Option<EmissionsView>) {
     energy
-        .map(|row| {
-            row.sums()
-                .task_views(figures.gpu_seconds_held, &figures.output)
-        })
+        .map(|sums| sums.task_views(figures.gpu_seconds_held, &figures.output))
         .unwrap_or_default()
 }
 
@@ -249,7 +248,7 @@ pub async fn list_tasks(
         .await
         .context("reading the tasks' energy")?;
     tx.commit().await?;
-    let energy = energy_views(energy);
+    let energy = energy_by_task(energy);
     let lifetimes = lifetimes(&monthly);
     let next = has_more
         .then(|| rows.last().map(|row| row.key.clone()))
@@ -550,7 +549,7 @@ pub async fn task_detail(
         .collect();
     let status = crate::domain::task::task_status(&ends).ok_or_else(not_found)?;
     let (final_cost, cost_per_unit) = final_cost(status.status, Some(&lifetime));
-    let (energy, emissions) = task_energy(energy.first(), &lifetime);
+    let (energy, emissions) = task_energy(energy_by_task(energy).get(task_id), &lifetime);
     let mut gpu_models: Vec<String> = attempts
         .iter()
         .map(|a| a.record.gpu_model.clone())

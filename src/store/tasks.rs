@@ -21,11 +21,12 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::figures::{EnergySums, SUM_SCALE};
+use crate::domain::figures::SUM_SCALE;
 use crate::domain::rating::Outcome;
 use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, TaskStatus};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
+use crate::store::cost::EnergyRow;
 use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_priced};
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
 use crate::store::rollups::{
@@ -789,38 +790,16 @@ pub async fn attempt_pricing(
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
-/// Measured energy of each of `tasks` of `project`, over `[from, to)` or over its lifetime.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct TaskEnergyRow {
-    pub task_id: String,
-    pub metered_gpu_seconds: Decimal,
-    pub joules: Decimal,
-    pub intensity_gpu_seconds: Decimal,
-    pub gram_joules: Decimal,
-}
-
-impl TaskEnergyRow {
-    /// The sums as a figure reads them.
-    pub fn sums(&self) -> EnergySums {
-        EnergySums {
-            output_unit: None,
-            metered_gpu_seconds: self.metered_gpu_seconds,
-            joules: self.joules,
-            intensity_gpu_seconds: self.intensity_gpu_seconds,
-            gram_joules: self.gram_joules,
-        }
-    }
-}
-
-/// The measured energy and its emissions of each of `tasks` (those with any), over
-/// `period` or, without one, over their lifetime; as `store::cost::energy_sums` reads them.
+/// The measured energy and its emissions of each of `tasks` (those with any, keyed by task
+/// id), over `period` or, without one, over their lifetime; as
+/// `store::cost::energy_sums` reads them.
 pub async fn energy(
     conn: &mut PgConnection,
     project: &str,
     tasks: &[String],
     period: Option<(DateTime<Utc>, DateTime<Utc>)>,
     tz: Tz,
-) -> sqlx::Result<Vec<TaskEnergyRow>> {
+) -> sqlx::Result<Vec<EnergyRow>> {
     let mut binder = Binder::new();
     let (project, tasks, zone) = (
         binder.bind(project.to_owned()),
@@ -836,7 +815,7 @@ pub async fn energy(
         None => String::new(),
     };
     let sql = format!(
-        "SELECT s.task_id, {sums} \
+        "SELECT s.task_id AS key, NULL::text AS output_unit, {sums} \
          FROM {segments} \
          WHERE s.project_id = {project} AND s.task_id = ANY({tasks}) \
            AND s.energy_joules IS NOT NULL {within} \

@@ -1314,19 +1314,20 @@ fn energy_specs(from: i64) -> Vec<Spec> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn collect_prometheus_posts_each_pods_dcgm_energy_but_not_over_a_reset_or_a_slice() {
+/// Runs `collect prometheus --no-capacity` for project `vision` over five hours of pods from
+/// `specs(from)`, posting to a served app: the pods lie within one UTC day, so within one
+/// month (after midnight where the day's start is too close to it). Returns the app, the
+/// specs, what the collector printed, and the day's start with `from`.
+async fn collected_energy(specs: fn(i64) -> Vec<Spec>) -> (TestApp, Vec<Spec>, String, (i64, i64)) {
     let app = TestApp::spawn().await;
     app.create_project("vision", "USD").await;
     let token = app.token("ingest", &["vision"]).await;
     let served = app.serve().await;
     let dir = tempfile::tempdir().unwrap();
     let base = day_start();
-    // The pods lie within one UTC day, so within one month: after midnight where the day's
-    // start is too close to it.
     let midnight = 24 * HOUR - base.rem_euclid(24 * HOUR);
     let from = if midnight <= 4 * HOUR { midnight } else { 0 };
-    let specs = energy_specs(from);
+    let specs = specs(from);
     let prometheus = prometheus_with(&specs, base, dir.path()).await;
     let state = dir.path().join("prometheus.state");
     let window = (at(base, from), at(base, from + 5 * HOUR));
@@ -1341,6 +1342,12 @@ async fn collect_prometheus_posts_each_pods_dcgm_energy_but_not_over_a_reset_or_
     .await;
     served.stop().await;
     assert!(ok, "{out}");
+    (app, specs, out, (base, from))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_prometheus_posts_each_pods_dcgm_energy_but_not_over_a_reset_or_a_slice() {
+    let (app, _, out, (base, from)) = collected_energy(energy_specs).await;
     assert!(
         out.contains("pods seen 4, records 4: accepted 4, duplicates 0"),
         "{out}"
@@ -1416,29 +1423,7 @@ fn recreated_specs(from: i64) -> Vec<Spec> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collect_prometheus_counts_no_energy_of_an_earlier_pod_of_the_same_name_on_the_gpu() {
-    let app = TestApp::spawn().await;
-    app.create_project("vision", "USD").await;
-    let token = app.token("ingest", &["vision"]).await;
-    let served = app.serve().await;
-    let dir = tempfile::tempdir().unwrap();
-    let base = day_start();
-    let midnight = 24 * HOUR - base.rem_euclid(24 * HOUR);
-    let from = if midnight <= 4 * HOUR { midnight } else { 0 };
-    let specs = recreated_specs(from);
-    let prometheus = prometheus_with(&specs, base, dir.path()).await;
-    let state = dir.path().join("prometheus.state");
-    let window = (at(base, from), at(base, from + 5 * HOUR));
-    let (ok, out) = collect(
-        &app,
-        &prometheus.url,
-        &state,
-        (&window.0, &window.1),
-        Some((&served.url(), &token)),
-        &["--no-capacity"],
-    )
-    .await;
-    served.stop().await;
-    assert!(ok, "{out}");
+    let (app, specs, out, (base, _)) = collected_energy(recreated_specs).await;
     assert!(
         out.contains("pods seen 2, records 2: accepted 2, duplicates 0"),
         "{out}"
