@@ -519,16 +519,36 @@ const UTIL_METRICS = [
   ["dram_active", "Memory bandwidth", "Share of cycles memory bandwidth was in use"],
 ];
 
+// Model FLOPs utilisation and what a GPU-hour at the card's peak cost; null without MFU.
+function mfuCards(cost) {
+  const m = cost.mfu;
+  if (!m) return "";
+  return `<div title="Σ model FLOPs ÷ Σ (dense peak FLOPS × GPU-seconds held), over the records that report model_flops"><div class="label">MFU</div>
+      <div class="value" id="mfu-value">${pct(m.value)}</div>
+      <div class="small muted">model FLOPs over the cards' peak · reported for ${pct(m.coverage)} of GPU time</div></div>
+    <div title="Cost per GPU-hour ÷ MFU: what an hour of the cards working at their peak cost"><div class="label">Per effective GPU-hour</div>
+      <div class="value" id="effective-gpu-hour">${money(cost.cost_per_effective_gpu_hour, cost.currency)}</div>
+      <div class="small muted">${money(cost.cost_per_gpu_hour, cost.currency)} per GPU-hour held</div></div>`;
+}
+
 function utilisationPanel(cost) {
   const u = cost.utilisation;
   const c = cost.currency;
-  if (!u) {
+  if (!u && !cost.mfu) {
     return `<section id="utilisation"><h2>Real utilisation</h2><div class="panel muted" id="utilisation-empty">
       No record this month reported GPU telemetry, so what the GPUs really did is unknown.
-      Post DCGM figures (<code>gpu_util</code>, <code>sm_active</code>, <code>tensor_active</code>, <code>memory_peak_gib</code>) with the job records to see it here.</div></section>`;
+      Post DCGM figures (<code>gpu_util</code>, <code>sm_active</code>, <code>tensor_active</code>, <code>memory_peak_gib</code>) with the job records to see it here,
+      and <code>model_flops</code> with <code>precision</code> to see MFU.</div></section>`;
   }
-  const headline = UTIL_METRICS.slice(0, 3).filter(([key]) => u[key] !== null)
-    .map(([key, label]) => `${label === "Tensor" ? "tensor" : label} ${pct(u[key])}`).join(" · ");
+  if (!u) {
+    return `<section id="utilisation"><h2>Real utilisation</h2><div class="panel">
+      <p class="util-head" id="utilisation-headline">MFU ${pct(cost.mfu.value)}</p>
+      <p class="small muted">No record reported DCGM telemetry; MFU comes from the model FLOPs the records reported.</p>
+      <div class="util-grid">${mfuCards(cost)}</div></div></section>`;
+  }
+  const headline = [...UTIL_METRICS.slice(0, 3).filter(([key]) => u[key] !== null)
+    .map(([key, label]) => `${label === "Tensor" ? "tensor" : label} ${pct(u[key])}`),
+  ...(cost.mfu ? [`MFU ${pct(cost.mfu.value)}`] : [])].join(" · ");
   const metric = ([key, label, title]) => `<div title="${escapeHtml(title)}"><div class="label">${label}</div>
       <div class="value">${pct(u[key])}</div>
       <div class="small muted">${u[key] === null ? "not reported" : `reported for ${pct(u.coverage[key])} of GPU time`}</div></div>`;
@@ -545,7 +565,7 @@ function utilisationPanel(cost) {
   return `<section id="utilisation"><h2>Real utilisation</h2><div class="panel">
     <p class="util-head" id="utilisation-headline">${headline || "Only memory was reported"}</p>
     <p class="small muted">Averages weighted by GPU time held, over the records that report each figure.</p>
-    <div class="util-grid">${UTIL_METRICS.map(metric).join("")}${memory}${looksBusy}</div></div></section>`;
+    <div class="util-grid">${UTIL_METRICS.map(metric).join("")}${memory}${looksBusy}${mfuCards(cost)}</div></div></section>`;
 }
 
 // kWh to a readable number of digits: two decimals from 10 kWh on, three below.
@@ -653,6 +673,7 @@ const TASK_COLUMNS = [
   { label: "Attempts", num: true, title: "Attempts in this month (failed ones in brackets)" },
   { label: "GPU-hours", num: true, sort: "gpu_hours", title: "GPU time held in this month" },
   { label: "Busy", num: true, title: "GPU-seconds busy ÷ held; — when no busy time was reported" },
+  { label: "MFU", num: true, title: "Model FLOPs ÷ the cards' dense peak over the time held, of the attempts that reported model_flops" },
   { label: "Queue wait", num: true, sort: "queue_wait", title: "Time from queued to started, over the attempts that reported it" },
   { label: "Output", num: true },
   { label: "Cost", num: true, sort: "cost", title: "What the task cost in this month" },
@@ -782,6 +803,7 @@ function taskRow(view, task) {
     <td class="num">${task.attempts}${task.failed_attempts ? ` <span class="muted">(${task.failed_attempts} failed)</span>` : ""}</td>
     <td class="num">${gpuHours(task.gpu_seconds_held)}</td>
     <td class="num" title="${escapeHtml(busy.title)}">${busy.text}</td>
+    <td class="num"${task.mfu ? ` title="reported for ${pct(task.mfu.coverage)} of its GPU time"` : ""}>${task.mfu ? pct(task.mfu.value) : "—"}</td>
     <td class="num">${duration(task.queue_wait_seconds)}</td>
     <td class="num">${outputText(task.output, true)}</td>
     <td class="num"><b>${money(task.total, c)}</b>${unratedNote(task.unrated_gpu_seconds)}</td>
@@ -952,7 +974,8 @@ function attemptRow(task, a) {
     <td>${when(a.started_at).slice(0, 10)}<div>${when(a.started_at).slice(11)} → ${until(a.ended_at, a.started_at)}</div><div class="small muted">${ranFor}</div></td>
     <td class="num">${duration(a.queue_wait_seconds)}${a.queued_at ? `<div class="small muted">queued ${until(a.queued_at, a.started_at)}</div>` : ""}</td>
     <td>${escapeHtml(a.gpu_count)} × ${escapeHtml(a.gpu_model)}<div class="small muted">${where}</div></td>
-    <td class="num">${gpuHours(a.gpu_seconds_held)}<div class="small muted">busy ${attemptBusyShare(a)}</div></td>
+    <td class="num">${gpuHours(a.gpu_seconds_held)}<div class="small muted">busy ${attemptBusyShare(a)}</div>${a.mfu !== null && a.mfu !== undefined
+      ? `<div class="small muted" title="${escapeHtml(a.model_flops)} FLOPs in ${escapeHtml(a.precision)}">MFU ${pct(a.mfu)}</div>` : ""}</td>
     <td class="num"><b>${money(a.total, c)}</b></td>
     <td class="wrap">${parts ? `<ul class="plain">${parts}</ul>` : '<span class="muted">—</span>'}</td>
     <td class="wrap">${contracts ? `<ul class="plain">${contracts}</ul>` : '<span class="muted">none</span>'}</td>

@@ -132,6 +132,67 @@ impl EnergySums {
     }
 }
 
+/// FLOPs (in teraFLOPs) of one group's segments of records that reported their model's
+/// FLOPs on a card the catalogue has a peak for, and what the cards could have done in that
+/// time (COST_MODEL §11).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MfuSums {
+    /// The records' model FLOPs ÷ 10^12, spread over their segments by GPU-seconds held.
+    pub tflops: Decimal,
+    /// Σ peak FLOPS × GPU-seconds held ÷ 10^12.
+    pub peak_tflops: Decimal,
+    /// GPU-seconds held of those segments.
+    pub gpu_seconds_held: Decimal,
+}
+
+impl MfuSums {
+    pub fn add(&mut self, other: &MfuSums) {
+        self.tflops += other.tflops;
+        self.peak_tflops += other.peak_tflops;
+        self.gpu_seconds_held += other.gpu_seconds_held;
+    }
+
+    /// MFU of a group holding `held` GPU-seconds: Σ FLOPs ÷ Σ peak × held over the records
+    /// that report it, with their share of the GPU-seconds; none when no record did.
+    pub fn view(&self, held: Decimal) -> Option<MfuView> {
+        (!self.peak_tflops.is_zero()).then(|| MfuView {
+            value: share(self.tflops, self.peak_tflops),
+            coverage: share(self.gpu_seconds_held, held),
+        })
+    }
+}
+
+/// Model FLOPs utilisation: the FLOPs the model's math needed over what the cards could have
+/// done at their dense peak in the GPU time held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MfuView {
+    /// 0 to 1, FLOPs-weighted over the records that reported `model_flops` on a card with a
+    /// known peak.
+    pub value: Decimal,
+    /// Share of the GPU-seconds held by those records.
+    pub coverage: Decimal,
+}
+
+/// Cost per GPU-hour held of the records' cost (productive, idle, unmeasured and failed) and
+/// that over MFU: the cost of a GPU-hour spent at the card's peak.
+pub fn hourly_costs(
+    record_cost: Decimal,
+    held: Decimal,
+    mfu: Option<&MfuView>,
+) -> (Option<Decimal>, Option<Decimal>) {
+    let per_hour = (!held.is_zero()).then(|| {
+        (record_cost * Decimal::from(3600) / held)
+            .round_dp(SUM_SCALE)
+            .normalize()
+    });
+    let effective = per_hour.zip(mfu).and_then(|(per_hour, mfu)| {
+        per_hour
+            .checked_div(mfu.value)
+            .map(|c| c.round_dp(SUM_SCALE).normalize())
+    });
+    (per_hour, effective)
+}
+
 /// Joules in a kWh.
 const JOULES_PER_KWH: Decimal = Decimal::from_parts(3_600_000, 0, 0, false, 0);
 
@@ -275,6 +336,17 @@ pub struct Figures {
     /// null when no record measured energy.
     #[serde(default)]
     pub emissions: Option<EmissionsView>,
+    /// Model FLOPs utilisation of the records that reported `model_flops`; null when none
+    /// did on a card the catalogue has a peak for.
+    #[serde(default)]
+    pub mfu: Option<MfuView>,
+    /// (productive + idle + unmeasured + failed) ÷ GPU-hours held; null without GPU time.
+    #[serde(default)]
+    pub cost_per_gpu_hour: Option<Decimal>,
+    /// cost_per_gpu_hour ÷ MFU: what a GPU-hour of work at the card's peak cost. Null
+    /// without an MFU.
+    #[serde(default)]
+    pub cost_per_effective_gpu_hour: Option<Decimal>,
 }
 
 /// How long the attempts that started in a period waited to start: the queue wait of an
@@ -321,6 +393,7 @@ pub struct FigureSums {
     unit_held: BTreeMap<String, Decimal>,
     util: UtilSums,
     energy: EnergyTotals,
+    mfu: MfuSums,
 }
 
 /// Energy sums of one group, and per output unit.
@@ -414,6 +487,11 @@ impl FigureSums {
         self.energy.add(sums);
     }
 
+    /// Model FLOPs of the group's segments.
+    pub fn add_mfu(&mut self, sums: &MfuSums) {
+        self.mfu.add(sums);
+    }
+
     pub fn add_records(&mut self, counts: &RecordCounts) {
         self.tasks_completed += counts.tasks_completed;
         self.tasks_failed += counts.tasks_failed;
@@ -471,6 +549,7 @@ impl FigureSums {
         }
         self.util.merge(&other.util);
         self.energy.merge(&other.energy);
+        self.mfu.add(&other.mfu);
     }
 
     fn energy_view(&self) -> Option<EnergyView> {
@@ -514,6 +593,12 @@ impl FigureSums {
 
     pub fn figures(&self) -> Figures {
         let total = self.total();
+        let mfu = self.mfu.view(self.gpu_seconds_held);
+        let (cost_per_gpu_hour, cost_per_effective_gpu_hour) = hourly_costs(
+            self.productive + self.idle + self.unmeasured + self.failed,
+            self.gpu_seconds_held,
+            mfu.as_ref(),
+        );
         let tasks_completed = u64::try_from(self.tasks_completed).unwrap_or(0);
         Figures {
             total: total.normalize(),
@@ -569,6 +654,9 @@ impl FigureSums {
             unused_memory_cost: self.util.unused_memory_cost(),
             energy: self.energy_view(),
             emissions: self.emissions_view(),
+            mfu,
+            cost_per_gpu_hour,
+            cost_per_effective_gpu_hour,
         }
     }
 }

@@ -12,6 +12,11 @@
 //! differently (`3g.39gb` and `3g.40gb` are the same slice of an H100), so a record's profile
 //! is parsed into its slices and memory and matched to the catalogue's profile of that many
 //! slices with the nearest memory, within [`PROFILE_MEMORY_TOLERANCE_GIB`].
+//!
+//! Peak FLOPS are the dense (no 2:4 sparsity) tensor-core figures of each model's data sheet
+//! (FP32 is the non-tensor figure), per precision; where a data sheet gives only the sparse
+//! figure, half of it. A model or precision without a published figure has none: MFU is then
+//! not computed rather than guessed. Each model names its data sheet in [`GpuSpec::peak_source`].
 
 use rust_decimal::Decimal;
 
@@ -62,6 +67,65 @@ impl ComputeShare {
     }
 }
 
+/// The number format a model's math ran in, which sets the peak a card can reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Precision {
+    Fp8,
+    Bf16,
+    Fp16,
+    Tf32,
+    Fp32,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 5] = [
+        Precision::Fp8,
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Tf32,
+        Precision::Fp32,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Precision::Fp8 => "fp8",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Tf32 => "tf32",
+            Precision::Fp32 => "fp32",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Precision::ALL.into_iter().find(|p| p.as_str() == raw)
+    }
+}
+
+/// Dense peak throughput per precision, in GFLOPS (a billion floating-point operations per
+/// second); `0` where the data sheet gives none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeakGflops {
+    pub fp8: u64,
+    pub bf16: u64,
+    pub fp16: u64,
+    pub tf32: u64,
+    pub fp32: u64,
+}
+
+impl PeakGflops {
+    /// The peak at `precision` in FLOPS, if the data sheet gives one.
+    pub fn flops(&self, precision: Precision) -> Option<Decimal> {
+        let gflops = match precision {
+            Precision::Fp8 => self.fp8,
+            Precision::Bf16 => self.bf16,
+            Precision::Fp16 => self.fp16,
+            Precision::Tf32 => self.tf32,
+            Precision::Fp32 => self.fp32,
+        };
+        (gflops > 0).then(|| Decimal::from(gflops) * Decimal::from(1_000_000_000u64))
+    }
+}
+
 /// A GPU model the service knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuSpec {
@@ -70,6 +134,28 @@ pub struct GpuSpec {
     pub memory_gib: u32,
     /// Its MIG profiles, smallest first; empty where the model has no MIG.
     pub mig_profiles: &'static [MigProfile],
+    /// Dense peak FLOPS per precision, where published.
+    pub peak: Option<PeakGflops>,
+    /// The data sheet the peaks come from.
+    pub peak_source: &'static str,
+}
+
+impl GpuSpec {
+    /// The peak FLOPS of one GPU of this model (or of one MIG slice: `g/7` of the card) at
+    /// `precision`, if the catalogue has it.
+    pub fn peak_flops(&self, precision: Precision, mig: Option<MigProfile>) -> Option<Decimal> {
+        let card = self.peak?.flops(precision)?;
+        Some(match mig {
+            Some(profile) => profile.compute_share().of(card),
+            None => card,
+        })
+    }
+}
+
+/// The peak FLOPS one GPU (or MIG slice) of `model` reaches at `precision`, if the catalogue
+/// knows the model and has a figure for that precision.
+pub fn peak_flops(model: &str, precision: Precision, mig: Option<MigProfile>) -> Option<Decimal> {
+    lookup(model)?.peak_flops(precision, mig)
 }
 
 const fn p(slices: u32, memory_gib: u32) -> MigProfile {
@@ -84,39 +170,215 @@ const H200: [MigProfile; 6] = [p(1, 18), p(1, 35), p(2, 35), p(3, 71), p(4, 71),
 const B200: [MigProfile; 6] = [p(1, 23), p(1, 45), p(2, 45), p(3, 90), p(4, 90), p(7, 180)];
 const GB200: [MigProfile; 6] = [p(1, 23), p(1, 47), p(2, 47), p(3, 93), p(4, 93), p(7, 186)];
 
+const fn peak(fp8: u64, bf16: u64, fp16: u64, tf32: u64, fp32: u64) -> Option<PeakGflops> {
+    Some(PeakGflops {
+        fp8,
+        bf16,
+        fp16,
+        tf32,
+        fp32,
+    })
+}
+
+const H100_SXM_PEAK: Option<PeakGflops> = peak(1_979_000, 989_500, 989_500, 494_500, 67_000);
+const H100_NVL_PEAK: Option<PeakGflops> = peak(1_670_500, 835_500, 835_500, 417_500, 60_000);
+const A100_PEAK: Option<PeakGflops> = peak(0, 312_000, 312_000, 156_000, 19_500);
+
+const H100_SHEET: &str = "NVIDIA H100 Tensor Core GPU data sheet (SXM column)";
+const H100_NVL_SHEET: &str = "NVIDIA H100 Tensor Core GPU data sheet (H100 NVL column)";
+const H200_SHEET: &str = "NVIDIA H200 Tensor Core GPU data sheet";
+const A100_SHEET: &str = "NVIDIA A100 Tensor Core GPU data sheet";
+const NONE: &str = "";
+
 /// Every model, as `(base name, memory, default for its base, spec)`: a record names a base
 /// (`A100`) and optionally a memory size (`A100-80GB`); without one it gets the default.
 const CATALOGUE: &[(&str, GpuSpec, bool)] = &[
-    ("A100", spec("A100 40GB", 40, &A100_40), true),
-    ("A100", spec("A100 80GB", 80, &A100_80), false),
-    ("H100", spec("H100 80GB", 80, &A100_80), true),
-    ("H100", spec("H100 94GB", 94, &H100_94), false),
-    ("H100 NVL", spec("H100 NVL 94GB", 94, &H100_94), true),
-    ("H100", spec("H100 96GB", 96, &H100_96), false),
-    ("GH200", spec("GH200 96GB", 96, &H100_96), true),
-    ("H20", spec("H20 96GB", 96, &H100_96), true),
-    ("H200", spec("H200 141GB", 141, &H200), true),
-    ("H200 NVL", spec("H200 NVL 141GB", 141, &H200), true),
-    ("B200", spec("B200 180GB", 180, &B200), true),
-    ("GB200", spec("GB200 186GB", 186, &GB200), true),
-    ("A10", spec("A10 24GB", 24, &[]), true),
-    ("A10G", spec("A10G 24GB", 24, &[]), true),
-    ("A40", spec("A40 48GB", 48, &[]), true),
-    ("L4", spec("L4 24GB", 24, &[]), true),
-    ("L40", spec("L40 48GB", 48, &[]), true),
-    ("L40S", spec("L40S 48GB", 48, &[]), true),
-    ("T4", spec("T4 16GB", 16, &[]), true),
-    ("V100", spec("V100 16GB", 16, &[]), true),
-    ("V100", spec("V100 32GB", 32, &[]), false),
-    ("RTX 6000 ADA", spec("RTX 6000 Ada 48GB", 48, &[]), true),
-    ("MI300X", spec("MI300X 192GB", 192, &[]), true),
+    (
+        "A100",
+        spec("A100 40GB", 40, &A100_40, A100_PEAK, A100_SHEET),
+        true,
+    ),
+    (
+        "A100",
+        spec("A100 80GB", 80, &A100_80, A100_PEAK, A100_SHEET),
+        false,
+    ),
+    (
+        "H100",
+        spec("H100 80GB", 80, &A100_80, H100_SXM_PEAK, H100_SHEET),
+        true,
+    ),
+    ("H100", spec("H100 94GB", 94, &H100_94, None, NONE), false),
+    (
+        "H100 NVL",
+        spec("H100 NVL 94GB", 94, &H100_94, H100_NVL_PEAK, H100_NVL_SHEET),
+        true,
+    ),
+    ("H100", spec("H100 96GB", 96, &H100_96, None, NONE), false),
+    (
+        "GH200",
+        spec(
+            "GH200 96GB",
+            96,
+            &H100_96,
+            H100_SXM_PEAK,
+            "NVIDIA GH200 Grace Hopper Superchip data sheet",
+        ),
+        true,
+    ),
+    ("H20", spec("H20 96GB", 96, &H100_96, None, NONE), true),
+    (
+        "H200",
+        spec("H200 141GB", 141, &H200, H100_SXM_PEAK, H200_SHEET),
+        true,
+    ),
+    (
+        "H200 NVL",
+        spec("H200 NVL 141GB", 141, &H200, H100_NVL_PEAK, H200_SHEET),
+        true,
+    ),
+    (
+        "B200",
+        spec(
+            "B200 180GB",
+            180,
+            &B200,
+            peak(4_500_000, 2_250_000, 2_250_000, 1_100_000, 75_000),
+            "NVIDIA HGX B200 data sheet (per GPU)",
+        ),
+        true,
+    ),
+    (
+        "GB200",
+        spec(
+            "GB200 186GB",
+            186,
+            &GB200,
+            peak(5_000_000, 2_500_000, 2_500_000, 1_250_000, 80_000),
+            "NVIDIA GB200 NVL72 data sheet (per GPU)",
+        ),
+        true,
+    ),
+    (
+        "A10",
+        spec(
+            "A10 24GB",
+            24,
+            &[],
+            peak(0, 125_000, 125_000, 62_500, 31_200),
+            "NVIDIA A10 Tensor Core GPU data sheet",
+        ),
+        true,
+    ),
+    ("A10G", spec("A10G 24GB", 24, &[], None, NONE), true),
+    (
+        "A40",
+        spec(
+            "A40 48GB",
+            48,
+            &[],
+            peak(0, 149_700, 149_700, 74_800, 37_400),
+            "NVIDIA A40 data sheet",
+        ),
+        true,
+    ),
+    (
+        "L4",
+        spec(
+            "L4 24GB",
+            24,
+            &[],
+            peak(242_500, 121_000, 121_000, 60_000, 30_300),
+            "NVIDIA L4 Tensor Core GPU data sheet",
+        ),
+        true,
+    ),
+    (
+        "L40",
+        spec(
+            "L40 48GB",
+            48,
+            &[],
+            peak(362_000, 181_050, 181_050, 90_500, 90_500),
+            "NVIDIA L40 GPU data sheet",
+        ),
+        true,
+    ),
+    (
+        "L40S",
+        spec(
+            "L40S 48GB",
+            48,
+            &[],
+            peak(733_000, 362_050, 362_050, 183_000, 91_600),
+            "NVIDIA L40S GPU data sheet",
+        ),
+        true,
+    ),
+    (
+        "T4",
+        spec(
+            "T4 16GB",
+            16,
+            &[],
+            peak(0, 0, 65_000, 0, 8_100),
+            "NVIDIA T4 Tensor Core GPU data sheet",
+        ),
+        true,
+    ),
+    (
+        "V100",
+        spec(
+            "V100 16GB",
+            16,
+            &[],
+            peak(0, 0, 125_000, 0, 15_700),
+            "NVIDIA V100 Tensor Core GPU data sheet (SXM2 column)",
+        ),
+        true,
+    ),
+    (
+        "V100",
+        spec(
+            "V100 32GB",
+            32,
+            &[],
+            peak(0, 0, 125_000, 0, 15_700),
+            "NVIDIA V100 Tensor Core GPU data sheet (SXM2 column)",
+        ),
+        false,
+    ),
+    (
+        "RTX 6000 ADA",
+        spec("RTX 6000 Ada 48GB", 48, &[], None, NONE),
+        true,
+    ),
+    (
+        "MI300X",
+        spec(
+            "MI300X 192GB",
+            192,
+            &[],
+            peak(2_614_900, 1_307_400, 1_307_400, 653_700, 163_400),
+            "AMD Instinct MI300X accelerator data sheet",
+        ),
+        true,
+    ),
 ];
 
-const fn spec(name: &'static str, memory_gib: u32, mig_profiles: &'static [MigProfile]) -> GpuSpec {
+const fn spec(
+    name: &'static str,
+    memory_gib: u32,
+    mig_profiles: &'static [MigProfile],
+    peak: Option<PeakGflops>,
+    peak_source: &'static str,
+) -> GpuSpec {
     GpuSpec {
         name,
         memory_gib,
         mig_profiles,
+        peak,
+        peak_source,
     }
 }
 
@@ -288,6 +550,47 @@ mod tests {
                 "{} profiles are listed smallest first",
                 spec.name
             );
+        }
+    }
+
+    #[test]
+    fn peaks_are_dense_per_precision_and_a_slice_gets_its_share() {
+        let tera = |t: i64| Decimal::from(t) * Decimal::from(1_000_000_000_000u64);
+        assert_eq!(
+            peak_flops("H100", Precision::Bf16, None),
+            Some(tera(9895) / Decimal::TEN)
+        );
+        assert_eq!(peak_flops("H100", Precision::Fp8, None), Some(tera(1979)));
+        assert_eq!(peak_flops("A100-80GB", Precision::Tf32, None), Some(tera(156)));
+        assert_eq!(
+            peak_flops("H100", Precision::Bf16, Some(p(7, 80))),
+            peak_flops("H100", Precision::Bf16, None),
+            "a 7g slice is the whole card"
+        );
+        assert_eq!(
+            peak_flops("A100", Precision::Bf16, Some(p(1, 5))),
+            Some(tera(312) / Decimal::from(7))
+        );
+        assert_eq!(peak_flops("A100", Precision::Fp8, None), None, "no FP8 on Ampere");
+        assert_eq!(peak_flops("T4", Precision::Bf16, None), None);
+        assert_eq!(peak_flops("H20", Precision::Bf16, None), None, "no published peak");
+        assert_eq!(peak_flops("TPU v5e", Precision::Bf16, None), None);
+        for precision in Precision::ALL {
+            assert_eq!(Precision::parse(precision.as_str()), Some(precision));
+        }
+    }
+
+    #[test]
+    fn every_peak_names_its_source_and_lower_precisions_are_never_slower() {
+        for spec in catalogue() {
+            let Some(peak) = spec.peak else {
+                assert!(spec.peak_source.is_empty(), "{}", spec.name);
+                continue;
+            };
+            assert!(!spec.peak_source.is_empty(), "{}", spec.name);
+            assert!(peak.fp32 > 0, "{}", spec.name);
+            assert!(peak.fp16 >= peak.tf32, "{}", spec.name);
+            assert!(peak.fp8 == 0 || peak.fp8 >= peak.bf16, "{}", spec.name);
         }
     }
 

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::gpu;
 use super::rating::{BillingMode, Outcome};
+use super::utilisation::SHARE_SCALE;
 use super::validation::{Violations, escape_pointer_token};
 use super::values::{self, ProjectId};
 
@@ -41,7 +42,7 @@ pub fn label_value(raw: &str) -> Option<String> {
 /// The most nodes one record may name.
 pub const MAX_NODES: usize = 256;
 
-const FIELDS: [&str; 27] = [
+const FIELDS: [&str; 29] = [
     "project",
     "task_id",
     "attempt",
@@ -68,8 +69,14 @@ const FIELDS: [&str; 27] = [
     "memory_total_gib",
     "mig_profile",
     "energy_joules",
+    "model_flops",
+    "precision",
     "nodes",
 ];
+
+/// The most FLOPs one record may claim: far beyond any training run, so that a larger value
+/// is a unit mistake.
+pub const MAX_MODEL_FLOPS: u128 = 1_000_000_000_000_000_000_000_000_000;
 
 /// The most power one GPU may be reported to have drawn on average, in watts: energy above
 /// it is a unit mistake (millijoules for joules), not a GPU.
@@ -219,9 +226,24 @@ pub struct Telemetry {
     /// The energy the record's GPUs used over the attempt, in joules
     /// (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` or Slurm's `ConsumedEnergyRaw`).
     pub energy_joules: Option<Decimal>,
+    /// The floating-point operations the model's math needed for the record's output (e.g.
+    /// 6 × parameters × tokens for training), with the precision it ran in.
+    pub model_flops: Option<Decimal>,
+    pub precision: Option<gpu::Precision>,
+    /// The dense peak FLOPS of one of the record's GPUs (or slices) at that precision, from
+    /// the catalogue when the record was stored; `None` where the catalogue has no figure.
+    pub peak_flops: Option<Decimal>,
 }
 
 impl Telemetry {
+    /// Model FLOPs utilisation over `held` GPU-seconds: the model's FLOPs over what the
+    /// GPUs could have done at their peak in that time, to [`SHARE_SCALE`] places.
+    pub fn mfu(&self, held: Decimal) -> Option<Decimal> {
+        let capacity = self.peak_flops? * held;
+        let flops = self.model_flops?;
+        (capacity > Decimal::ZERO).then(|| (flops / capacity).round_dp(SHARE_SCALE).normalize())
+    }
+
     /// The MIG profile the record ran on, from its stored canonical name.
     pub fn mig(&self, gpu_model: &str) -> Option<gpu::MigProfile> {
         let name = self.mig_profile.as_deref()?;
@@ -382,6 +404,21 @@ impl JobRecord {
                 ),
             );
         }
+        if let (Some(telemetry), Some(held)) = (&telemetry, held)
+            && let Some(flops) = telemetry.model_flops
+            && let Some(peak) = telemetry.peak_flops
+            && flops > peak * held
+        {
+            v.push(
+                at("model_flops"),
+                format!(
+                    "is more than {} GPU-seconds at the peak of {} TFLOPS could do \
+                     (MFU above 1); model_flops counts floating-point operations, not FLOPS",
+                    held.normalize(),
+                    (peak / Decimal::from(1_000_000_000_000u64)).normalize()
+                ),
+            );
+        }
         let busy = busy.flatten();
         if let Some(busy) = busy {
             if busy < Decimal::ZERO {
@@ -503,12 +540,14 @@ impl JobRecord {
             memory_peak_gib: canonical_decimal(self.telemetry.memory_peak_gib),
             memory_total_gib: canonical_decimal(self.telemetry.memory_total_gib),
             mig_profile: self.telemetry.mig_profile.as_deref(),
+            model_flops: canonical_decimal(self.telemetry.model_flops),
             nodes: (!self.nodes.is_empty()).then_some(&self.nodes),
             outcome: self.outcome.as_str(),
             output: self.output.as_ref().map(|o| CanonicalOutput {
                 quantity: o.quantity.normalize().to_string(),
                 unit: &o.unit,
             }),
+            precision: self.telemetry.precision.map(|p| p.as_str()),
             project: &self.key.project,
             provider: self.provider.as_deref(),
             queued_at: self.queued_at.map(format_time),
@@ -560,9 +599,13 @@ struct Canonical<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     mig_profile: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    model_flops: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     nodes: Option<&'a Vec<String>>,
     outcome: &'static str,
     output: Option<CanonicalOutput<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    precision: Option<&'static str>,
     project: &'a str,
     provider: Option<&'a str>,
     queued_at: Option<String>,
@@ -854,7 +897,46 @@ impl<'a> Fields<'a> {
                 }
             }
         };
+        let flops = match self.decimal("model_flops") {
+            None => Some(None),
+            Some(None) => None,
+            Some(Some(flops)) => self
+                .check(
+                    "model_flops",
+                    bounded_positive(
+                        flops,
+                        Decimal::from_i128_with_scale(MAX_MODEL_FLOPS as i128, 0),
+                    ),
+                )
+                .map(|flops| Some(flops.normalize())),
+        };
+        let precision = match self.choice(
+            "precision",
+            gpu::Precision::parse,
+            "fp8, bf16, fp16, tf32, fp32",
+        ) {
+            None => Some(None),
+            Some(None) => None,
+            Some(Some(precision)) => Some(Some(precision)),
+        };
+        if let (Some(Some(_)), Some(None)) = (flops, precision)
+            && self.present("precision").is_none()
+        {
+            self.check::<()>(
+                "precision",
+                Err(
+                    "is required with model_flops: the peak a card reaches depends on it"
+                        .to_owned(),
+                ),
+            );
+            return None;
+        }
         let (peak, total, profile, energy) = (peak?, total?, profile?, energy?);
+        let (flops, precision) = (flops?, precision?);
+        let peak_flops = match (flops, precision, gpu_model) {
+            (Some(_), Some(precision), Some(model)) => gpu::peak_flops(model, precision, profile),
+            _ => None,
+        };
         let known_total = profile
             .map(|profile| Decimal::from(profile.memory_gib))
             .or_else(|| {
@@ -889,6 +971,9 @@ impl<'a> Fields<'a> {
             memory_total_gib: total,
             mig_profile: profile.map(|profile| profile.name()),
             energy_joules: energy,
+            model_flops: flops,
+            precision,
+            peak_flops,
         })
     }
 

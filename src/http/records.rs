@@ -118,6 +118,15 @@ pub struct JobRecordInput {
     /// its TCO it replaces the power estimate in the price.
     #[schema(value_type = Option<String>, example = "5760000")]
     pub energy_joules: Option<Decimal>,
+    /// The floating-point operations the model's math needed for the attempt's work (e.g.
+    /// 6 × parameters × tokens for training, 2 × parameters × tokens for inference), > 0;
+    /// needs `precision`. Refused when it exceeds what the GPUs could do at their dense peak
+    /// in the held time (MFU above 1).
+    #[schema(value_type = Option<String>, example = "4.2e18")]
+    pub model_flops: Option<Decimal>,
+    /// The precision the math ran in: `fp8`, `bf16`, `fp16`, `tf32` or `fp32`.
+    #[schema(example = "bf16")]
+    pub precision: Option<String>,
     /// The nodes the attempt ran on (a pod's node, Slurm's NodeList expanded), 1 to 256
     /// distinct names: its held GPU-seconds are spread evenly over them, and they count as
     /// used time of those nodes' capacity. A record stored without nodes and sent again with
@@ -190,6 +199,20 @@ pub struct RecordView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub energy_joules: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub model_flops: Option<Decimal>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
+    /// The dense peak FLOPS of one of its GPUs (or slices) at its precision, from the GPU
+    /// catalogue when it was stored; absent where the catalogue has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub peak_flops: Option<Decimal>,
+    /// model_flops ÷ (peak_flops × gpu_seconds_held).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub mfu: Option<Decimal>,
     /// The nodes it ran on, sorted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<String>>,
@@ -202,6 +225,7 @@ pub struct RecordView {
 impl From<RecordRow> for RecordView {
     fn from(row: RecordRow) -> Self {
         let telemetry = row.telemetry.to_telemetry();
+        let mfu = telemetry.mfu(row.gpu_seconds_held);
         Self {
             output: match (row.output_quantity, row.output_unit) {
                 (Some(quantity), Some(unit)) => Some(OutputView {
@@ -235,6 +259,10 @@ impl From<RecordRow> for RecordView {
             memory_total_gib: telemetry.memory_total_gib,
             mig_profile: telemetry.mig_profile,
             energy_joules: telemetry.energy_joules,
+            model_flops: telemetry.model_flops,
+            precision: telemetry.precision.map(|p| p.as_str().to_owned()),
+            peak_flops: telemetry.peak_flops,
+            mfu,
             nodes: row.nodes,
             version: row.version,
             ingested_at: row.ingested_at,

@@ -252,6 +252,10 @@ async fn priced_sums(
         let (key, sums) = row.into_parts();
         groups.entry(key).or_default().add_energy(&sums);
     }
+    for row in store::cost::mfu_sums(conn, scope, period, tz).await? {
+        let (key, sums) = row.into_parts();
+        groups.entry(key).or_default().add_mfu(&sums);
+    }
     Ok(groups)
 }
 

@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::domain::csv_cell::text_cell;
-use crate::domain::figures::{EmissionsView, EnergySums, EnergyView};
+use crate::domain::figures::{EmissionsView, EnergySums, EnergyView, MfuSums, MfuView};
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::duration_seconds;
 use crate::domain::task::{
@@ -136,6 +136,18 @@ pub struct TaskView {
     pub energy: Option<EnergyView>,
     /// Emissions of that energy where its region's grid intensity is known.
     pub emissions: Option<EmissionsView>,
+    /// Model FLOPs utilisation of its attempts in the period that reported `model_flops`.
+    pub mfu: Option<MfuView>,
+}
+
+/// Each task's MFU over GPU-seconds held, by task id.
+fn mfu_by_task(rows: Vec<store::cost::MfuRow>) -> HashMap<String, MfuSums> {
+    rows.into_iter()
+        .filter_map(|row| {
+            let (task, sums) = row.into_parts();
+            Some((task?, sums))
+        })
+        .collect()
 }
 
 /// Each task's measured energy, by task id.
@@ -247,8 +259,12 @@ pub async fn list_tasks(
     let energy = store::tasks::energy(&mut tx, of.project, &listed, Some(query.period), tz)
         .await
         .context("reading the tasks' energy")?;
+    let mfu = store::tasks::mfu(&mut tx, of.project, &listed, Some(query.period))
+        .await
+        .context("reading the tasks' model FLOPs")?;
     tx.commit().await?;
     let energy = energy_by_task(energy);
+    let mfu = mfu_by_task(mfu);
     let lifetimes = lifetimes(&monthly);
     let next = has_more
         .then(|| rows.last().map(|row| row.key.clone()))
@@ -259,6 +275,9 @@ pub async fn list_tasks(
             let (final_cost, cost_per_unit) =
                 final_cost(row.status, lifetimes.get(row.task_id.as_str()));
             let (energy, emissions) = task_energy(energy.get(&row.task_id), &row.figures);
+            let mfu = mfu
+                .get(&row.task_id)
+                .and_then(|sums| sums.view(row.figures.gpu_seconds_held));
             TaskView {
                 figures: TaskFiguresView::from(&row.figures),
                 task_id: row.task_id,
@@ -272,13 +291,14 @@ pub async fn list_tasks(
                 cost_per_unit,
                 energy,
                 emissions,
+                mfu,
             }
         })
         .collect();
     Ok(TaskPage { items, next })
 }
 
-const CSV_HEADER: [&str; 28] = [
+const CSV_HEADER: [&str; 30] = [
     "task_id",
     "status",
     "completed_at",
@@ -307,6 +327,8 @@ const CSV_HEADER: [&str; 28] = [
     "energy_coverage",
     "kg_co2e",
     "emissions_coverage",
+    "mfu",
+    "mfu_coverage",
 ];
 
 /// Decimal places of `cost_per_unit` in CSV: a price per token is far below a cent.
@@ -384,6 +406,8 @@ pub fn tasks_csv(items: &[TaskView]) -> LedgerResult<String> {
                 .as_ref()
                 .map(|e| number(e.coverage))
                 .unwrap_or_default(),
+            task.mfu.map(|m| number(m.value)).unwrap_or_default(),
+            task.mfu.map(|m| number(m.coverage)).unwrap_or_default(),
         ];
         writer.write_record(&row).map_err(anyhow::Error::from)?;
     }
@@ -471,6 +495,18 @@ pub struct AttemptView {
     /// Energy its GPUs used, in joules, where it measured it.
     #[schema(value_type = Option<String>)]
     pub energy_joules: Option<Decimal>,
+    /// The FLOPs its model's math needed, and the precision it ran in, where it said so.
+    #[schema(value_type = Option<String>)]
+    pub model_flops: Option<Decimal>,
+    #[schema(value_type = Option<String>, example = "bf16")]
+    pub precision: Option<String>,
+    /// The dense peak FLOPS of one of its GPUs (or slices) at that precision, from the
+    /// catalogue; null where the catalogue has none.
+    #[schema(value_type = Option<String>)]
+    pub peak_flops: Option<Decimal>,
+    /// model_flops ÷ (peak_flops × GPU-seconds held).
+    #[schema(value_type = Option<String>)]
+    pub mfu: Option<Decimal>,
     /// The attempt's cost in the project's currency, and its parts.
     pub total: Decimal,
     pub breakdown: TaskBreakdown,
@@ -503,6 +539,8 @@ pub struct TaskDetailView {
     pub energy: Option<EnergyView>,
     /// Emissions of that energy where its region's grid intensity is known.
     pub emissions: Option<EmissionsView>,
+    /// Model FLOPs utilisation over its lifetime, of the attempts that reported it.
+    pub mfu: Option<MfuView>,
     /// Its figures per ledger month, in month order.
     pub months: Vec<TaskMonthView>,
     /// Every attempt, by attempt number.
@@ -531,6 +569,9 @@ pub async fn task_detail(
     let energy = store::tasks::energy(&mut tx, of.project, &task_ids, None, tz)
         .await
         .context("reading the task's energy")?;
+    let mfu = store::tasks::mfu(&mut tx, of.project, &task_ids, None)
+        .await
+        .context("reading the task's model FLOPs")?;
     tx.commit().await?;
     let not_found =
         || LedgerError::NotFound(format!("project {} has no task {task_id}", of.project));
@@ -550,6 +591,9 @@ pub async fn task_detail(
     let status = crate::domain::task::task_status(&ends).ok_or_else(not_found)?;
     let (final_cost, cost_per_unit) = final_cost(status.status, Some(&lifetime));
     let (energy, emissions) = task_energy(energy_by_task(energy).get(task_id), &lifetime);
+    let mfu = mfu_by_task(mfu)
+        .get(task_id)
+        .and_then(|sums| sums.view(lifetime.gpu_seconds_held));
     let mut gpu_models: Vec<String> = attempts
         .iter()
         .map(|a| a.record.gpu_model.clone())
@@ -570,6 +614,7 @@ pub async fn task_detail(
         cost_per_unit,
         energy,
         emissions,
+        mfu,
         months: monthly
             .iter()
             .map(|(_, month, figures)| TaskMonthView {
@@ -610,6 +655,7 @@ fn attempt_view(
     let (completes_task, fails_task) = (row.completes_task, row.fails_task);
     let record = row.record.to_record();
     let telemetry = record.telemetry;
+    let mfu = telemetry.mfu(record.gpu_seconds_held);
     AttemptView {
         attempt: record.key.attempt,
         outcome: record.outcome,
@@ -648,6 +694,10 @@ fn attempt_view(
         memory_total_gib: telemetry.memory_total_gib,
         mig_profile: telemetry.mig_profile,
         energy_joules: telemetry.energy_joules,
+        mfu,
+        model_flops: telemetry.model_flops,
+        precision: telemetry.precision.map(|p| p.as_str().to_owned()),
+        peak_flops: telemetry.peak_flops,
         total: (breakdown.productive + breakdown.idle + breakdown.unmeasured + breakdown.failed)
             .normalize(),
         breakdown,

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::domain::commitment::WholeDays;
 use crate::domain::figures::{
-    EnergySums, Grouping, QueueWait, RecordCounts, SUM_SCALE, SegmentSums,
+    EnergySums, Grouping, MfuSums, QueueWait, RecordCounts, SUM_SCALE, SegmentSums,
 };
 use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
@@ -830,4 +830,74 @@ pub fn metered_segments(zone: &str) -> String {
          LEFT JOIN grid_intensity gi ON gi.region = r.region \
               AND gi.month = date_trunc('month', s.hour AT TIME ZONE {zone})::date"
     )
+}
+
+/// Model FLOPs of one group's segments: see [`MfuSums`].
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MfuRow {
+    pub key: Option<String>,
+    pub tflops: Decimal,
+    pub peak_tflops: Decimal,
+    pub gpu_seconds_held: Decimal,
+}
+
+impl MfuRow {
+    /// The group key and its sums.
+    pub fn into_parts(self) -> (Option<String>, MfuSums) {
+        (
+            self.key,
+            MfuSums {
+                tflops: self.tflops,
+                peak_tflops: self.peak_tflops,
+                gpu_seconds_held: self.gpu_seconds_held,
+            },
+        )
+    }
+}
+
+/// The sums of an [`MfuRow`] over segments `s` of records `r` with a peak: a record's FLOPs
+/// spread over its segments as its GPU-seconds held are. Sums are in teraFLOPs, to 10^-6.
+pub fn mfu_sums_columns() -> String {
+    format!(
+        "round(sum(s.gpu_seconds_held * r.model_flops / r.gpu_seconds_held) / 1e12, 6) AS tflops, \
+         round(sum(s.gpu_seconds_held * r.peak_flops) / 1e12, 6) AS peak_tflops, \
+         round(sum(s.gpu_seconds_held), {SUM_SCALE}) AS gpu_seconds_held"
+    )
+}
+
+/// Records `r` with a peak (so FLOPs, and GPU time held) joined to their segments `s` in
+/// `[from, to)`, named by their placeholders. The records are found through their partial
+/// index first: a segment in the period belongs to a record that ended at or after `from`
+/// and started less than an hour before `to`.
+pub fn records_with_flops(from: &str, to: &str) -> String {
+    format!(
+        "job_records r JOIN rated_segments s USING (project_id, task_id, attempt) \
+         WHERE r.peak_flops IS NOT NULL \
+           AND r.ended_at >= {from} AND r.started_at < {to} + interval '1 hour' \
+           AND s.hour >= {from} AND s.hour < {to}"
+    )
+}
+
+/// The model FLOPs of the scope's segments over `[from, to)` by group, for MFU.
+pub async fn mfu_sums(
+    conn: &mut PgConnection,
+    scope: Scope<'_>,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> sqlx::Result<Vec<MfuRow>> {
+    let mut binder = Binder::new();
+    let grouping = scope.grouping();
+    let projects = scope.projects(&mut binder);
+    let (_, extra) = key_parameters(&mut binder, grouping, tz);
+    let (from, to) = (binder.bind(from), binder.bind(to));
+    let key = match scope {
+        Scope::Project(..) => key_expression(grouping, "hour", "s.", &extra),
+        Scope::EveryProject => "s.project_id".to_owned(),
+    };
+    let sql = format!(
+        "SELECT {key} AS key, {sums} FROM {records} AND r.project_id {projects} GROUP BY 1",
+        sums = mfu_sums_columns(),
+        records = records_with_flops(&from, &to),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
 }

@@ -152,7 +152,8 @@ const RECORDS: &str = "r.project_id, r.task_id, r.attempt, r.gpu_model, r.billin
      r.provider, r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
      r.gpu_seconds_busy, r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, \
      r.gpu_util, r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
-     r.memory_total_gib, r.mig_profile, r.energy_joules, r.nodes, \
+     r.memory_total_gib, r.mig_profile, r.energy_joules, r.model_flops, r.precision, \
+     r.peak_flops, r.nodes, \
      (SELECT p.currency FROM projects p WHERE p.id = r.project_id) AS currency \
      FROM job_records r";
 

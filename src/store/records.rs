@@ -8,6 +8,7 @@ use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::domain::gpu::Precision;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::{JobRecord, Output, RecordKey, Telemetry};
 
@@ -45,14 +46,15 @@ pub async fn insert_batch(
     if telemetry.is_some() {
         extra_columns.push_str(
             ", gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, \
-             memory_total_gib, mig_profile, energy_joules",
+             memory_total_gib, mig_profile, energy_joules, model_flops, precision, peak_flops",
         );
         extra_arrays.push_str(
             ", $21::numeric[], $22::numeric[], $23::numeric[], $24::numeric[], \
-             $25::numeric[], $26::numeric[], $27::text[], $28::numeric[]",
+             $25::numeric[], $26::numeric[], $27::text[], $28::numeric[], $29::numeric[], \
+             $30::text[], $31::numeric[]",
         );
-        extra_names.push_str(", gu, sa, ta, da, mp, mt, mg, ej");
-        extra_values.push_str(", gu, sa, ta, da, mp, mt, mg, ej");
+        extra_names.push_str(", gu, sa, ta, da, mp, mt, mg, ej, mf, pc, pf");
+        extra_values.push_str(", gu, sa, ta, da, mp, mt, mg, ej, mf, pc, pf");
     }
     // Most batches name no nodes either; a record's nodes travel as one JSON array each.
     let nodes = records
@@ -60,7 +62,7 @@ pub async fn insert_batch(
         .any(|r| !r.nodes.is_empty())
         .then(|| node_arrays(records));
     if nodes.is_some() {
-        let placeholder = if telemetry.is_some() { 29 } else { 21 };
+        let placeholder = if telemetry.is_some() { 32 } else { 21 };
         extra_columns.push_str(", nodes");
         extra_arrays.push_str(&format!(", ${placeholder}::text[]"));
         extra_names.push_str(", nd");
@@ -113,7 +115,10 @@ pub async fn insert_batch(
             .bind(&t.memory_peak_gib)
             .bind(&t.memory_total_gib)
             .bind(&t.mig_profile)
-            .bind(&t.energy_joules),
+            .bind(&t.energy_joules)
+            .bind(&t.model_flops)
+            .bind(&t.precision)
+            .bind(&t.peak_flops),
         None => query,
     };
     let query = match &nodes {
@@ -289,6 +294,9 @@ struct TelemetryColumns {
     memory_total_gib: Vec<Option<Decimal>>,
     mig_profile: Vec<Option<String>>,
     energy_joules: Vec<Option<Decimal>>,
+    model_flops: Vec<Option<Decimal>>,
+    precision: Vec<Option<&'static str>>,
+    peak_flops: Vec<Option<Decimal>>,
 }
 
 impl TelemetryColumns {
@@ -303,6 +311,9 @@ impl TelemetryColumns {
             c.memory_total_gib.push(t.memory_total_gib);
             c.mig_profile.push(t.mig_profile.clone());
             c.energy_joules.push(t.energy_joules);
+            c.model_flops.push(t.model_flops);
+            c.precision.push(t.precision.map(|p| p.as_str()));
+            c.peak_flops.push(t.peak_flops);
         }
         c
     }
@@ -345,7 +356,8 @@ pub const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu
     billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
     gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
     gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, memory_total_gib, \
-    mig_profile, energy_joules, nodes, ingested_at, updated_at";
+    mig_profile, energy_joules, model_flops, precision, peak_flops, nodes, ingested_at, \
+    updated_at";
 
 impl RecordRow {
     /// The record as it was validated.
@@ -394,6 +406,9 @@ pub struct TelemetryRow {
     pub memory_total_gib: Option<Decimal>,
     pub mig_profile: Option<String>,
     pub energy_joules: Option<Decimal>,
+    pub model_flops: Option<Decimal>,
+    pub precision: Option<String>,
+    pub peak_flops: Option<Decimal>,
 }
 
 impl TelemetryRow {
@@ -408,6 +423,9 @@ impl TelemetryRow {
             memory_total_gib: normal(self.memory_total_gib),
             mig_profile: self.mig_profile.clone(),
             energy_joules: normal(self.energy_joules),
+            model_flops: normal(self.model_flops),
+            precision: self.precision.as_deref().and_then(Precision::parse),
+            peak_flops: normal(self.peak_flops),
         }
     }
 }
@@ -510,7 +528,7 @@ pub async fn replace(
              labels = $19::jsonb, content_hash = $20, gpu_util = $21, sm_active = $22, \
              tensor_active = $23, dram_active = $24, memory_peak_gib = $25, \
              memory_total_gib = $26, mig_profile = $27, nodes = $28, energy_joules = $29, \
-             updated_at = now() \
+             model_flops = $30, precision = $31, peak_flops = $32, updated_at = now() \
          WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
     )
     .bind(&record.key.project)
@@ -542,6 +560,9 @@ pub async fn replace(
     .bind(&record.telemetry.mig_profile)
     .bind((!record.nodes.is_empty()).then_some(&record.nodes))
     .bind(record.telemetry.energy_joules)
+    .bind(record.telemetry.model_flops)
+    .bind(record.telemetry.precision.map(|p| p.as_str()))
+    .bind(record.telemetry.peak_flops)
     .execute(conn)
     .await?;
     Ok(())

@@ -27,6 +27,7 @@ use crate::domain::task::{SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSo
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
 use crate::store::cost::EnergyRow;
+use crate::store::cost::MfuRow;
 use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_priced};
 use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
 use crate::store::rollups::{
@@ -822,6 +823,35 @@ pub async fn energy(
          GROUP BY 1",
         sums = crate::store::cost::energy_sums_columns(),
         segments = crate::store::cost::metered_segments(&zone),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
+}
+
+/// The model FLOPs of `tasks` of `project` by task id, over their segments in `period` (or
+/// all of them), for MFU.
+pub async fn mfu(
+    conn: &mut PgConnection,
+    project: &str,
+    tasks: &[String],
+    period: Option<(DateTime<Utc>, DateTime<Utc>)>,
+) -> sqlx::Result<Vec<MfuRow>> {
+    let mut binder = Binder::new();
+    let (project, tasks) = (binder.bind(project.to_owned()), binder.bind(tasks.to_vec()));
+    let within = match period {
+        Some((from, to)) => format!(
+            "AND s.hour >= {} AND s.hour < {}",
+            binder.bind(from),
+            binder.bind(to)
+        ),
+        None => String::new(),
+    };
+    let sql = format!(
+        "SELECT r.task_id AS key, {sums} \
+         FROM job_records r JOIN rated_segments s USING (project_id, task_id, attempt) \
+         WHERE r.project_id = {project} AND r.task_id = ANY({tasks}) \
+           AND r.peak_flops IS NOT NULL {within} \
+         GROUP BY 1",
+        sums = crate::store::cost::mfu_sums_columns(),
     );
     binder.query_as(&sql)?.fetch_all(conn).await
 }

@@ -240,6 +240,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "16.0",
             "75%",
             "—",
+            "—",
             "2M tokens",
             "36.00 USD",
             "9.00 USD",
@@ -253,6 +254,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "11-20 10:00",
             "2 (1 failed)",
             "28.0",
+            "—",
             "—",
             "—",
             "1M tokens",
@@ -269,6 +271,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "1",
             "10.0",
             "100%",
+            "—",
             "—",
             "500 samples",
             "10.00 USD",
@@ -287,6 +290,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "—",
             "—",
             "—",
+            "—",
             "5.00 USD",
             "0.00 USD",
             "10.00 USD",
@@ -299,6 +303,7 @@ async fn the_tasks_panel_lists_the_months_costliest_tasks_with_their_figures() {
             "11-21 00:00",
             "1 (1 failed)",
             "1.0",
+            "—",
             "—",
             "—",
             "—",
@@ -438,7 +443,7 @@ async fn a_task_id_with_markup_in_it_is_shown_as_text() {
     }
     let listed = table_rows(&doms[0], "task-rows");
     assert_eq!(listed[0][0], HOSTILE);
-    assert_eq!(listed[0][7], "3 <b>unit</b>");
+    assert_eq!(listed[0][8], "3 <b>unit</b>");
     assert!(text(&doms[1]).contains(&format!("Task {HOSTILE} completed")));
     assert_eq!(table_rows(&doms[1], "attempt-rows").len(), 1);
 }

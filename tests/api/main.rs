@@ -12,6 +12,7 @@ mod contracts;
 mod cost;
 mod dashboard;
 mod demo;
+mod efficiency;
 mod fixtures;
 mod focus;
 mod foundation;
