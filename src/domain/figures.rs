@@ -581,6 +581,16 @@ impl FigureSums {
         self.energy.emissions_view(self.gpu_seconds_held)
     }
 
+    /// What the group spent and produced in `unit`, for the factors of its cost per unit.
+    pub fn workload_totals(&self, unit: &str) -> super::efficiency::WorkloadTotals {
+        super::efficiency::WorkloadTotals {
+            cost: self.productive + self.idle + self.unmeasured + self.failed,
+            gpu_seconds_held: self.gpu_seconds_held,
+            completed_gpu_seconds: self.unit_held.get(unit).copied().unwrap_or_default(),
+            quantity: self.output.get(unit).map(|(q, _)| *q).unwrap_or_default(),
+        }
+    }
+
     pub fn total(&self) -> Decimal {
         self.productive
             + self.idle

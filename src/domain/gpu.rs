@@ -561,7 +561,10 @@ mod tests {
             Some(tera(9895) / Decimal::TEN)
         );
         assert_eq!(peak_flops("H100", Precision::Fp8, None), Some(tera(1979)));
-        assert_eq!(peak_flops("A100-80GB", Precision::Tf32, None), Some(tera(156)));
+        assert_eq!(
+            peak_flops("A100-80GB", Precision::Tf32, None),
+            Some(tera(156))
+        );
         assert_eq!(
             peak_flops("H100", Precision::Bf16, Some(p(7, 80))),
             peak_flops("H100", Precision::Bf16, None),
@@ -571,9 +574,17 @@ mod tests {
             peak_flops("A100", Precision::Bf16, Some(p(1, 5))),
             Some(tera(312) / Decimal::from(7))
         );
-        assert_eq!(peak_flops("A100", Precision::Fp8, None), None, "no FP8 on Ampere");
+        assert_eq!(
+            peak_flops("A100", Precision::Fp8, None),
+            None,
+            "no FP8 on Ampere"
+        );
         assert_eq!(peak_flops("T4", Precision::Bf16, None), None);
-        assert_eq!(peak_flops("H20", Precision::Bf16, None), None, "no published peak");
+        assert_eq!(
+            peak_flops("H20", Precision::Bf16, None),
+            None,
+            "no published peak"
+        );
         assert_eq!(peak_flops("TPU v5e", Precision::Bf16, None), None);
         for precision in Precision::ALL {
             assert_eq!(Precision::parse(precision.as_str()), Some(precision));

@@ -9,6 +9,7 @@ pub mod commitment;
 pub mod contract;
 pub mod csv_cell;
 pub mod demo;
+pub mod efficiency;
 pub mod figures;
 pub mod focus;
 pub mod focus_bill;

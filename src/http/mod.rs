@@ -10,6 +10,7 @@ pub mod capacity;
 pub mod contracts;
 pub mod cost;
 pub mod dashboard;
+pub mod efficiency;
 pub mod error;
 pub mod exports;
 pub mod extract;
@@ -104,6 +105,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(planning::router())
         .merge(prices::router())
         .merge(gpu_models::router())
+        .merge(efficiency::router())
         .merge(exports::router())
 }
 

@@ -11,6 +11,7 @@ pub mod carbon;
 pub mod commitments;
 pub mod cost;
 pub mod demo;
+pub mod efficiency;
 pub mod error;
 pub mod focus;
 pub mod import;

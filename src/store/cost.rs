@@ -292,7 +292,14 @@ pub async fn cost_sums(
             )
         }
     };
-    let price = PriceJoin::new(&mut binder, what_if, "g");
+    let sql = priced_cost_sums(&mut binder, &rows, what_if);
+    binder.query_as(&sql)?.fetch_all(conn).await
+}
+
+/// [`CostSums`] of `rows` (a key, the project and ledger month, the [`rollups::SEGMENT_KINDS`]
+/// and the [`rollups::COST_KIND_SUMS`]), priced per contract and ledger month.
+fn priced_cost_sums(binder: &mut Binder, rows: &str, what_if: &WhatIf) -> String {
+    let price = PriceJoin::new(binder, what_if, "g");
     let money = rollups::PRICED_SUMS
         .iter()
         .map(summed_priced)
@@ -300,7 +307,7 @@ pub async fn cost_sums(
         .join(", ");
     // Pricing is linear, so the rows are priced as they come, each once, and summed by what
     // a figure tells apart; every money figure is divided by 3600 once.
-    let sql = format!(
+    format!(
         "SELECT key, completed, {UNRATED_REASON} AS unrated_reason, {UNRATED_MODEL} AS gpu_model, \
                 output_unit, {rounded}, {money} \
          FROM ( \
@@ -318,8 +325,82 @@ pub async fn cost_sums(
             .join(", "),
         columns = price.columns(),
         joins = price.joins(),
+    )
+}
+
+/// The records of a workload: those labelled `workload=<name>`, and those without a
+/// `workload` label whose task id is the name (`r` is `job_records`).
+pub fn workload_records(workload: &str) -> String {
+    format!("coalesce(r.labels ->> 'workload', r.task_id) = {workload}")
+}
+
+/// Segment sums of one workload of `project` in each of two periods, keyed
+/// `<side>|<gpu_model>|<billing_mode>` where the side is `baseline` or `period` (a segment in
+/// both periods counts in the baseline), priced at the prices in force.
+pub async fn workload_sums(
+    conn: &mut PgConnection,
+    project: &str,
+    workload: &str,
+    baseline: (DateTime<Utc>, DateTime<Utc>),
+    period: (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> sqlx::Result<Vec<CostSums>> {
+    let mut binder = Binder::new();
+    let project = binder.bind(project.to_owned());
+    let workload = binder.bind(workload.to_owned());
+    let zone = binder.bind(tz.name().to_owned());
+    let (bf, bt) = (binder.bind(baseline.0), binder.bind(baseline.1));
+    let (pf, pt) = (binder.bind(period.0), binder.bind(period.1));
+    let rows = format!(
+        "SELECT CASE WHEN s.hour >= {bf} AND s.hour < {bt} THEN 'baseline' ELSE 'period' END \
+                || '|' || s.gpu_model || '|' || s.billing_mode AS key, s.project_id, \
+                date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, {kinds}, \
+                {columns} \
+         FROM rated_segments s \
+         JOIN job_records r USING (project_id, task_id, attempt) \
+         WHERE s.project_id = {project} \
+           AND ((s.hour >= {bf} AND s.hour < {bt}) OR (s.hour >= {pf} AND s.hour < {pt})) \
+           AND {of_workload}",
+        kinds = rollups::segment_kinds_sql("s."),
+        columns = rollups::segment_sums_sql("s."),
+        of_workload = workload_records(&workload),
     );
+    let sql = priced_cost_sums(&mut binder, &rows, &WhatIf::default());
     binder.query_as(&sql)?.fetch_all(conn).await
+}
+
+/// Attempts of a workload that ended in a period: how many, how many did not complete, and
+/// their retries.
+#[derive(Debug, Clone, Default, sqlx::FromRow)]
+pub struct WorkloadAttempts {
+    pub attempts: i64,
+    pub failed_attempts: i64,
+    pub retries: i64,
+    pub tasks: i64,
+}
+
+/// The attempts of one workload of `project` that ended in `[from, to)`.
+pub async fn workload_attempts(
+    conn: &mut PgConnection,
+    project: &str,
+    workload: &str,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> sqlx::Result<WorkloadAttempts> {
+    let mut binder = Binder::new();
+    let project = binder.bind(project.to_owned());
+    let workload = binder.bind(workload.to_owned());
+    let (from, to) = (binder.bind(from), binder.bind(to));
+    let sql = format!(
+        "SELECT count(*) AS attempts, \
+                count(*) FILTER (WHERE r.outcome <> 'completed') AS failed_attempts, \
+                coalesce(sum(r.retries), 0)::bigint AS retries, \
+                count(DISTINCT r.task_id) AS tasks \
+         FROM job_records r \
+         WHERE r.project_id = {project} AND r.ended_at >= {from} AND r.ended_at < {to} \
+           AND {of_workload}",
+        of_workload = workload_records(&workload),
+    );
+    binder.query_as(&sql)?.fetch_one(conn).await
 }
 
 /// Per-record counts of the scope for the records that ended in `[from, to)`, by group.

@@ -269,3 +269,120 @@ async fn flops_a_card_could_not_have_done_are_refused_and_unknown_peaks_are_not_
     assert_eq!(h100["mig_profiles"][3]["name"], "3g.40gb");
     assert_money(&h100["mig_profiles"][3]["compute_share"], "0.428571");
 }
+
+/// Workload `chat`, in tokens, October against November.
+///
+/// - October: c1 on an A100 (1 an hour) for 10 hours makes 1,000 tokens. Cost 10 over 10
+///   GPU-hours, all completed: 0.01 a token = 1 an hour × 0.01 GPU-hours a token × 1.
+/// - November, moved to H100s (2 an hour): c2 runs 6 hours for 1,000 tokens; c3 fails after
+///   2 hours and its retry runs 4 hours for 500. Cost 24 over 12 GPU-hours, 10 of them
+///   completed, for 1,500 tokens: 0.016 a token = 2 × (10 ÷ 1,500) × 1.2.
+/// - The ratio 1.6 = price 2 × throughput ⅔ × overhead 1.2; the price moved most.
+///
+/// A record of another workload and one of task `solo` (no label: its own workload) are
+/// left out of `chat`.
+fn workload_records() -> Vec<crate::fixtures::Record> {
+    vec![
+        record("c1", "2026-10-05T00:00:00Z", "2026-10-05T10:00:00Z")
+            .gpu_model("A100")
+            .label("workload", "chat")
+            .output(1000, "tokens"),
+        record("c2", "2026-11-05T00:00:00Z", "2026-11-05T06:00:00Z")
+            .label("workload", "chat")
+            .output(1000, "tokens"),
+        record("c3", "2026-11-06T00:00:00Z", "2026-11-06T02:00:00Z")
+            .label("workload", "chat")
+            .outcome("failed"),
+        record("c3", "2026-11-06T03:00:00Z", "2026-11-06T07:00:00Z")
+            .attempt(2)
+            .retries(1)
+            .label("workload", "chat")
+            .output(500, "tokens"),
+        record("o1", "2026-11-07T00:00:00Z", "2026-11-07T05:00:00Z")
+            .label("workload", "other")
+            .output(10, "tokens"),
+        record("solo", "2026-11-08T00:00:00Z", "2026-11-08T01:00:00Z").output(100, "tokens"),
+    ]
+}
+
+#[tokio::test]
+async fn a_change_in_cost_per_unit_splits_into_price_throughput_and_overhead() {
+    let app = priced_app().await;
+    app.ingest(workload_records()).await;
+    let reader = app.token("reader", &["vision"]).await;
+    let response = app
+        .get(
+            "/v1/projects/vision/efficiency?workload=chat&unit=tokens&month=2026-11&baseline_month=2026-10",
+            &reader,
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.text());
+    let moved = response.json();
+    assert_money(&moved["cost_per_unit"]["baseline"], "0.01");
+    assert_money(&moved["cost_per_unit"]["period"], "0.016");
+    assert_money(&moved["ratio"], "1.6");
+    assert_money(&moved["factors"]["price"], "2");
+    assert_money(&moved["factors"]["throughput"], "0.66666666666666666667");
+    assert_money(&moved["factors"]["overhead"], "1.2");
+    assert_eq!(moved["largest"], "price");
+
+    let period = &moved["period"];
+    assert_money(&period["cost"], "24");
+    assert_money(&period["gpu_hours"], "12");
+    assert_money(&period["completed_gpu_hours"], "10");
+    assert_money(&period["quantity"], "1500");
+    assert_money(&period["price_per_gpu_hour"], "2");
+    assert_money(&period["overhead"], "1.2");
+    assert_eq!(period["attempts"], 3);
+    assert_eq!(period["failed_attempts"], 1);
+    assert_eq!(period["retries"], 1);
+    assert_eq!(period["gpu_models"].as_array().unwrap().len(), 1);
+    assert_eq!(period["gpu_models"][0]["gpu_model"], "H100");
+    assert_money(&period["gpu_models"][0]["gpu_hours"], "12");
+    let baseline = &moved["baseline"];
+    assert_eq!(baseline["gpu_models"][0]["gpu_model"], "A100");
+    assert_money(&baseline["gpu_models"][0]["price_per_gpu_hour"], "1");
+    assert_money(&baseline["gpu_hours_per_unit"], "0.01");
+    assert_eq!(baseline["failed_attempts"], 0);
+
+    // A record without a workload label is its task's own workload; with nothing in the
+    // baseline there is no ratio.
+    let solo = app
+        .get(
+            "/v1/projects/vision/efficiency?workload=solo&unit=tokens&month=2026-11",
+            &reader,
+        )
+        .await
+        .json();
+    assert_money(&solo["cost_per_unit"]["period"], "0.02");
+    assert_eq!(solo["cost_per_unit"]["baseline"], Value::Null);
+    assert_eq!(solo["ratio"], Value::Null);
+    assert_eq!(solo["largest"], Value::Null);
+    // By default the baseline is as long as the period and ends where it starts.
+    assert_eq!(solo["baseline"]["from"], "2026-10-02T00:00:00Z");
+    assert_eq!(solo["baseline"]["to"], "2026-11-01T00:00:00Z");
+
+    let overlapping = app
+        .get(
+            "/v1/projects/vision/efficiency?workload=chat&unit=tokens&month=2026-11&baseline_from=2026-10-15&baseline_to=2026-11-15",
+            &reader,
+        )
+        .await;
+    assert_eq!(unprocessable(&overlapping), vec!["query:baseline_from"]);
+    let missing = app
+        .get(
+            "/v1/projects/vision/efficiency?workload=chat&month=2026-11",
+            &reader,
+        )
+        .await;
+    assert_eq!(unprocessable(&missing), vec!["query:unit"]);
+    app.create_project("other", "USD").await;
+    let other = app.token("reader", &["other"]).await;
+    let hidden = app
+        .get(
+            "/v1/projects/vision/efficiency?workload=chat&unit=tokens&month=2026-11",
+            &other,
+        )
+        .await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,135 @@
+//! Why a workload's cost per unit moved: `GET /v1/projects/{id}/efficiency`.
+
+use axum::extract::State;
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::domain::access::Principal;
+use crate::domain::period::parse_period;
+use crate::domain::validation::Violations;
+use crate::http::error::{ApiResult, Problem};
+use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
+use crate::http::projects::readable_project;
+use crate::http::state::AppState;
+use crate::ledger::cost::CostOf;
+use crate::ledger::efficiency::{self, EfficiencyQuery, EfficiencyView};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get_efficiency))
+}
+
+/// The longest workload name or unit taken.
+const MAX_NAME_CHARS: usize = 200;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EfficiencyParams {
+    /// The value of the records' `workload` label; records without one are each their task's
+    /// own workload, named by task id.
+    pub workload: Option<String>,
+    /// The output unit whose cost is compared (e.g. `tokens`).
+    pub unit: Option<String>,
+    /// The period compared, as for the cost: `YYYY-MM`, or `from` and `to` on ledger hour
+    /// boundaries.
+    pub month: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    /// The baseline, in the same forms; by default as long as the period and ending where
+    /// it starts. It must not overlap the period.
+    pub baseline_month: Option<String>,
+    pub baseline_from: Option<String>,
+    pub baseline_to: Option<String>,
+}
+
+fn parse_params(params: &EfficiencyParams, tz: chrono_tz::Tz) -> ApiResult<EfficiencyQuery> {
+    let mut violations = Violations::default();
+    let name = |raw: Option<&str>| {
+        let Some(raw) = raw else {
+            return Err("is required".to_owned());
+        };
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.chars().count() > MAX_NAME_CHARS {
+            Err(format!("must be 1 to {MAX_NAME_CHARS} characters"))
+        } else {
+            Ok(trimmed.to_owned())
+        }
+    };
+    let workload = violations.check("query:workload", name(params.workload.as_deref()));
+    let unit = violations.check("query:unit", name(params.unit.as_deref()));
+    let period = parse_period(
+        (
+            params.month.as_deref(),
+            params.from.as_deref(),
+            params.to.as_deref(),
+        ),
+        tz,
+        &mut violations,
+    );
+    let baseline = match (
+        params.baseline_month.as_deref(),
+        params.baseline_from.as_deref(),
+        params.baseline_to.as_deref(),
+    ) {
+        (None, None, None) => period.map(|(from, to)| (from - (to - from), from)),
+        given => {
+            let mut named = Violations::default();
+            let parsed = parse_period(given, tz, &mut named);
+            for error in named.into_vec() {
+                let pointer = error.pointer.replacen("query:", "query:baseline_", 1);
+                violations.push(pointer, error.message);
+            }
+            parsed
+        }
+    };
+    if let (Some(baseline), Some(period)) = (baseline, period)
+        && baseline.0 < period.1
+        && period.0 < baseline.1
+    {
+        violations.push(
+            "query:baseline_from",
+            "the baseline must not overlap the period",
+        );
+    }
+    violations.into_result()?;
+    Ok(EfficiencyQuery {
+        workload: workload.expect("parsed or reported"),
+        unit: unit.expect("parsed or reported"),
+        baseline: baseline.expect("parsed or reported"),
+        period: period.expect("parsed or reported"),
+    })
+}
+
+/// Why a workload's cost per unit moved from a baseline to a period: cost per unit = price
+/// per GPU-hour × GPU-hours per unit of completed work × overhead (all GPU-hours ÷ those of
+/// completed attempts); the ratio of the two periods is the product of the factors' ratios,
+/// and the answer names the largest and shows the GPU models, attempts and retries behind
+/// each period.
+#[utoipa::path(get, path = "/v1/projects/{id}/efficiency", tag = "efficiency",
+    params(("id" = String, Path, description = "Project id"), EfficiencyParams),
+    security(("bearer" = [])),
+    responses(
+        AuthProblems, PathProblems, QueryProblems,
+        (status = 200, description = "The two periods and the factors of the change", body = EfficiencyView),
+        (status = 404, description = "No such project (or not visible to this token)", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_efficiency(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(params): ApiQuery<EfficiencyParams>,
+) -> ApiResult<axum::Json<EfficiencyView>> {
+    let project = readable_project(&state, &principal, &id).await?;
+    let tz = state.settings.timezone;
+    let query = parse_params(&params, tz)?;
+    let of = CostOf {
+        project: &project.id,
+        currency: &project.currency,
+    };
+    Ok(axum::Json(
+        efficiency::explain(&state.pool, of, &query, tz).await?,
+    ))
+}
