@@ -492,7 +492,40 @@ function unrated(cost) {
 
 function alertWhat(a) {
   if (a.kind === "idle_gpu") return `Idle GPU: task ${escapeHtml(a.idle_gpu.task_id)}`;
-  return `${a.kind === "forecast" ? "Forecast" : "Actual"} ${a.threshold}%`;
+  if (a.kind === "retry_storm") return `Retry storm on ${escapeHtml(a.route.key)}=${escapeHtml(a.route.value)}: ${stormWhat(a.retry_storm)}`;
+  const route = a.route ? ` on ${escapeHtml(a.route.key)}=${escapeHtml(a.route.value)}` : "";
+  return `${a.kind === "forecast" ? "Forecast" : "Actual"} ${a.threshold}%${route}`;
+}
+
+function stormWhat(storm) {
+  return storm.trigger === "max_attempts_per_task"
+    ? `task ${escapeHtml(storm.task_id)} attempt ${storm.attempt} (cap ${storm.cap})`
+    : `failed spend ${roundDecimal(storm.observed, 2)} in the hour from ${escapeHtml(storm.hour.replace("T", " ").slice(0, 16))} (cap ${roundDecimal(storm.cap, 2)})`;
+}
+
+// A project's routes (budgets and retry caps on a label value): each with its month's burn,
+// caps, and the retry storms it fired.
+function routesPanel(routes, burns, alertList, currency) {
+  if (routes.length === 0) return "";
+  const rows = routes.map((r, i) => {
+    const b = burns[i];
+    const storms = alertList.items.filter((a) => a.kind === "retry_storm" && a.route
+      && a.route.key === r.label_key && a.route.value === r.label_value);
+    const stormList = storms.length === 0 ? '<span class="muted">none</span>'
+      : storms.map((a) => `<div class="small">${stormWhat(a.retry_storm)}</div>`).join("");
+    return `<tr data-route="${escapeHtml(r.label_key)}=${escapeHtml(r.label_value)}">
+      <th scope="row">${escapeHtml(r.label_key)}=${escapeHtml(r.label_value)}</th>
+      <td class="num route-budget">${r.monthly_budget === null ? "—" : money(r.monthly_budget, currency)}</td>
+      <td class="num route-spend">${b ? money(b.spend, currency) : "—"}</td>
+      <td class="num route-burn">${b && b.burn_pct !== null ? `${roundDecimal(b.burn_pct, 1)}%` : "—"}</td>
+      <td class="num route-attempts">${r.max_attempts_per_task === null ? "—" : r.max_attempts_per_task}</td>
+      <td class="num route-failed-cap">${r.max_failed_spend_per_hour === null ? "—" : money(r.max_failed_spend_per_hour, currency)}</td>
+      <td class="route-storms">${stormList}</td></tr>`;
+  }).join("");
+  return `<section id="routes"><h2>Routes</h2><div class="panel">
+    <table><tr><th>Route</th><th class="num">Budget</th><th class="num">Spend</th><th class="num">Burn</th>
+      <th class="num">Max attempts</th><th class="num">Max failed spend / hour</th><th>Retry storms</th></tr>
+      <tbody id="route-rows">${rows}</tbody></table></div></section>`;
 }
 
 function alerts(list, currency) {
@@ -1166,6 +1199,9 @@ async function renderProject(view, generation) {
       api(`${base}/recommendations?month=${month}`).catch(() => null),
       api(`${base}/prices`).catch(() => ({ items: [] })),
     ]);
+    const routes = await api(`${base}/routes`).catch(() => []);
+    const routeBurns = await Promise.all(routes.map((r) =>
+      api(`${base}/routes/${encodeURIComponent(r.label_key)}/${encodeURIComponent(r.label_value)}/burn?month=${month}`).catch(() => null)));
     if (generation !== state.generation) return;
     $("main").innerHTML = pageHead(`${escapeHtml(projectName(project))} <span class="muted">· ${escapeHtml(month)}</span>`)
       + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
@@ -1173,6 +1209,7 @@ async function renderProject(view, generation) {
       + comparisonPanel(byModel, cost.currency)
       + utilisationPanel(cost) + energyPanel(cost) + idleMinutePanel(prices, cost.currency)
       + recommendationsPanel(recs)
+      + routesPanel(routes, routeBurns, alertList, cost.currency)
       + tasksPanel(view) + outputs(cost) + unrated(cost) + alerts(alertList, cost.currency);
     mountCharts();
     state.shown = `${project}|${month}`;

@@ -23,6 +23,7 @@ pub mod rating;
 pub mod record;
 pub mod reservation_plan;
 pub mod rightsizing;
+pub mod route;
 pub mod slurm;
 pub mod source;
 pub mod summary;

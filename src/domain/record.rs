@@ -39,6 +39,28 @@ pub fn label_value(raw: &str) -> Option<String> {
     (!value.trim().is_empty()).then_some(value)
 }
 
+/// A label key as a record may carry it: 1 to [`MAX_LABEL_KEY_CHARS`] ASCII letters, digits,
+/// `_`, `-`, `.` or `/`.
+pub fn label_key(key: &str) -> Result<String, String> {
+    let valid = !key.is_empty()
+        && key.chars().count() <= MAX_LABEL_KEY_CHARS
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    match valid {
+        true => Ok(key.to_owned()),
+        false => Err(format!(
+            "label keys are 1-{MAX_LABEL_KEY_CHARS} letters, digits, `_`, `-`, `.` or `/`"
+        )),
+    }
+}
+
+/// A label value as a record may carry it when given as a string: not blank, at most
+/// [`MAX_LABEL_VALUE_CHARS`] characters, no control characters.
+pub fn label_text(value: &str) -> Result<String, String> {
+    text_within(value, MAX_LABEL_VALUE_CHARS)
+}
+
 /// The most nodes one record may name.
 pub const MAX_NODES: usize = 256;
 
@@ -1037,23 +1059,13 @@ impl<'a> Fields<'a> {
         let mut valid = true;
         for (key, value) in object {
             let pointer = format!("{}/labels/{}", self.pointer, escape_pointer_token(key));
-            let key_ok = !key.is_empty()
-                && key.chars().count() <= MAX_LABEL_KEY_CHARS
-                && key
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
-            if !key_ok {
-                self.v.push(
-                    pointer,
-                    format!(
-                        "label keys are 1-{MAX_LABEL_KEY_CHARS} letters, digits, `_`, `-`, `.` or `/`"
-                    ),
-                );
+            if let Err(message) = label_key(key) {
+                self.v.push(pointer, message);
                 valid = false;
                 continue;
             }
             let text = match value {
-                Value::String(text) => text_within(text, MAX_LABEL_VALUE_CHARS),
+                Value::String(text) => label_text(text),
                 Value::Number(number) => Ok(number.to_string()),
                 Value::Bool(flag) => Ok(flag.to_string()),
                 _ => Err("label values are strings".to_owned()),

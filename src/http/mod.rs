@@ -27,6 +27,7 @@ pub mod projects;
 pub mod records;
 pub mod reports;
 pub mod rightsizing;
+pub mod routes;
 pub mod state;
 pub mod tasks;
 pub mod tokens;
@@ -67,6 +68,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),
+        (name = "routes", description = "Budgets and retry caps on a label value of a project's records (a route), and their burn"),
         (name = "reports", description = "Monthly reports and month close, for finance"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
@@ -101,6 +103,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())
+        .merge(routes::router())
         .merge(reports::router())
         .merge(planning::router())
         .merge(prices::router())

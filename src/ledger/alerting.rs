@@ -1,7 +1,8 @@
 //! Firing alerts. Budget alerts: each reached `(project, month, threshold, kind)` is stored
 //! once, together with its outbox row, in one transaction. Idle-GPU alerts: once per task,
-//! in the transaction that stores (or corrects) and rates the idle record. The webhook worker
-//! delivers both later.
+//! in the transaction that stores (or corrects) and rates the idle record. A route's budget
+//! alerts and retry storms are judged with the project's burn (see [`evaluate`]).
+//! The webhook worker delivers them all later.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,16 +18,21 @@ use uuid::Uuid;
 use crate::config::Settings;
 use crate::domain::burn::{self, AlertKind, Burn, FORECAST_THRESHOLD};
 use crate::domain::idle::{IdleGpuRule, IdleMeasure};
+use crate::domain::ledger_time::month_bounds;
 use crate::domain::record::JobRecord;
+use crate::domain::route::{RouteRef, storm_hours};
 use crate::domain::values::Month;
 use crate::ledger::LedgerResult;
-use crate::ledger::cost::{CostOf, month_spend, month_spend_by_day};
+use crate::ledger::cost::{
+    CostOf, month_spend, month_spend_by_day, route_month_spend, spend_period,
+};
 use crate::ledger::instruments;
 use crate::ledger::reports::round_money;
 use crate::store;
 pub use crate::store::alerts::{AlertRow, Attempt, AttemptRow, DeliveryRow, DueDelivery, NextStep};
-use crate::store::alerts::{NewAlert, NewIdleGpuAlert};
+use crate::store::alerts::{NewAlert, NewIdleGpuAlert, StormOf};
 use crate::store::projects::ProjectRow;
+use crate::store::routes::RouteRow;
 
 /// What an alert event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -41,6 +47,9 @@ pub enum AlertEventKind {
     /// A node of a capacity pool has been up and paid with no job on it for longer than
     /// its pool allows.
     ZombieCapacity,
+    /// A route's task went beyond its attempts cap, or its failed attempts cost more than
+    /// its cap within one ledger hour.
+    RetryStorm,
 }
 
 impl AlertEventKind {
@@ -51,6 +60,7 @@ impl AlertEventKind {
             None => match raw {
                 "idle_gpu" => Some(Self::IdleGpu),
                 "zombie_capacity" => Some(Self::ZombieCapacity),
+                "retry_storm" => Some(Self::RetryStorm),
                 _ => None,
             },
         }
@@ -85,6 +95,57 @@ pub struct AlertEvent {
     pub idle_gpu: Option<IdleGpuAlert>,
     /// The idle stretch of a `zombie_capacity` alert; null for the other kinds.
     pub zombie_capacity: Option<ZombieAlert>,
+    /// The route (label key and value) of a route's budget alert or of a `retry_storm`;
+    /// null for a project's own alerts.
+    pub route: Option<RouteRef>,
+    /// What a `retry_storm` alert found; null for the other kinds.
+    pub retry_storm: Option<RetryStormAlert>,
+}
+
+/// Which cap of its route a retry storm went beyond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryStormTrigger {
+    /// An attempt numbered above `max_attempts_per_task`: `task_id` and `attempt` say which.
+    MaxAttemptsPerTask,
+    /// Failed attempts costing more than `max_failed_spend_per_hour` within the ledger hour
+    /// starting at `hour`.
+    MaxFailedSpendPerHour,
+}
+
+/// A retry storm: the task or ledger hour that went beyond its route's cap.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RetryStormAlert {
+    pub trigger: RetryStormTrigger,
+    pub task_id: Option<String>,
+    /// The first attempt beyond the cap that was seen; the task's later ones fire nothing.
+    pub attempt: Option<i32>,
+    /// The start of the ledger hour whose failed spend went beyond the cap.
+    pub hour: Option<DateTime<Utc>>,
+    /// The cap: attempts per task, or failed spend per hour in `currency`.
+    #[schema(value_type = String, example = "10")]
+    pub cap: Decimal,
+    /// What went beyond it: the attempt number, or the hour's failed spend in `currency`.
+    #[schema(value_type = String, example = "14.4")]
+    pub observed: Decimal,
+}
+
+impl RetryStormAlert {
+    fn from_row(row: &AlertRow) -> anyhow::Result<Self> {
+        let missing = || anyhow::anyhow!("retry-storm alert {} lacks its fields", row.id);
+        let trigger = match row.storm_hour {
+            Some(_) => RetryStormTrigger::MaxFailedSpendPerHour,
+            None => RetryStormTrigger::MaxAttemptsPerTask,
+        };
+        Ok(Self {
+            trigger,
+            task_id: row.task_id.clone(),
+            attempt: row.attempt,
+            hour: row.storm_hour,
+            cap: row.cap.ok_or_else(missing)?.normalize(),
+            observed: row.observed.ok_or_else(missing)?.normalize(),
+        })
+    }
 }
 
 /// The node a zombie-capacity alert found idle, since when, and what its idle time costs.
@@ -168,6 +229,15 @@ impl AlertEvent {
             AlertEventKind::ZombieCapacity => Some(ZombieAlert::from_row(row)?),
             _ => None,
         };
+        let retry_storm = match kind {
+            AlertEventKind::RetryStorm => Some(RetryStormAlert::from_row(row)?),
+            _ => None,
+        };
+        let route = row
+            .route_key
+            .clone()
+            .zip(row.route_value.clone())
+            .map(|(key, value)| RouteRef { key, value });
         Ok(Self {
             id: row.id,
             project: row.project_id.clone(),
@@ -182,6 +252,8 @@ impl AlertEvent {
             fired_at: row.fired_at,
             idle_gpu,
             zombie_capacity,
+            route,
+            retry_storm,
         })
     }
 }
@@ -357,8 +429,9 @@ pub async fn burn_of(
     Ok(burn::burn(spend, budget, month.first_day(), as_of, tz))
 }
 
-/// Re-evaluates a project's burn of a month now and fires what it reached. Every path that
-/// changes spend calls this; firing is once-only, so calling it often is harmless.
+/// Re-evaluates a project's burn of a month now, and its routes' (budgets and retry
+/// storms), and fires what they reached. Every path that changes spend calls this; firing is
+/// once-only, so calling it often is harmless.
 pub async fn evaluate(
     pool: &PgPool,
     project_id: &str,
@@ -368,14 +441,26 @@ pub async fn evaluate(
     let Some(project) = store::projects::get(pool, project_id).await? else {
         return Ok(Vec::new());
     };
+    let mut fired = evaluate_budget(pool, &project, month, settings).await?;
+    fired.extend(evaluate_routes(pool, &project, month, settings).await?);
+    Ok(fired)
+}
+
+/// Re-evaluates a project's own burn of a month now and fires what it reached.
+async fn evaluate_budget(
+    pool: &PgPool,
+    project: &ProjectRow,
+    month: Month,
+    settings: &Settings,
+) -> anyhow::Result<Vec<AlertRow>> {
     // Without a budget there is no burn, so nothing can fire: skip computing the spend.
-    let Some(budget) = store::projects::budget_for(pool, &project, month.first_day()).await? else {
+    let Some(budget) = store::projects::budget_for(pool, project, month.first_day()).await? else {
         return Ok(Vec::new());
     };
     let now = settings.clock.now();
-    let burn = burn_of(pool, &project, month, Some(budget), now, settings.timezone).await?;
+    let burn = burn_of(pool, project, month, Some(budget), now, settings.timezone).await?;
     let reached = burn::alerts_reached(&burn, &project.alert_thresholds);
-    fire_reached(pool, &project, month, &burn, &reached, now).await
+    fire_reached(pool, project, month, &burn, &reached, now).await
 }
 
 /// Evaluates each `(project, month)`, logging failures: the change that asked for it has
@@ -409,7 +494,7 @@ pub fn month_holding(at: DateTime<Utc>, tz: Tz) -> Month {
     Month::from_first_day(at.with_timezone(&tz).date_naive())
 }
 
-/// Evaluates the current month of every project with a budget: after a change that can move
+/// Evaluates the current month of every project with a budget or a route: after a change that can move
 /// any project's spend (a contract or FX rate), and periodically, since unused commitment
 /// accrues even when no record arrives.
 pub async fn evaluate_current_month(pool: &PgPool, settings: &Settings) {
@@ -551,4 +636,143 @@ pub async fn deliver_next(
     store::alerts::record_attempt(&mut tx, &delivery, &made, next).await?;
     tx.commit().await?;
     Ok(Some((delivery, next)))
+}
+
+/// A route's burn of a month: its spend against its monthly budget.
+pub async fn route_burn(
+    conn: &mut PgConnection,
+    project: &ProjectRow,
+    route: &RouteRow,
+    month: Month,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<Burn> {
+    let of = CostOf {
+        project: &project.id,
+        currency: &project.currency,
+    };
+    let label = (route.label_key.as_str(), route.label_value.as_str());
+    let spend = route_month_spend(conn, of, label, month.first_day(), as_of, tz).await?;
+    Ok(burn::burn(
+        spend,
+        route.monthly_budget,
+        month.first_day(),
+        as_of,
+        tz,
+    ))
+}
+
+/// Judges every route of a project for a month now and fires what it calls for.
+///
+/// A route's alerts are judged on what is committed, after the change that could cause them
+/// (an ingest, a correction, a route's limits, the burn tick), and fired by an
+/// `INSERT … ON CONFLICT DO NOTHING` against a unique index: a budget alert once per
+/// `(project, route, month, threshold, kind)`, a retry storm once per `(project, route, task)`
+/// or `(project, route, ledger hour)`. Two ingests evaluating at the same time may both see a
+/// cap crossed; the second insert of the same key waits for the first transaction and then
+/// inserts nothing, so exactly one alert (and one outbox row) results. Judging after commit
+/// means the later of two concurrent ingests sees both, so a crossing made only by the two
+/// together is not missed.
+async fn evaluate_routes(
+    pool: &PgPool,
+    project: &ProjectRow,
+    month: Month,
+    settings: &Settings,
+) -> anyhow::Result<Vec<AlertRow>> {
+    let mut fired = Vec::new();
+    for route in store::routes::of_project(pool, &project.id).await? {
+        fired.extend(evaluate_route(pool, project, &route, month, settings).await?);
+    }
+    Ok(fired)
+}
+
+/// Judges one route for a month, at the settings' clock: its budget against the project's
+/// thresholds, its tasks' attempts that ended in the month against its attempts cap, and its
+/// failed spend in each of the month's ledger hours so far against its hourly cap. What
+/// fires is stored with its outbox rows in one transaction.
+pub async fn evaluate_route(
+    pool: &PgPool,
+    project: &ProjectRow,
+    route: &RouteRow,
+    month: Month,
+    settings: &Settings,
+) -> anyhow::Result<Vec<AlertRow>> {
+    let now = settings.clock.now();
+    let tz = settings.timezone;
+    let label = (route.label_key.as_str(), route.label_value.as_str());
+    let mut tx = pool.begin().await?;
+    let mut fired = Vec::new();
+    if route.monthly_budget.is_some() {
+        let burn = route_burn(&mut tx, project, route, month, now, tz).await?;
+        let budget = burn.budget.unwrap_or_default();
+        for (threshold, kind) in burn::alerts_reached(&burn, &project.alert_thresholds) {
+            let alert = NewAlert {
+                project_id: project.id.clone(),
+                month: month.first_day(),
+                threshold,
+                kind: kind.as_str(),
+                currency: project.currency.clone(),
+                spend: burn.spend,
+                budget,
+                burn_pct: burn.burn_pct.unwrap_or_default(),
+                forecast: burn.forecast,
+                fired_at: now,
+            };
+            if let Some(row) = store::alerts::fire_route_budget(&mut tx, &alert, label).await? {
+                fired.push(row);
+            }
+        }
+    }
+    let storm = StormOf {
+        project_id: &project.id,
+        route: label,
+        month: month.first_day(),
+        currency: &project.currency,
+        fired_at: now,
+    };
+    if let Some(cap) = route.max_attempts_per_task {
+        let beyond = store::routes::attempts_beyond_cap(
+            &mut tx,
+            route,
+            cap,
+            month_bounds(month.first_day(), tz),
+        )
+        .await?;
+        let attempts: Vec<(String, i32)> =
+            beyond.into_iter().map(|a| (a.task_id, a.attempt)).collect();
+        fired.extend(store::alerts::fire_retry_storm_tasks(&mut tx, storm, cap, &attempts).await?);
+    }
+    if let (Some(cap), Some(period)) = (
+        route.max_failed_spend_per_hour,
+        spend_period(month.first_day(), now, tz),
+    ) {
+        let by_hour: Vec<(DateTime<Utc>, Decimal)> =
+            store::cost::failed_spend_by_hour(&mut tx, &project.id, label, period, tz)
+                .await?
+                .into_iter()
+                .map(|h| (h.hour, h.failed))
+                .collect();
+        let storms: Vec<(DateTime<Utc>, Decimal)> = storm_hours(&by_hour, cap)
+            .into_iter()
+            .map(|s| (s.hour, s.failed_spend))
+            .collect();
+        fired.extend(store::alerts::fire_retry_storm_hours(&mut tx, storm, cap, &storms).await?);
+    }
+    let mut deliveries = Vec::new();
+    if let Some(url) = project.webhook_url.as_deref() {
+        for row in &fired {
+            deliveries.push((
+                row,
+                url,
+                serde_json::to_string(&AlertEvent::from_row(row)?)?,
+            ));
+        }
+    }
+    store::alerts::enqueue_deliveries(&mut tx, &deliveries).await?;
+    tx.commit().await?;
+    for row in &fired {
+        tracing::info!(project = %row.project_id, route = %route.label_value, kind = %row.kind, threshold = ?row.threshold, task = ?row.task_id, hour = ?row.storm_hour, "route alert fired");
+        metrics::counter!(instruments::ALERTS_FIRED, "kind" => row.kind.clone()).increment(1);
+    }
+    Ok(fired)
 }

@@ -428,7 +428,7 @@ pub async fn month_commitments(
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger
 /// hours up to the one holding `as_of`; `None` before the month began.
-fn spend_period(
+pub fn spend_period(
     month: NaiveDate,
     as_of: DateTime<Utc>,
     tz: Tz,
@@ -464,6 +464,35 @@ pub async fn month_spend(
         what_if: WhatIf::default(),
     };
     Ok(period_figures(conn, of, &query, tz).await?.figures.total)
+}
+
+/// A route's spend in a month up to `as_of`: the cost of the month's ledger hours up to the
+/// one holding `as_of` of the project's records carrying the label `key` = `value`. Unused
+/// commitment and idle capacity are the project's, never a route's.
+pub async fn route_month_spend(
+    conn: &mut sqlx::PgConnection,
+    of: CostOf<'_>,
+    (key, value): (&str, &str),
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+) -> LedgerResult<Decimal> {
+    let Some(period) = spend_period(month, as_of, tz) else {
+        return Ok(Decimal::ZERO);
+    };
+    let query = CostQuery {
+        period,
+        grouping: Grouping::Label(key.to_owned()),
+        as_of,
+        what_if: WhatIf::default(),
+    };
+    Ok(period_figures(conn, of, &query, tz)
+        .await?
+        .groups
+        .into_iter()
+        .find(|group| group.key.as_deref() == Some(value))
+        .map(|group| group.figures.total)
+        .unwrap_or_default())
 }
 
 /// The spend of a month as it grew: for every ledger day from the month's first to the one

@@ -217,7 +217,7 @@ pub async fn explain(
                 }
             })
             .collect();
-        views.sort_by(|a, b| b.gpu_hours.cmp(&a.gpu_hours));
+        views.sort_by_key(|view| std::cmp::Reverse(view.gpu_hours));
         views
     };
     let empty = FigureSums::default();

@@ -24,6 +24,7 @@ pub mod rating;
 pub mod records;
 pub mod reports;
 pub mod rightsizing;
+pub mod routes;
 pub mod sacct_import;
 pub mod setup;
 pub mod sources;

@@ -49,6 +49,15 @@ pub struct AlertRow {
     pub pool_id: Option<String>,
     pub since: Option<DateTime<Utc>>,
     pub cost_per_hour: Option<Decimal>,
+    /// The route (label key and value) of a route's budget alert or of a retry storm.
+    pub route_key: Option<String>,
+    pub route_value: Option<String>,
+    /// The ledger hour of a retry storm judged on failed spend.
+    pub storm_hour: Option<DateTime<Utc>>,
+    /// A retry storm's cap (attempts per task, or failed spend per hour) and what went
+    /// beyond it (the attempt, or the hour's failed spend).
+    pub cap: Option<Decimal>,
+    pub observed: Option<Decimal>,
 }
 
 /// A zombie-capacity alert to fire for one idle stretch of a node.
@@ -85,7 +94,8 @@ pub async fn fire_zombie(
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
-                   cost, node, pool_id, since, cost_per_hour",
+                   cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
+                   observed",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -153,11 +163,12 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
         "INSERT INTO alert_events (project_id, id, month, threshold, kind, currency, spend, \
                                    budget, burn_pct, forecast, fired_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-         ON CONFLICT ON CONSTRAINT alert_events_once DO NOTHING \
+         ON CONFLICT (project_id, month, threshold, kind) WHERE route_key IS NULL DO NOTHING \
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
-                   cost, node, pool_id, since, cost_per_hour",
+                   cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
+                   observed",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -171,6 +182,171 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
         alert.fired_at,
     )
     .fetch_optional(conn)
+    .await
+}
+
+/// Fires a route's budget alert unless its `(project, route, month, threshold, kind)` already
+/// fired; `None` then. Runs in the caller's transaction, as [`fire`] does.
+pub async fn fire_route_budget(
+    conn: &mut PgConnection,
+    alert: &NewAlert,
+    (key, value): (&str, &str),
+) -> sqlx::Result<Option<AlertRow>> {
+    sqlx::query_as!(
+        AlertRow,
+        "INSERT INTO alert_events (project_id, id, month, threshold, kind, currency, spend, \
+                                   budget, burn_pct, forecast, fired_at, route_key, route_value) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         ON CONFLICT (project_id, route_key, route_value, month, threshold, kind) \
+             WHERE kind IN ('actual', 'forecast') AND route_key IS NOT NULL DO NOTHING \
+         RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                   forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                   gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
+                   cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
+                   observed",
+        alert.project_id,
+        Uuid::new_v4(),
+        alert.month,
+        alert.threshold,
+        alert.kind,
+        alert.currency,
+        alert.spend,
+        alert.budget,
+        alert.burn_pct,
+        alert.forecast,
+        alert.fired_at,
+        key,
+        value,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// The route, month and currency every retry storm of one evaluation shares.
+#[derive(Debug, Clone, Copy)]
+pub struct StormOf<'a> {
+    pub project_id: &'a str,
+    pub route: (&'a str, &'a str),
+    /// The ledger month evaluated: holding the attempt's end, or the hour.
+    pub month: NaiveDate,
+    pub currency: &'a str,
+    pub fired_at: DateTime<Utc>,
+}
+
+/// Fires a `retry_storm` alert for each `(task, attempt)` whose task has none yet for the
+/// route, with the attempts cap. The unique index `alert_events_retry_storm_task_once`
+/// decides: of two transactions firing for the same task, the second waits for the first and
+/// then inserts nothing.
+pub async fn fire_retry_storm_tasks(
+    conn: &mut PgConnection,
+    of: StormOf<'_>,
+    cap: i32,
+    attempts: &[(String, i32)],
+) -> sqlx::Result<Vec<AlertRow>> {
+    if attempts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = attempts.iter().map(|_| Uuid::new_v4()).collect();
+    let tasks: Vec<String> = attempts.iter().map(|(task, _)| task.clone()).collect();
+    let numbers: Vec<i32> = attempts.iter().map(|(_, attempt)| *attempt).collect();
+    sqlx::query_as!(
+        AlertRow,
+        "INSERT INTO alert_events (project_id, id, month, kind, currency, fired_at, route_key, \
+                                   route_value, task_id, attempt, cap, observed) \
+         SELECT $1, k.id, $2, 'retry_storm', $3, $4, $5, $6, k.task_id, k.attempt, $7, k.attempt \
+         FROM UNNEST($8::uuid[], $9::text[], $10::int[]) WITH ORDINALITY \
+              AS k(id, task_id, attempt, position) \
+         ORDER BY k.position \
+         ON CONFLICT (project_id, route_key, route_value, task_id) \
+             WHERE kind = 'retry_storm' AND task_id IS NOT NULL DO NOTHING \
+         RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                   forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                   gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
+                   cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
+                   observed",
+        of.project_id,
+        of.month,
+        of.currency,
+        of.fired_at,
+        of.route.0,
+        of.route.1,
+        Decimal::from(cap),
+        &ids,
+        &tasks,
+        &numbers,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Fires a `retry_storm` alert for each `(ledger hour, failed spend)` that has none yet for
+/// the route, with the failed-spend cap. The unique index
+/// `alert_events_retry_storm_hour_once` keeps it to one per hour, as for tasks.
+pub async fn fire_retry_storm_hours(
+    conn: &mut PgConnection,
+    of: StormOf<'_>,
+    cap: Decimal,
+    hours: &[(DateTime<Utc>, Decimal)],
+) -> sqlx::Result<Vec<AlertRow>> {
+    if hours.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = hours.iter().map(|_| Uuid::new_v4()).collect();
+    let starts: Vec<DateTime<Utc>> = hours.iter().map(|(hour, _)| *hour).collect();
+    let spends: Vec<Decimal> = hours.iter().map(|(_, spend)| *spend).collect();
+    sqlx::query_as!(
+        AlertRow,
+        "INSERT INTO alert_events (project_id, id, month, kind, currency, fired_at, route_key, \
+                                   route_value, storm_hour, cap, observed) \
+         SELECT $1, k.id, $2, 'retry_storm', $3, $4, $5, $6, k.hour, $7, k.spend \
+         FROM UNNEST($8::uuid[], $9::timestamptz[], $10::numeric[]) WITH ORDINALITY \
+              AS k(id, hour, spend, position) \
+         ORDER BY k.position \
+         ON CONFLICT (project_id, route_key, route_value, storm_hour) \
+             WHERE kind = 'retry_storm' AND storm_hour IS NOT NULL DO NOTHING \
+         RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                   forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                   gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
+                   cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
+                   observed",
+        of.project_id,
+        of.month,
+        of.currency,
+        of.fired_at,
+        of.route.0,
+        of.route.1,
+        cap,
+        &ids,
+        &starts,
+        &spends,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// A route's budget alerts fired for one month, for its burn.
+pub async fn fired_for_route_in_month(
+    pool: &PgPool,
+    project: &str,
+    (key, value): (&str, &str),
+    month: NaiveDate,
+) -> sqlx::Result<Vec<AlertRow>> {
+    sqlx::query_as!(
+        AlertRow,
+        "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
+                forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
+                gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
+                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed \
+         FROM alert_events \
+         WHERE project_id = $1 AND route_key = $2 AND route_value = $3 AND month = $4 \
+           AND kind IN ('actual', 'forecast') \
+         ORDER BY kind, threshold",
+        project,
+        key,
+        value,
+        month,
+    )
+    .fetch_all(pool)
     .await
 }
 
@@ -230,7 +406,8 @@ pub async fn fire_idle_gpu(
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
-                   cost, node, pool_id, since, cost_per_hour",
+                   cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
+                   observed",
         &column(|a| a.project_id.clone()),
         &ids,
         &months,
@@ -415,7 +592,7 @@ pub async fn list(
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                 gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
-                node, pool_id, since, cost_per_hour \
+                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed \
          FROM alert_events \
          WHERE ($1::text[] IS NULL OR project_id = ANY($1)) AND ($2::date IS NULL OR month = $2) \
            AND ($3::timestamptz IS NULL OR (fired_at, id) < ($3, $4)) \
@@ -467,9 +644,10 @@ pub async fn fired_in_month(
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                 gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
-                node, pool_id, since, cost_per_hour \
+                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed \
          FROM alert_events \
          WHERE project_id = $1 AND month = $2 AND kind IN ('actual', 'forecast') \
+           AND route_key IS NULL \
          ORDER BY kind, threshold",
         project,
         month,

@@ -982,3 +982,51 @@ pub async fn mfu_sums(
     );
     binder.query_as(&sql)?.fetch_all(conn).await
 }
+
+/// Failed spend of one ledger hour.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FailedHour {
+    pub hour: DateTime<Utc>,
+    pub failed: Decimal,
+}
+
+/// The failed spend (the `failed` part: segments of records whose outcome is not
+/// `completed`) of a project's records carrying the label `key` = `value`, per ledger hour of
+/// `[from, to)` that has any, at the prices in force; in hour order.
+pub async fn failed_spend_by_hour(
+    conn: &mut PgConnection,
+    project: &str,
+    (key, value): (&str, &str),
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> sqlx::Result<Vec<FailedHour>> {
+    let mut binder = Binder::new();
+    let project = binder.bind(project.to_owned());
+    let key = binder.bind(key.to_owned());
+    let value = binder.bind(value.to_owned());
+    let (from, to) = (binder.bind(from), binder.bind(to));
+    let zone = binder.bind(tz.name().to_owned());
+    let price = PriceJoin::new(&mut binder, &WhatIf::default(), "g");
+    let failed = rollups::PRICED_SUMS
+        .iter()
+        .find(|sum| sum.money == "failed")
+        .expect("the failed part is priced");
+    let sql = format!(
+        "SELECT hour, {money} \
+         FROM (SELECT g.hour, g.failed_seconds, g.failed_metered, g.failed_joules, {columns} \
+               FROM (SELECT s.hour, s.project_id, \
+                            date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, \
+                            s.contract_id, s.gpu_model, s.billing_mode, {sums} \
+                     FROM rated_segments s \
+                     JOIN job_records r USING (project_id, task_id, attempt) \
+                     WHERE s.project_id = {project} AND r.labels ->> {key} = {value} \
+                       AND s.outcome <> 'completed' AND s.hour >= {from} AND s.hour < {to}) \
+                    AS g {joins}) AS priced \
+         GROUP BY hour ORDER BY hour",
+        money = summed_priced(failed),
+        columns = price.columns(),
+        joins = price.joins(),
+        sums = rollups::segment_sums_sql("s."),
+    );
+    binder.query_as(&sql)?.fetch_all(conn).await
+}

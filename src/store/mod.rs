@@ -20,6 +20,7 @@ pub mod rating;
 pub mod records;
 pub mod rightsizing;
 pub mod rollups;
+pub mod routes;
 pub mod settings;
 pub mod tasks;
 pub mod tokens;

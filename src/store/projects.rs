@@ -225,12 +225,13 @@ pub async fn own_budgets(
         .collect())
 }
 
-/// Projects with a budget for `month` (their own or a default): those the periodic burn check
-/// evaluates.
+/// Projects with a budget for `month` (their own or a default) or with a route: those the
+/// periodic burn check evaluates.
 pub async fn budgeted_in(pool: &PgPool, month: NaiveDate) -> sqlx::Result<Vec<String>> {
     sqlx::query_scalar!(
         "SELECT id FROM projects p WHERE default_monthly_budget IS NOT NULL \
             OR EXISTS (SELECT 1 FROM budgets b WHERE b.project_id = p.id AND b.month = $1) \
+            OR EXISTS (SELECT 1 FROM routes r WHERE r.project_id = p.id) \
          ORDER BY id",
         month,
     )

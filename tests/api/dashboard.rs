@@ -1675,3 +1675,79 @@ async fn the_project_and_fleet_pages_show_energy_and_what_an_idle_minute_costs()
     .unwrap();
     served.stop().await;
 }
+
+#[tokio::test]
+async fn the_project_page_shows_its_routes_with_burn_caps_and_retry_storms() {
+    let now = Settings {
+        clock: Clock::Fixed("2026-11-03T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let app = TestApp::spawn_with(now).await;
+    app.create_project("vision", "USD").await;
+    contract("H100", "on_demand", "10").create(&app).await;
+    let route = app
+        .put(
+            "/v1/projects/vision/routes/route/summarise",
+            &app.admin,
+            json!({"monthly_budget": "100", "max_attempts_per_task": 3,
+                   "max_failed_spend_per_hour": "10"}),
+        )
+        .await;
+    assert_eq!(route.status, StatusCode::OK, "{}", route.text());
+    // Task a fails four times, 30 minutes on one H100 each (5.00 an hour, within the hourly
+    // cap); its 4th attempt is beyond the cap of 3. With the completed 4 hours (40.00) the
+    // route spends 60.00 of its 100.00.
+    let mut records: Vec<Value> = (0..4u32)
+        .map(|n| {
+            record(
+                "a",
+                &format!("2026-11-01T0{n}:00:00Z"),
+                &format!("2026-11-01T0{n}:30:00Z"),
+            )
+            .attempt(n + 1)
+            .outcome("failed")
+            .label("route", "summarise")
+            .into()
+        })
+        .collect();
+    records.push(
+        record("s", "2026-11-01T10:00:00Z", "2026-11-01T14:00:00Z")
+            .label("route", "summarise")
+            .into(),
+    );
+    app.ingest(records).await;
+    let reader = app.token("reader", &["vision"]).await;
+
+    let served = app.serve_with(now).await;
+    let url = format!(
+        "{}/#token={reader}&project=vision&month=2026-11",
+        served.url()
+    );
+    let dom = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        browser.open(&url);
+        browser.screenshot_of("#routes", &screenshot_path("routes-panel.png"));
+        browser.dom()
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+
+    let rows = table_rows(&dom, "route-rows");
+    assert_eq!(
+        rows,
+        [[
+            "route=summarise",
+            "100.00 USD",
+            "60.00 USD",
+            "60.0%",
+            "3",
+            "10.00 USD",
+            "task a attempt 4 (cap 3)",
+        ]]
+    );
+    assert!(
+        text(&dom).contains("Retry storm on route=summarise: task a attempt 4 (cap 3)"),
+        "the alerts panel names the storm"
+    );
+}

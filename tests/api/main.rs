@@ -31,6 +31,7 @@ mod queue_wait;
 mod reports;
 mod rightsizing;
 mod rollups;
+mod routes;
 mod slurm;
 #[path = "../support/mod.rs"]
 mod support;
