@@ -1171,6 +1171,77 @@ function comparisonPanel(byModel, currency) {
     <p class="small muted">A card cheaper per hour but slower, or preempted more often, is not cheaper per task: failed attempts and idle time count in what a finished task cost.</p></div></section>`;
 }
 
+// ---- Why cost per unit moved ----------------------------------------------------------------
+
+// The ledger month before `YYYY-MM`.
+function monthBefore(month) {
+  const [year, m] = month.split("-").map(Number);
+  return m === 1 ? `${year - 1}-12` : `${year}-${String(m - 1).padStart(2, "0")}`;
+}
+
+// A factor (period ÷ baseline) as a signed change: "+100%", "−33%".
+function change(factor) {
+  if (factor === null || factor === undefined) return "—";
+  const delta = (Number(factor) - 1) * 100;
+  return `${delta >= 0 ? "+" : "−"}${Math.abs(delta).toFixed(0)}%`;
+}
+
+// The workloads of the month with output, each unit compared with the month before.
+async function workloadChanges(base, month) {
+  const groups = await api(`${base}/cost?month=${month}&group_by=label:workload`).catch(() => null);
+  if (!groups) return [];
+  const pairs = groups.groups.filter((g) => g.key !== null)
+    .sort((a, b) => Number(b.total) - Number(a.total)).slice(0, 8)
+    .flatMap((g) => g.output.map((o) => [g.key, o.unit]));
+  const found = await Promise.all(pairs.map(([workload, unit]) =>
+    api(`${base}/efficiency?workload=${encodeURIComponent(workload)}&unit=${encodeURIComponent(unit)}&month=${month}&baseline_month=${monthBefore(month)}`)
+      .catch(() => null)));
+  return found.filter(Boolean);
+}
+
+// A cost per unit with the digits it needs, at most eight decimals.
+function unitPrice(text) {
+  if (text === null || text === undefined) return "—";
+  const [, fraction = ""] = text.split(".");
+  return roundDecimal(text, Math.min(8, Math.max(2, fraction.replace(/0+$/, "").length)));
+}
+
+const FACTOR_LABELS = { price: "price per GPU-hour", throughput: "GPU-hours per unit", overhead: "failed and retried work" };
+
+function efficiencyPanel(changes, month) {
+  const title = `<h2>Why cost per unit moved</h2>`;
+  if (!changes.length) {
+    return `<section id="efficiency">${title}<div class="panel muted" id="efficiency-empty">
+      No record this month carries a <code>workload</code> label with output. Label records by workload to see how each one's
+      cost per unit moved against ${escapeHtml(monthBefore(month))}, and why.</div></section>`;
+  }
+  const c = changes[0].currency;
+  const rows = changes.map((e) => {
+    const models = (e.period.gpu_models || []).map((m) => escapeHtml(m.gpu_model)).join(", ");
+    const before = (e.baseline.gpu_models || []).map((m) => escapeHtml(m.gpu_model)).join(", ");
+    const why = e.largest ? `<b>${escapeHtml(FACTOR_LABELS[e.largest])}</b>` : "—";
+    return `<tr data-workload="${escapeHtml(e.workload)}">
+      <th scope="row">${escapeHtml(e.workload)}<div class="small muted">per ${escapeHtml(e.unit.replace(/([^s])s$/, "$1"))}</div></th>
+      <td class="num">${unitPrice(e.cost_per_unit.baseline)}</td>
+      <td class="num"><b>${unitPrice(e.cost_per_unit.period)}</b></td>
+      <td class="num${e.ratio !== null && Number(e.ratio) > 1.25 ? " flag" : ""}">${change(e.ratio)}</td>
+      <td class="num">${change(e.factors && e.factors.price)}</td>
+      <td class="num">${change(e.factors && e.factors.throughput)}</td>
+      <td class="num">${change(e.factors && e.factors.overhead)}</td>
+      <td>${why}<div class="small muted">${before && before !== models ? `${before} → ${models}` : models}${e.period.failed_attempts ? ` · ${e.period.failed_attempts} failed attempt${e.period.failed_attempts === 1 ? "" : "s"}` : ""}</div></td></tr>`;
+  }).join("");
+  return `<section id="efficiency">${title}<div class="panel"><div class="scroll"><table>
+    <caption class="sr-only">Each workload's cost per unit this month against last month, split into price, throughput and overhead</caption>
+    <thead><tr><th scope="col">Workload</th><th scope="col" class="num">${escapeHtml(monthBefore(month))} (${escapeHtml(c)})</th>
+      <th scope="col" class="num">${escapeHtml(month)} (${escapeHtml(c)})</th><th scope="col" class="num">Change</th>
+      <th scope="col" class="num" title="Cost per GPU-hour: contracts, billing modes, GPU models">Price</th>
+      <th scope="col" class="num" title="GPU-hours per unit of completed work: a slower card, a less efficient run">Throughput</th>
+      <th scope="col" class="num" title="All GPU-hours ÷ those of completed attempts: failures and retries">Overhead</th>
+      <th scope="col">Largest</th></tr></thead>
+    <tbody id="efficiency-rows">${rows}</tbody></table></div>
+    <p class="small muted">Cost per unit = price per GPU-hour × GPU-hours per unit × overhead; the change is the product of the three.</p></div></section>`;
+}
+
 function pageHead(title, extra = "") {
   return `<div class="page-head"><h2 id="page-title">${title}</h2>${extra}</div>`;
 }
@@ -1199,6 +1270,7 @@ async function renderProject(view, generation) {
       api(`${base}/recommendations?month=${month}`).catch(() => null),
       api(`${base}/prices`).catch(() => ({ items: [] })),
     ]);
+    const changes = await workloadChanges(base, month);
     const routes = await api(`${base}/routes`).catch(() => []);
     const routeBurns = await Promise.all(routes.map((r) =>
       api(`${base}/routes/${encodeURIComponent(r.label_key)}/${encodeURIComponent(r.label_value)}/burn?month=${month}`).catch(() => null)));
@@ -1207,7 +1279,8 @@ async function renderProject(view, generation) {
       + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
       + teamPanel(byTeam, cost.currency) + dailyChart(days, month, cost.currency)
       + comparisonPanel(byModel, cost.currency)
-      + utilisationPanel(cost) + energyPanel(cost) + idleMinutePanel(prices, cost.currency)
+      + utilisationPanel(cost) + efficiencyPanel(changes, month) + energyPanel(cost)
+      + idleMinutePanel(prices, cost.currency)
       + recommendationsPanel(recs)
       + routesPanel(routes, routeBurns, alertList, cost.currency)
       + tasksPanel(view) + outputs(cost) + unrated(cost) + alerts(alertList, cost.currency);

@@ -1677,6 +1677,59 @@ async fn the_project_and_fleet_pages_show_energy_and_what_an_idle_minute_costs()
 }
 
 #[tokio::test]
+async fn the_project_page_shows_mfu_and_why_each_workloads_cost_per_unit_moved() {
+    let at = Settings {
+        clock: Clock::Fixed("2026-11-25T00:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let app = crate::efficiency::priced_app_at(at.clone()).await;
+    app.ingest(crate::efficiency::records()).await;
+    app.ingest(crate::efficiency::workload_records()).await;
+    let doms = pages_at(
+        &app,
+        at.clone(),
+        &app.admin,
+        &["project=vision&month=2026-11"],
+    )
+    .await;
+    let project = text(&doms[0]);
+    // The records that report FLOPs did 4.73355e18 of 1.00287e19 at the peak.
+    assert!(project.contains("MFU 47%"), "{project}");
+    assert!(project.contains("Per effective GPU-hour"), "{project}");
+    let rows = table_rows(&doms[0], "efficiency-rows");
+    let chat = rows.iter().find(|row| row[0].starts_with("chat")).unwrap();
+    // 0.01 → 0.016 a token: +60% = price +100% × throughput −33% × overhead +20%.
+    assert_eq!(
+        chat[1..],
+        [
+            "0.01",
+            "0.016",
+            "+60%",
+            "+100%",
+            "−33%",
+            "+20%",
+            "price per GPU-hour A100 → H100 · 1 failed attempt"
+        ]
+    );
+    assert!(rows.iter().any(|row| row[0].starts_with("other")));
+
+    let served = app.serve_with(at).await;
+    let origin = served.url();
+    let token = app.admin.clone();
+    let path = screenshot_path("efficiency.png");
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 1400);
+        browser.open(&format!(
+            "{origin}/#token={token}&project=vision&month=2026-11"
+        ));
+        browser.screenshot_of("#utilisation, #efficiency", &path);
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+}
+
+#[tokio::test]
 async fn the_project_page_shows_its_routes_with_burn_caps_and_retry_storms() {
     let now = Settings {
         clock: Clock::Fixed("2026-11-03T00:00:00Z".parse().unwrap()),

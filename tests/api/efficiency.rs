@@ -11,12 +11,16 @@ use crate::fixtures::{contract, record};
 const NOVEMBER: &str = "/v1/projects/vision/cost?month=2026-11&as_of=2027-01-01T00:00:00Z";
 
 /// H100 at 2 an hour and A100 at 1, on demand.
-async fn priced_app() -> TestApp {
-    let app = TestApp::spawn().await;
+pub(crate) async fn priced_app_at(settings: taskledger::config::Settings) -> TestApp {
+    let app = TestApp::spawn_with(settings).await;
     app.create_project("vision", "USD").await;
     contract("H100", "on_demand", "2").create(&app).await;
     contract("A100", "on_demand", "1").create(&app).await;
     app
+}
+
+async fn priced_app() -> TestApp {
+    priced_app_at(taskledger::config::Settings::default()).await
 }
 
 /// The dense bf16 peaks of the catalogue: H100 (SXM) 989.5 TFLOPS, A100 312 TFLOPS.
@@ -28,7 +32,7 @@ async fn priced_app() -> TestApp {
 ///   slice-seconds × 989.5e12 × 3/7 = 1.7811e18 at the peak; it did half, 8.9055e17. Cost
 ///   2 × 3/7 × 7/6 = 1.
 /// - `plain`: 1 H100 for an hour, no FLOPs reported. Cost 2.
-fn records() -> Vec<crate::fixtures::Record> {
+pub(crate) fn records() -> Vec<crate::fixtures::Record> {
     vec![
         record("train", "2026-11-02T10:00:00Z", "2026-11-02T11:00:00Z")
             .gpu_count(2)
@@ -281,7 +285,7 @@ async fn flops_a_card_could_not_have_done_are_refused_and_unknown_peaks_are_not_
 ///
 /// A record of another workload and one of task `solo` (no label: its own workload) are
 /// left out of `chat`.
-fn workload_records() -> Vec<crate::fixtures::Record> {
+pub(crate) fn workload_records() -> Vec<crate::fixtures::Record> {
     vec![
         record("c1", "2026-10-05T00:00:00Z", "2026-10-05T10:00:00Z")
             .gpu_model("A100")
