@@ -1682,7 +1682,7 @@ async fn the_project_page_shows_mfu_and_why_each_workloads_cost_per_unit_moved()
         clock: Clock::Fixed("2026-11-25T00:00:00Z".parse().unwrap()),
         ..Settings::default()
     };
-    let app = crate::efficiency::priced_app_at(at.clone()).await;
+    let app = crate::efficiency::priced_app_at(at).await;
     app.ingest(crate::efficiency::records()).await;
     app.ingest(crate::efficiency::workload_records()).await;
     let doms = pages_at(
