@@ -1685,13 +1685,7 @@ async fn the_project_page_shows_mfu_and_why_each_workloads_cost_per_unit_moved()
     let app = crate::efficiency::priced_app_at(at).await;
     app.ingest(crate::efficiency::records()).await;
     app.ingest(crate::efficiency::workload_records()).await;
-    let doms = pages_at(
-        &app,
-        at.clone(),
-        &app.admin,
-        &["project=vision&month=2026-11"],
-    )
-    .await;
+    let doms = pages_at(&app, at, &app.admin, &["project=vision&month=2026-11"]).await;
     let project = text(&doms[0]);
     // The records that report FLOPs did 4.73355e18 of 1.00287e19 at the peak.
     assert!(project.contains("MFU 47%"), "{project}");
