@@ -6,7 +6,8 @@
 use rust_decimal::Decimal;
 use rust_decimal::MathematicalOps;
 
-use super::figures::SUM_SCALE;
+/// Decimal places of the factors and the ratio, as of every sum the figures carry.
+const FACTOR_SCALE: u32 = 20;
 
 /// What a workload spent and produced in one period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,7 +80,7 @@ pub struct UnitCostChange {
 }
 
 fn rounded(value: Decimal) -> Decimal {
-    value.round_dp(SUM_SCALE).normalize()
+    value.round_dp(FACTOR_SCALE).normalize()
 }
 
 /// The change from `baseline` to `period`, when both have a cost per unit above zero.

@@ -13,7 +13,6 @@ use sha2::{Digest, Sha256};
 
 use super::gpu;
 use super::rating::{BillingMode, Outcome};
-use super::utilisation::SHARE_SCALE;
 use super::validation::{Violations, escape_pointer_token};
 use super::values::{self, ProjectId};
 
@@ -99,6 +98,9 @@ const FIELDS: [&str; 29] = [
 /// The most FLOPs one record may claim: far beyond any training run, so that a larger value
 /// is a unit mistake.
 pub const MAX_MODEL_FLOPS: u128 = 1_000_000_000_000_000_000_000_000_000;
+
+/// Decimal places of a record's MFU, as of every share the figures show.
+pub const MFU_SCALE: u32 = 6;
 
 /// The most power one GPU may be reported to have drawn on average, in watts: energy above
 /// it is a unit mistake (millijoules for joules), not a GPU.
@@ -259,11 +261,11 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Model FLOPs utilisation over `held` GPU-seconds: the model's FLOPs over what the
-    /// GPUs could have done at their peak in that time, to [`SHARE_SCALE`] places.
+    /// GPUs could have done at their peak in that time, to [`MFU_SCALE`] places.
     pub fn mfu(&self, held: Decimal) -> Option<Decimal> {
         let capacity = self.peak_flops? * held;
         let flops = self.model_flops?;
-        (capacity > Decimal::ZERO).then(|| (flops / capacity).round_dp(SHARE_SCALE).normalize())
+        (capacity > Decimal::ZERO).then(|| (flops / capacity).round_dp(MFU_SCALE).normalize())
     }
 
     /// The MIG profile the record ran on, from its stored canonical name.
