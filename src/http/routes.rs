@@ -126,6 +126,7 @@ pub async fn list_routes(
         AuthProblems, PathProblems,
         (status = 200, description = "The route", body = RouteView),
         (status = 404, description = "No such project or route", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid label key or value", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn get_route(
     State(state): State<AppState>,
@@ -194,6 +195,7 @@ pub async fn put_route(
         (status = 204, description = "Deleted"),
         (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such project or route", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid label key or value", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn delete_route(
     State(state): State<AppState>,
