@@ -11,7 +11,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::domain::efficiency::{UnitCostFactors, change};
-use crate::domain::figures::{FigureSums, SUM_SCALE};
+use crate::domain::figures::{FigureSums, SUM_SCALE, hourly_costs};
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::CostOf;
 use crate::store::{self, Pool};
@@ -211,9 +211,7 @@ pub async fn explain(
                     billing_mode: mode.clone(),
                     gpu_hours: hours(totals.gpu_seconds_held),
                     cost: round(totals.cost),
-                    price_per_gpu_hour: (!totals.gpu_seconds_held.is_zero()).then(|| {
-                        round(totals.cost * Decimal::from(3600) / totals.gpu_seconds_held)
-                    }),
+                    price_per_gpu_hour: hourly_costs(totals.cost, totals.gpu_seconds_held, None).0,
                 }
             })
             .collect();

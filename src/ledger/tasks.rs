@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::domain::csv_cell::text_cell;
-use crate::domain::figures::{EmissionsView, EnergySums, EnergyView, MfuSums, MfuView};
+use crate::domain::figures::{EmissionsView, EnergySums, EnergyView, MfuView};
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::duration_seconds;
 use crate::domain::task::{
@@ -140,24 +140,10 @@ pub struct TaskView {
     pub mfu: Option<MfuView>,
 }
 
-/// Each task's MFU over GPU-seconds held, by task id.
-fn mfu_by_task(rows: Vec<store::cost::MfuRow>) -> HashMap<String, MfuSums> {
+/// Rows keyed by task id (as their key and sums), by task id.
+fn by_task<S>(rows: impl IntoIterator<Item = (Option<String>, S)>) -> HashMap<String, S> {
     rows.into_iter()
-        .filter_map(|row| {
-            let (task, sums) = row.into_parts();
-            Some((task?, sums))
-        })
-        .collect()
-}
-
-/// Each task's measured energy, by task id.
-fn energy_by_task(energy: Vec<store::cost::EnergyRow>) -> HashMap<String, EnergySums> {
-    energy
-        .into_iter()
-        .filter_map(|row| {
-            let (task, sums) = row.into_parts();
-            Some((task?, sums))
-        })
+        .filter_map(|(task, sums)| Some((task?, sums)))
         .collect()
 }
 
@@ -263,8 +249,8 @@ pub async fn list_tasks(
         .await
         .context("reading the tasks' model FLOPs")?;
     tx.commit().await?;
-    let energy = energy_by_task(energy);
-    let mfu = mfu_by_task(mfu);
+    let energy = by_task(energy.into_iter().map(store::cost::EnergyRow::into_parts));
+    let mfu = by_task(mfu.into_iter().map(store::cost::MfuRow::into_parts));
     let lifetimes = lifetimes(&monthly);
     let next = has_more
         .then(|| rows.last().map(|row| row.key.clone()))
@@ -590,8 +576,11 @@ pub async fn task_detail(
         .collect();
     let status = crate::domain::task::task_status(&ends).ok_or_else(not_found)?;
     let (final_cost, cost_per_unit) = final_cost(status.status, Some(&lifetime));
-    let (energy, emissions) = task_energy(energy_by_task(energy).get(task_id), &lifetime);
-    let mfu = mfu_by_task(mfu)
+    let (energy, emissions) = task_energy(
+        by_task(energy.into_iter().map(store::cost::EnergyRow::into_parts)).get(task_id),
+        &lifetime,
+    );
+    let mfu = by_task(mfu.into_iter().map(store::cost::MfuRow::into_parts))
         .get(task_id)
         .and_then(|sums| sums.view(lifetime.gpu_seconds_held));
     let mut gpu_models: Vec<String> = attempts
