@@ -21,6 +21,7 @@ pub mod ledger_time;
 pub mod period;
 pub mod rating;
 pub mod record;
+pub mod regression;
 pub mod reservation_plan;
 pub mod rightsizing;
 pub mod route;

@@ -1,24 +1,31 @@
-//! Why a workload's cost per unit moved: `GET /v1/projects/{id}/efficiency`.
+//! Why a workload's cost per unit moved: `GET /v1/projects/{id}/efficiency`; and the
+//! project's efficiency-regression rule and workloads: `/v1/projects/{id}/efficiency/regressions`.
 
 use axum::extract::State;
+use rust_decimal::Decimal;
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::access::Principal;
 use crate::domain::period::parse_period;
+use crate::domain::regression::{RegressionRule, RuleFields};
 use crate::domain::validation::Violations;
+use crate::http::auth::require_admin;
 use crate::http::error::{ApiResult, Problem};
-use crate::http::extract::{ApiPath, ApiQuery};
-use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::cost::CostOf;
 use crate::ledger::efficiency::{self, EfficiencyQuery, EfficiencyView};
+use crate::ledger::regressions::{self, RegressionsView};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(get_efficiency))
+    OpenApiRouter::new()
+        .routes(routes!(get_efficiency))
+        .routes(routes!(get_regressions, put_regressions))
 }
 
 /// The longest workload name or unit taken.
@@ -131,5 +138,89 @@ pub async fn get_efficiency(
     };
     Ok(axum::Json(
         efficiency::explain(&state.pool, of, &query, tz).await?,
+    ))
+}
+
+/// A project's efficiency-regression rule. Fields left out take the defaults: 0.25, 10, 3,
+/// 14 and 5.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutRegressionRule {
+    /// False turns the project's regression alerts off; default true.
+    pub enabled: Option<bool>,
+    /// The share by which the window's median daily cost per unit must exceed the
+    /// baseline's (greater than 0, at most 100).
+    #[schema(value_type = Option<String>, example = "0.25")]
+    pub threshold: Option<Decimal>,
+    /// The least extra cost per day worth an alert, in the project's currency (≥ 0).
+    #[schema(value_type = Option<String>, example = "10")]
+    pub min_extra_cost: Option<Decimal>,
+    /// Complete ledger days judged (1 to 92).
+    pub window_days: Option<i64>,
+    /// Days before the window that make the baseline (1 to 92, at least `window_days`).
+    pub baseline_days: Option<i64>,
+    /// Completed records with output in the unit that must have ended in the window.
+    pub min_records: Option<i64>,
+}
+
+/// The project's efficiency-regression rule and the workloads that regressed, now or before.
+/// A workload (label `workload`, else the task id) regresses in a unit when the median daily
+/// direct cost per unit of its last `window_days` complete ledger days exceeds the median of
+/// the `baseline_days` before them by `threshold`, the extra cost a day reaches
+/// `min_extra_cost`, and at least `min_records` completed records ended in the window; it
+/// fires one `efficiency_regression` alert, and none again until it recovers.
+#[utoipa::path(get, path = "/v1/projects/{id}/efficiency/regressions", tag = "efficiency",
+    params(("id" = String, Path, description = "Project id")),
+    security(("bearer" = [])),
+    responses(
+        AuthProblems, PathProblems,
+        (status = 200, description = "The rule and the workloads' states", body = RegressionsView),
+        (status = 404, description = "No such project (or not visible to this token)", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_regressions(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<axum::Json<RegressionsView>> {
+    let project = readable_project(&state, &principal, &id).await?;
+    Ok(axum::Json(
+        regressions::status(&state.pool, &project).await?,
+    ))
+}
+
+/// Set the project's efficiency-regression rule (admin); its workloads are judged under it
+/// at once.
+#[utoipa::path(put, path = "/v1/projects/{id}/efficiency/regressions", tag = "efficiency",
+    request_body = PutRegressionRule,
+    params(("id" = String, Path, description = "Project id")),
+    security(("bearer" = [])),
+    responses(
+        AuthProblems, PathProblems, JsonBodyProblems,
+        (status = 200, description = "The rule and the workloads' states", body = RegressionsView),
+        (status = 403, description = "Not an admin", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such project", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn put_regressions(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<PutRegressionRule>,
+) -> ApiResult<axum::Json<RegressionsView>> {
+    let project = readable_project(&state, &principal, &id).await?;
+    require_admin(&principal)?;
+    let mut violations = Violations::default();
+    let fields = RuleFields {
+        threshold: body.threshold,
+        min_extra_cost: body.min_extra_cost,
+        window_days: body.window_days,
+        baseline_days: body.baseline_days,
+        min_records: body.min_records,
+    };
+    let rule: Option<RegressionRule> = RegressionRule::parse(fields, &mut violations);
+    violations.into_result()?;
+    let rule = rule.expect("parsed or reported");
+    let enabled = body.enabled.unwrap_or(true);
+    Ok(axum::Json(
+        regressions::put_rule(&state.pool, &project, enabled, rule, &state.settings).await?,
     ))
 }

@@ -64,7 +64,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "cost", description = "What a project's GPU time cost"),
         (name = "capacity", description = "Pools of nodes, the intervals they are paid for, idle and down time, zombie nodes"),
         (name = "tasks", description = "The per-task ledger: what each task cost, attempt by attempt"),
-        (name = "efficiency", description = "Model FLOPs utilisation, why cost per unit moved, route budgets"),
+        (name = "efficiency", description = "Model FLOPs utilisation, why cost per unit moved, efficiency-regression alerts"),
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),

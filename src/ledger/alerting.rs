@@ -10,7 +10,7 @@ use anyhow::Context;
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -26,6 +26,7 @@ use crate::ledger::LedgerResult;
 use crate::ledger::cost::{
     CostOf, month_spend, month_spend_by_day, route_month_spend, spend_period,
 };
+use crate::ledger::efficiency::FactorsView;
 use crate::ledger::instruments;
 use crate::ledger::reports::round_money;
 use crate::store;
@@ -50,6 +51,9 @@ pub enum AlertEventKind {
     /// A route's task went beyond its attempts cap, or its failed attempts cost more than
     /// its cap within one ledger hour.
     RetryStorm,
+    /// A workload's daily cost per unit shifted above its baseline by the project's
+    /// threshold.
+    EfficiencyRegression,
 }
 
 impl AlertEventKind {
@@ -61,6 +65,7 @@ impl AlertEventKind {
                 "idle_gpu" => Some(Self::IdleGpu),
                 "zombie_capacity" => Some(Self::ZombieCapacity),
                 "retry_storm" => Some(Self::RetryStorm),
+                "efficiency_regression" => Some(Self::EfficiencyRegression),
                 _ => None,
             },
         }
@@ -100,6 +105,61 @@ pub struct AlertEvent {
     pub route: Option<RouteRef>,
     /// What a `retry_storm` alert found; null for the other kinds.
     pub retry_storm: Option<RetryStormAlert>,
+    /// What an `efficiency_regression` alert found; null for the other kinds.
+    pub efficiency_regression: Option<RegressionAlert>,
+}
+
+/// A level shift of a workload's daily direct cost per unit: the medians that moved, what
+/// the shift costs a day, the rule it broke, and the three factors of the change from the
+/// baseline's totals to the window's (the split of `GET /v1/projects/{id}/efficiency`, over
+/// the attempts that ended in each span).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RegressionAlert {
+    pub workload: String,
+    pub unit: String,
+    /// The first and last day of the window, and the first day of the baseline before it.
+    pub window_from: NaiveDate,
+    pub window_to: NaiveDate,
+    pub baseline_from: NaiveDate,
+    /// Median daily cost per unit over the baseline's days with output.
+    #[schema(value_type = String, example = "0.01")]
+    pub baseline_cost_per_unit: Decimal,
+    /// The baseline's day-to-day noise: 1.4826 × the median absolute deviation of its days'
+    /// cost per unit. The level must rise by more than three times it.
+    #[schema(value_type = String, example = "0.0004")]
+    pub baseline_noise: Decimal,
+    /// Lower median daily cost per unit over the window's days with output.
+    #[schema(value_type = String, example = "0.016")]
+    pub window_cost_per_unit: Decimal,
+    /// window ÷ baseline − 1.
+    #[schema(value_type = Option<String>, example = "0.6")]
+    pub change: Option<Decimal>,
+    /// What the shift costs a day at the window's output per day, in `currency`.
+    #[schema(value_type = String, example = "24")]
+    pub extra_cost_per_day: Decimal,
+    /// Completed records with output in the unit that ended in the window.
+    pub records: u64,
+    /// The project's rule when it fired.
+    #[schema(value_type = String, example = "0.25")]
+    pub threshold: Decimal,
+    #[schema(value_type = String, example = "10")]
+    pub min_extra_cost: Decimal,
+    /// Window ÷ baseline of price, throughput and overhead over the two spans' totals; null
+    /// when either span has no output in the unit.
+    pub factors: Option<FactorsView>,
+    /// `price`, `throughput` or `overhead`: the factor that moved most.
+    pub largest: Option<String>,
+}
+
+impl RegressionAlert {
+    fn from_row(row: &AlertRow) -> anyhow::Result<Self> {
+        let stored = row
+            .regression
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("regression alert {} lacks its findings", row.id))?;
+        serde_json::from_value(stored)
+            .with_context(|| format!("regression alert {} holds unreadable findings", row.id))
+    }
 }
 
 /// Which cap of its route a retry storm went beyond.
@@ -233,6 +293,10 @@ impl AlertEvent {
             AlertEventKind::RetryStorm => Some(RetryStormAlert::from_row(row)?),
             _ => None,
         };
+        let efficiency_regression = match kind {
+            AlertEventKind::EfficiencyRegression => Some(RegressionAlert::from_row(row)?),
+            _ => None,
+        };
         let route = row
             .route_key
             .clone()
@@ -254,6 +318,7 @@ impl AlertEvent {
             zombie_capacity,
             route,
             retry_storm,
+            efficiency_regression,
         })
     }
 }

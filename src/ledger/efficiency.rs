@@ -7,7 +7,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::efficiency::{UnitCostFactors, change};
@@ -86,7 +86,7 @@ pub struct CostPerUnitView {
 }
 
 /// Period ÷ baseline of each factor; their product is the ratio of cost per unit.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct FactorsView {
     /// Of the price per GPU-hour: other contracts, billing modes or GPU models.
     #[schema(value_type = String)]

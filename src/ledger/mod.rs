@@ -22,6 +22,7 @@ pub mod pricing;
 pub mod projects;
 pub mod rating;
 pub mod records;
+pub mod regressions;
 pub mod reports;
 pub mod rightsizing;
 pub mod routes;

@@ -1,10 +1,11 @@
 //! The periodic judgement: budget burn grows with accrued unused commitment and forecasts
-//! even when no record arrives, and nodes still up grow idler with time.
+//! even when no record arrives, and nodes still up grow idler with time. Once an hour the
+//! same tick judges workloads for efficiency regressions.
 
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::ledger::{alerting, zombies};
+use crate::ledger::{alerting, regressions, zombies};
 use crate::store;
 
 /// The periodic burn and zombie judgement, run by one replica at a time and at most once per
@@ -24,6 +25,17 @@ pub async fn run_due(
         alerting::evaluate_current_month(pool, settings).await;
         if let Err(error) = zombies::judge(pool, None, settings).await {
             tracing::warn!(error = %error, "judging zombie capacity failed");
+        }
+        match store::jobs::claim_due_run(pool, regressions::JOB, regressions::INTERVAL).await {
+            Ok(true) => {
+                if let Err(error) = regressions::judge(pool, None, settings).await {
+                    tracing::warn!(error = %error, "judging efficiency regressions failed");
+                }
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(error = %error, "scheduling efficiency regressions failed")
+            }
         }
     }
     lock.release().await?;

@@ -58,6 +58,11 @@ pub struct AlertRow {
     /// beyond it (the attempt, or the hour's failed spend).
     pub cap: Option<Decimal>,
     pub observed: Option<Decimal>,
+    /// An efficiency regression's workload and unit, and what it found (see
+    /// `ledger::regressions::RegressionAlert`).
+    pub workload: Option<String>,
+    pub output_unit: Option<String>,
+    pub regression: Option<serde_json::Value>,
 }
 
 /// A zombie-capacity alert to fire for one idle stretch of a node.
@@ -95,7 +100,7 @@ pub async fn fire_zombie(
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
                    cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
-                   observed",
+                   observed, workload, output_unit, regression",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -168,7 +173,7 @@ pub async fn fire(conn: &mut PgConnection, alert: &NewAlert) -> sqlx::Result<Opt
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
                    cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
-                   observed",
+                   observed, workload, output_unit, regression",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -203,7 +208,7 @@ pub async fn fire_route_budget(
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
                    cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
-                   observed",
+                   observed, workload, output_unit, regression",
         alert.project_id,
         Uuid::new_v4(),
         alert.month,
@@ -263,7 +268,7 @@ pub async fn fire_retry_storm_tasks(
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
                    cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
-                   observed",
+                   observed, workload, output_unit, regression",
         of.project_id,
         of.month,
         of.currency,
@@ -308,7 +313,7 @@ pub async fn fire_retry_storm_hours(
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
                    cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
-                   observed",
+                   observed, workload, output_unit, regression",
         of.project_id,
         of.month,
         of.currency,
@@ -336,7 +341,8 @@ pub async fn fired_for_route_in_month(
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                 gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
-                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed \
+                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed, \
+                workload, output_unit, regression \
          FROM alert_events \
          WHERE project_id = $1 AND route_key = $2 AND route_value = $3 AND month = $4 \
            AND kind IN ('actual', 'forecast') \
@@ -407,7 +413,7 @@ pub async fn fire_idle_gpu(
                    forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                    gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, \
                    cost, node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, \
-                   observed",
+                   observed, workload, output_unit, regression",
         &column(|a| a.project_id.clone()),
         &ids,
         &months,
@@ -592,7 +598,8 @@ pub async fn list(
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                 gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
-                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed \
+                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed, \
+                workload, output_unit, regression \
          FROM alert_events \
          WHERE ($1::text[] IS NULL OR project_id = ANY($1)) AND ($2::date IS NULL OR month = $2) \
            AND ($3::timestamptz IS NULL OR (fired_at, id) < ($3, $4)) \
@@ -644,7 +651,8 @@ pub async fn fired_in_month(
         "SELECT project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \
                 forecast, fired_at, task_id, attempt, gpu_model, gpu_count, mig_profile, \
                 gpu_seconds_held, idle_measure, idle_value, idle_threshold, min_gpu_hours, cost, \
-                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed \
+                node, pool_id, since, cost_per_hour, route_key, route_value, storm_hour, cap, observed, \
+                workload, output_unit, regression \
          FROM alert_events \
          WHERE project_id = $1 AND month = $2 AND kind IN ('actual', 'forecast') \
            AND route_key IS NULL \

@@ -369,6 +369,40 @@ pub async fn workload_sums(
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
+/// Segment sums of the attempts of the given workloads of `project` that ended in
+/// `[from, to)`, keyed `<ledger day of the end>|<workload>` (the day as `YYYY-MM-DD`): each
+/// attempt whole on the day it ended, with its output, priced at the prices in force.
+pub async fn daily_workload_sums(
+    conn: &mut PgConnection,
+    project: &str,
+    workloads: &[String],
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    tz: Tz,
+) -> sqlx::Result<Vec<CostSums>> {
+    let mut binder = Binder::new();
+    let project = binder.bind(project.to_owned());
+    let workloads = binder.bind(workloads.to_vec());
+    let zone = binder.bind(tz.name().to_owned());
+    let (from, to) = (binder.bind(from), binder.bind(to));
+    let rows = format!(
+        "SELECT to_char((r.ended_at AT TIME ZONE {zone})::date, 'YYYY-MM-DD') || '|' \
+                || coalesce(r.labels ->> 'workload', r.task_id) AS key, s.project_id, \
+                date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, {kinds}, \
+                {columns} \
+         FROM rated_records d \
+         JOIN job_records r USING (project_id, task_id, attempt) \
+         JOIN rated_segments s USING (project_id, task_id, attempt) \
+         WHERE d.project_id = {project} \
+           AND d.end_hour >= {from}::timestamptz - interval '1 hour' AND d.end_hour < {to} \
+           AND r.ended_at >= {from} AND r.ended_at < {to} AND s.hour < {to} \
+           AND coalesce(r.labels ->> 'workload', r.task_id) = ANY({workloads})",
+        kinds = rollups::segment_kinds_sql("s."),
+        columns = rollups::segment_sums_sql("s."),
+    );
+    let sql = priced_cost_sums(&mut binder, &rows, &WhatIf::default());
+    binder.query_as(&sql)?.fetch_all(conn).await
+}
+
 /// Attempts of a workload that ended in a period: how many, how many did not complete, and
 /// their retries.
 #[derive(Debug, Clone, Default, sqlx::FromRow)]

@@ -18,6 +18,7 @@ pub mod prices;
 pub mod projects;
 pub mod rating;
 pub mod records;
+pub mod regressions;
 pub mod rightsizing;
 pub mod rollups;
 pub mod routes;

@@ -14,6 +14,7 @@ use serde_json::Value;
 use taskledger::config::{Clock, Settings};
 use taskledger::ledger::LedgerError;
 use taskledger::ledger::demo::{self, Loaded};
+use taskledger::ledger::regressions;
 
 use crate::common::{TestApp, dec};
 
@@ -321,5 +322,56 @@ async fn the_demo_loads_only_into_an_empty_database() {
     assert!(
         matches!(&later, LedgerError::Invalid(errors) if errors[0].pointer == "/until"),
         "{later:?}"
+    );
+}
+
+/// How often efficiency regressions fire on the demo's trace: every ledger day from the
+/// first with a full baseline and window to the demo's "now" is judged as the tick judges
+/// it, carrying the workloads' states from day to day.
+#[tokio::test]
+async fn efficiency_regressions_fire_rarely_on_the_demo() {
+    let (app, loaded) = demo_app().await;
+    let tz = Settings::default().timezone;
+    let first = loaded.window.start.with_timezone(&tz).date_naive() + chrono::Days::new(17);
+    let last = until().with_timezone(&tz).date_naive();
+    let (mut days, mut judged, mut regressed) = (0, 0, 0);
+    let mut fired = Vec::new();
+    let mut day = first;
+    while day <= last {
+        let now = taskledger::domain::ledger_time::first_instant_of_day(day, tz)
+            + chrono::Duration::hours(1);
+        let settings = Settings {
+            clock: Clock::Fixed(now),
+            ..Settings::default()
+        };
+        let judgement = regressions::judge(&app.pool, None, &settings)
+            .await
+            .unwrap();
+        days += 1;
+        judged += judgement.judged;
+        regressed += judgement.regressed;
+        for row in judgement.fired {
+            fired.push(format!(
+                "{day}: {}/{} {}",
+                row.project_id,
+                row.workload.unwrap_or_default(),
+                row.regression.unwrap_or_default()
+            ));
+        }
+        day = day + chrono::Days::new(1);
+    }
+    eprintln!(
+        "{days} days judged: {judged} workload-days judged, {regressed} regressed, {} alerts",
+        fired.len()
+    );
+    for alert in &fired {
+        eprintln!("  {alert}");
+    }
+    assert!(judged > 0, "the demo has workloads to judge");
+    // Measured: 9 alerts over 419 workload-days judged, most of them a workload moved to
+    // a dearer GPU model (price the largest factor).
+    assert!(
+        fired.len() * 40 <= judged,
+        "at most one alert per 40 workload-days judged: {fired:#?}"
     );
 }

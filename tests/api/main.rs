@@ -28,6 +28,7 @@ mod price_races;
 #[path = "../support/prometheus.rs"]
 mod prometheus;
 mod queue_wait;
+mod regressions;
 mod reports;
 mod rightsizing;
 mod rollups;
