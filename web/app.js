@@ -493,6 +493,11 @@ function unrated(cost) {
 function alertWhat(a) {
   if (a.kind === "idle_gpu") return `Idle GPU: task ${escapeHtml(a.idle_gpu.task_id)}`;
   if (a.kind === "retry_storm") return `Retry storm on ${escapeHtml(a.route.key)}=${escapeHtml(a.route.value)}: ${stormWhat(a.retry_storm)}`;
+  if (a.kind === "zombie_capacity") return `Zombie node ${escapeHtml(a.zombie_capacity.node)} in ${escapeHtml(a.zombie_capacity.pool)}`;
+  if (a.kind === "efficiency_regression") {
+    const r = a.efficiency_regression;
+    return `Cost per unit regressed: ${escapeHtml(r.workload)} per ${escapeHtml(singular(r.unit))} ${change(r.change === null ? null : String(Number(r.change) + 1))} since ${escapeHtml(r.window_from)}`;
+  }
   const route = a.route ? ` on ${escapeHtml(a.route.key)}=${escapeHtml(a.route.value)}` : "";
   return `${a.kind === "forecast" ? "Forecast" : "Actual"} ${a.threshold}%${route}`;
 }
@@ -1208,10 +1213,37 @@ function unitPrice(text) {
 
 const FACTOR_LABELS = { price: "price per GPU-hour", throughput: "GPU-hours per unit", overhead: "failed and retried work" };
 
-function efficiencyPanel(changes, month) {
+function singular(unit) {
+  return unit.replace(/([^s])s$/, "$1");
+}
+
+// The workloads regressed now (a level shift of daily cost per unit that fired an alert and
+// has not recovered), each with what its alert found.
+function regressedList(regressions, alertList) {
+  const now = regressions ? regressions.workloads.filter((w) => w.regressed) : [];
+  if (!now.length) return "";
+  const c = regressions.currency;
+  const items = now.map((w) => {
+    const found = alertList.items.map((a) => a.efficiency_regression)
+      .find((r) => r && r.workload === w.workload && r.unit === w.unit && r.window_from === w.since);
+    const ratio = Number(w.baseline_cost_per_unit) > 0
+      ? String(Number(w.window_cost_per_unit) / Number(w.baseline_cost_per_unit)) : null;
+    const extra = found ? ` · ${money(found.extra_cost_per_day, c)} a day more` : "";
+    const why = found && found.largest ? ` · largest: <b>${escapeHtml(FACTOR_LABELS[found.largest])}</b>` : "";
+    return `<li data-regressed="${escapeHtml(w.workload)}"><b>${escapeHtml(w.workload)}</b> per ${escapeHtml(singular(w.unit))}:
+      ${unitPrice(w.baseline_cost_per_unit)} → <b>${unitPrice(w.window_cost_per_unit)}</b> ${escapeHtml(c)} (${change(ratio)})
+      since ${escapeHtml(w.since)}${extra}${why}</li>`;
+  }).join("");
+  return `<div class="regressed" id="regressed" role="status"><b>Regressed now</b>
+    <span class="small muted">(median daily cost per unit of the last ${regressions.rule.window_days} days against the ${regressions.rule.baseline_days} before, above ${roundDecimal(String(Number(regressions.rule.threshold) * 100), 0)}%)</span>
+    <ul>${items}</ul></div>`;
+}
+
+function efficiencyPanel(changes, month, regressions, alertList) {
   const title = `<h2>Why cost per unit moved</h2>`;
+  const regressed = regressedList(regressions, alertList);
   if (!changes.length) {
-    return `<section id="efficiency">${title}<div class="panel muted" id="efficiency-empty">
+    return `<section id="efficiency">${title}${regressed}<div class="panel muted" id="efficiency-empty">
       No record this month carries a <code>workload</code> label with output. Label records by workload to see how each one's
       cost per unit moved against ${escapeHtml(monthBefore(month))}, and why.</div></section>`;
   }
@@ -1221,7 +1253,7 @@ function efficiencyPanel(changes, month) {
     const before = (e.baseline.gpu_models || []).map((m) => escapeHtml(m.gpu_model)).join(", ");
     const why = e.largest ? `<b>${escapeHtml(FACTOR_LABELS[e.largest])}</b>` : "—";
     return `<tr data-workload="${escapeHtml(e.workload)}">
-      <th scope="row">${escapeHtml(e.workload)}<div class="small muted">per ${escapeHtml(e.unit.replace(/([^s])s$/, "$1"))}</div></th>
+      <th scope="row">${escapeHtml(e.workload)}<div class="small muted">per ${escapeHtml(singular(e.unit))}</div></th>
       <td class="num">${unitPrice(e.cost_per_unit.baseline)}</td>
       <td class="num"><b>${unitPrice(e.cost_per_unit.period)}</b></td>
       <td class="num${e.ratio !== null && Number(e.ratio) > 1.25 ? " flag" : ""}">${change(e.ratio)}</td>
@@ -1230,7 +1262,7 @@ function efficiencyPanel(changes, month) {
       <td class="num">${change(e.factors && e.factors.overhead)}</td>
       <td>${why}<div class="small muted">${before && before !== models ? `${before} → ${models}` : models}${e.period.failed_attempts ? ` · ${e.period.failed_attempts} failed attempt${e.period.failed_attempts === 1 ? "" : "s"}` : ""}</div></td></tr>`;
   }).join("");
-  return `<section id="efficiency">${title}<div class="panel"><div class="scroll"><table>
+  return `<section id="efficiency">${title}<div class="panel">${regressed}<div class="scroll"><table>
     <caption class="sr-only">Each workload's cost per unit this month against last month, split into price, throughput and overhead</caption>
     <thead><tr><th scope="col">Workload</th><th scope="col" class="num">${escapeHtml(monthBefore(month))} (${escapeHtml(c)})</th>
       <th scope="col" class="num">${escapeHtml(month)} (${escapeHtml(c)})</th><th scope="col" class="num">Change</th>
@@ -1272,6 +1304,7 @@ async function renderProject(view, generation) {
     ]);
     const changes = await workloadChanges(base, month);
     const routes = await api(`${base}/routes`).catch(() => []);
+    const regressions = await api(`${base}/efficiency/regressions`).catch(() => null);
     const routeBurns = await Promise.all(routes.map((r) =>
       api(`${base}/routes/${encodeURIComponent(r.label_key)}/${encodeURIComponent(r.label_value)}/burn?month=${month}`).catch(() => null)));
     if (generation !== state.generation) return;
@@ -1279,7 +1312,7 @@ async function renderProject(view, generation) {
       + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
       + teamPanel(byTeam, cost.currency) + dailyChart(days, month, cost.currency)
       + comparisonPanel(byModel, cost.currency)
-      + utilisationPanel(cost) + efficiencyPanel(changes, month) + energyPanel(cost)
+      + utilisationPanel(cost) + efficiencyPanel(changes, month, regressions, alertList) + energyPanel(cost)
       + idleMinutePanel(prices, cost.currency)
       + recommendationsPanel(recs)
       + routesPanel(routes, routeBurns, alertList, cost.currency)
