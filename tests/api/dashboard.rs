@@ -1798,3 +1798,53 @@ async fn the_project_page_shows_its_routes_with_burn_caps_and_retry_storms() {
         "the alerts panel names the storm"
     );
 }
+
+#[tokio::test]
+async fn the_project_page_lists_the_workloads_regressed_now() {
+    let app = crate::regressions::app().await;
+    app.ingest(crate::regressions::scenario(1..=17, 15)).await;
+    assert_eq!(
+        crate::regressions::judge(&app, &crate::regressions::at(18, 1)).await,
+        1
+    );
+    let at = Settings {
+        clock: Clock::Fixed("2026-11-30T23:00:00Z".parse().unwrap()),
+        ..Settings::default()
+    };
+    let doms = pages_at(&app, at, &app.admin, &["project=vision&month=2026-11"]).await;
+    let project = text(&doms[0]);
+    // summarise went from 0.08 to 0.16 USD a token on days 15–17: +100 %, 16 USD a day more,
+    // twice the GPU-hours per token.
+    assert!(project.contains("Regressed now"), "{project}");
+    assert!(
+        project.contains("summarise per token: 0.08 → 0.16 USD (+100%) since 2026-11-15"),
+        "{project}"
+    );
+    assert!(project.contains("a day more"), "{project}");
+    assert!(project.contains("largest: GPU-hours per unit"), "{project}");
+    assert!(
+        project.contains("Cost per unit regressed: summarise per token +100% since 2026-11-15"),
+        "{project}"
+    );
+    for calm in ["translate", "spiky", "cheap", "rare"] {
+        assert!(
+            !project.contains(&format!("{calm} per token:")),
+            "{calm} is not regressed: {project}"
+        );
+    }
+
+    let served = app.serve_with(at).await;
+    let origin = served.url();
+    let token = app.admin.clone();
+    let path = screenshot_path("regressions.png");
+    tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 1000);
+        browser.open(&format!(
+            "{origin}/#token={token}&project=vision&month=2026-11"
+        ));
+        browser.screenshot_of("#efficiency", &path);
+    })
+    .await
+    .unwrap();
+    served.stop().await;
+}

@@ -24,13 +24,13 @@ fn settings_at(at: &str) -> Settings {
 }
 
 /// The ledger day `n` of November 2026 at `hour`.
-fn at(day: u32, hour: u32) -> String {
+pub(crate) fn at(day: u32, hour: u32) -> String {
     format!("2026-11-{day:02}T{hour:02}:00:00Z")
 }
 
 /// Project `vision` in USD with a webhook nobody answers (its deliveries stay pending in the
 /// outbox), the 2 USD H100 contract, and the clock at the end of November.
-async fn app() -> TestApp {
+pub(crate) async fn app() -> TestApp {
     let app = TestApp::spawn_with(settings_at("2026-11-30T23:00:00Z")).await;
     let created = app
         .post(
@@ -70,7 +70,7 @@ fn day_of(
         .collect()
 }
 
-async fn judge(app: &TestApp, now: &str) -> usize {
+pub(crate) async fn judge(app: &TestApp, now: &str) -> usize {
     regressions::judge(&app.pool, Some("vision"), &settings_at(now))
         .await
         .unwrap()
@@ -107,7 +107,7 @@ async fn pending_deliveries(app: &TestApp) -> i64 {
 ///   day more, under the minimum of 10.
 /// - `rare`: one record a day of 4 GPUs, doubling from day 15: +100 % and 8 USD a day more,
 ///   but 3 records in the window, under the minimum of 5.
-fn scenario(days: std::ops::RangeInclusive<u32>, shifted_from: u32) -> Vec<Record> {
+pub(crate) fn scenario(days: std::ops::RangeInclusive<u32>, shifted_from: u32) -> Vec<Record> {
     let mut records = Vec::new();
     for day in days {
         let shifted = day >= shifted_from;
