@@ -1707,16 +1707,34 @@ async fn the_project_page_shows_mfu_and_why_each_workloads_cost_per_unit_moved()
     );
     assert!(rows.iter().any(|row| row[0].starts_with("other")));
 
+    screenshot_vision_november(
+        &app,
+        at,
+        1400,
+        "#utilisation, #efficiency",
+        "efficiency.png",
+    )
+    .await;
+}
+
+/// Screenshots `selector` of project `vision`'s November page, as the admin sees it at `at`.
+async fn screenshot_vision_november(
+    app: &TestApp,
+    at: Settings,
+    height: u32,
+    selector: &'static str,
+    name: &str,
+) {
     let served = app.serve_with(at).await;
     let origin = served.url();
     let token = app.admin.clone();
-    let path = screenshot_path("efficiency.png");
+    let path = screenshot_path(name);
     tokio::task::spawn_blocking(move || {
-        let mut browser = Browser::launch(1280, 1400);
+        let mut browser = Browser::launch(1280, height);
         browser.open(&format!(
             "{origin}/#token={token}&project=vision&month=2026-11"
         ));
-        browser.screenshot_of("#utilisation, #efficiency", &path);
+        browser.screenshot_of(selector, &path);
     })
     .await
     .unwrap();
@@ -1833,18 +1851,5 @@ async fn the_project_page_lists_the_workloads_regressed_now() {
         );
     }
 
-    let served = app.serve_with(at).await;
-    let origin = served.url();
-    let token = app.admin.clone();
-    let path = screenshot_path("regressions.png");
-    tokio::task::spawn_blocking(move || {
-        let mut browser = Browser::launch(1280, 1000);
-        browser.open(&format!(
-            "{origin}/#token={token}&project=vision&month=2026-11"
-        ));
-        browser.screenshot_of("#efficiency", &path);
-    })
-    .await
-    .unwrap();
-    served.stop().await;
+    screenshot_vision_november(&app, at, 1000, "#efficiency", "regressions.png").await;
 }
