@@ -206,13 +206,9 @@ pub enum NotJudged {
     TooFewDays,
 }
 
-fn sorted(values: &mut [Decimal]) {
-    values.sort_unstable();
-}
-
 /// The median: the middle value, or the mean of the middle two.
 fn median(mut values: Vec<Decimal>) -> Option<Decimal> {
-    sorted(&mut values);
+    values.sort_unstable();
     let n = values.len();
     match n {
         0 => None,
@@ -223,7 +219,7 @@ fn median(mut values: Vec<Decimal>) -> Option<Decimal> {
 
 /// The lower median: the middle value, or the lower of the middle two.
 fn lower_median(mut values: Vec<Decimal>) -> Option<Decimal> {
-    sorted(&mut values);
+    values.sort_unstable();
     let n = values.len();
     (n > 0).then(|| values[(n - 1) / 2])
 }

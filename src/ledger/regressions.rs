@@ -228,12 +228,6 @@ pub async fn judge(
     Ok(judgement)
 }
 
-/// The instants of a rule's spans: (baseline, window).
-type Spans = (
-    (DateTime<Utc>, DateTime<Utc>),
-    (DateTime<Utc>, DateTime<Utc>),
-);
-
 async fn judge_project(
     pool: &PgPool,
     target: &TargetRow,
@@ -244,15 +238,12 @@ async fn judge_project(
     let rule = target_rule(target);
     let (baseline_first, window_first, end) = rule.spans(today);
     let at = |day: NaiveDate| first_instant_of_day(day, tz);
-    let spans: Spans = (
-        (at(baseline_first), at(window_first)),
-        (at(window_first), at(end)),
-    );
+    let (read_from, window_start, window_end) = (at(baseline_first), at(window_first), at(end));
     let mut snapshot = store::snapshot(pool).await?;
     let outputs = store::regressions::completed_outputs(
         &mut snapshot,
         &target.id,
-        spans.1,
+        (window_start, window_end),
         i64::from(rule.min_records),
     )
     .await
@@ -270,7 +261,7 @@ async fn judge_project(
             &mut snapshot,
             &target.id,
             &names,
-            (spans.0.0, spans.1.1),
+            (read_from, window_end),
             tz,
         )
         .await
@@ -329,7 +320,7 @@ async fn judge_project(
                 rule: &rule,
                 judged: &judged,
                 verdict: &verdict,
-                spans,
+                since: window_start,
                 baseline_first,
             };
             if let Some(row) = fire_regression(pool, fire, settings).await? {
@@ -350,7 +341,8 @@ struct Firing<'a> {
     rule: &'a RegressionRule,
     judged: &'a Judged<'a>,
     verdict: &'a Verdict,
-    spans: Spans,
+    /// The first instant of the window.
+    since: DateTime<Utc>,
     baseline_first: NaiveDate,
 }
 
@@ -366,7 +358,7 @@ async fn fire_regression(
         rule,
         judged,
         verdict,
-        spans,
+        since,
         baseline_first,
     } = fire;
     let mut tx = pool.begin().await?;
@@ -405,7 +397,7 @@ async fn fire_regression(
         currency: &target.currency,
         workload: judged.workload,
         output_unit: judged.output_unit,
-        since: spans.1.0,
+        since,
         regression: serde_json::to_value(&findings)?,
         fired_at: settings.clock.now(),
     };
