@@ -49,7 +49,7 @@ impl Binder {
     where
         O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
     {
-        Ok(sqlx::query_as_with(sql, self.into_arguments()?))
+        Ok(super::dynamic::query_as_with(sql, self.into_arguments()?))
     }
 
     /// A query of `sql` (whose placeholders this binder handed out).
@@ -57,7 +57,7 @@ impl Binder {
         self,
         sql: &'q str,
     ) -> Result<sqlx::query::Query<'q, Postgres, PgArguments>, sqlx::Error> {
-        Ok(sqlx::query_with(sql, self.into_arguments()?))
+        Ok(super::dynamic::query_with(sql, self.into_arguments()?))
     }
 }
 

@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod closes;
 pub mod contracts;
 pub mod cost;
+pub mod dynamic;
 pub mod exports;
 pub mod fx_rates;
 pub mod grid_intensity;
