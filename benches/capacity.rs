@@ -319,7 +319,7 @@ fn main() {
         }
         let bytes = bill.len();
         let started = Instant::now();
-        let parsed = taskledger::domain::focus_bill::parse_bill(&bill).unwrap();
+        let parsed = taskledger::sources::focus::parse_bill(&bill).unwrap();
         let read = started.elapsed();
         let rows = parsed.rows.len();
         let (receipt, _) = taskledger::ledger::bills::post_bill(&pool, parsed, None, tz)

@@ -36,8 +36,8 @@ use serde_json::{Value, json};
 
 use taskledger::collectors::prometheus::PrometheusCollector;
 use taskledger::collectors::{self, Destination, Window};
-use taskledger::domain::kubernetes::Mapping;
 use taskledger::ledger::sources::SourceSummary;
+use taskledger::sources::kubernetes::Mapping;
 
 #[global_allocator]
 static GLOBAL: &PeakMemAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;

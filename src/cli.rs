@@ -12,9 +12,6 @@ use crate::config::{Clock, Settings};
 use crate::domain::access::Role;
 use crate::domain::figures::Grouping;
 use crate::domain::reservation_plan::PlanRequest;
-use crate::domain::slurm::text::TextOptions;
-use crate::domain::slurm::{self, Format, Mapping};
-use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
 use crate::domain::values::{Month, ProjectId};
 use crate::domain::what_if::WhatIf;
@@ -22,6 +19,9 @@ use crate::ledger::import::{self, Summary};
 use crate::ledger::setup::Database;
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
 use crate::ledger::{LedgerError, planning, reports, sacct_import, setup, sources};
+use crate::sources::batch::SourceBatch;
+use crate::sources::slurm::text::TextOptions;
+use crate::sources::slurm::{self, Format, Mapping};
 
 /// The data dir when none is given.
 pub const DEFAULT_DATA_DIR: &str = "./taskledger-data";

@@ -23,14 +23,14 @@ use crate::collectors::{self, CapacitySummary, Destination, StateFile, Window, W
 use crate::db::Database;
 use crate::db::embedded::EmbeddedPostgres;
 use crate::domain::capacity::pool_id;
-use crate::domain::kubernetes;
-use crate::domain::kubernetes::nodes::NodeMapping;
-use crate::domain::slurm::nodes::NodeMapping as SlurmNodeMapping;
-use crate::domain::source::SourceBatch;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::sources::SourceSummary;
 use crate::ledger::{demo, setup, tokens};
+use crate::sources::batch::SourceBatch;
+use crate::sources::kubernetes;
+use crate::sources::kubernetes::nodes::NodeMapping;
+use crate::sources::slurm::nodes::NodeMapping as SlurmNodeMapping;
 use crate::workers;
 
 /// Runs the command line and turns any failure into a one-line message and exit code 1.
@@ -188,7 +188,7 @@ async fn import_bills(
     files: &[PathBuf],
     pool: Option<&str>,
 ) -> anyhow::Result<()> {
-    use crate::domain::focus_bill::{bill_text, parse_bill};
+    use crate::sources::focus::{bill_text, parse_bill};
     let pool = pool
         .map(crate::domain::capacity::pool_id)
         .transpose()
@@ -267,7 +267,7 @@ async fn import_nodes(
     let mut snapshots = Vec::with_capacity(files.len());
     for file in files {
         let (name, text) = cli::read_input(file)?;
-        let snapshot = crate::domain::slurm::nodes::read_snapshot(&text)
+        let snapshot = crate::sources::slurm::nodes::read_snapshot(&text)
             .map_err(|error| anyhow::anyhow!("{name}: {error}"))?;
         let at = snapshot.taken_at.or(taken_at).ok_or_else(|| {
             anyhow::anyhow!(
@@ -277,14 +277,14 @@ async fn import_nodes(
         })?;
         snapshots.push((at, snapshot.nodes));
     }
-    let nodes = crate::domain::slurm::nodes::NodeMapping {
+    let nodes = crate::sources::slurm::nodes::NodeMapping {
         billing_mode: args
             .node_billing_mode
             .unwrap_or(crate::domain::rating::BillingMode::OnDemand),
         max_gap: args.max_node_gap.unwrap_or(chrono::TimeDelta::hours(1)),
     };
     let intervals =
-        crate::domain::slurm::nodes::intervals_of(snapshots, &args.mapping.mapping(), &nodes);
+        crate::sources::slurm::nodes::intervals_of(snapshots, &args.mapping.mapping(), &nodes);
     let mut summary = collectors::CapacitySummary::default();
     if !intervals.is_empty() {
         let database = cli::open(config).await?;

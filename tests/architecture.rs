@@ -1,20 +1,25 @@
 //! The layout is the architecture: dependencies between the modules of `src/` point one way.
 //!
-//! `domain` ← `store`, `db` ← `config` ← `ledger` ← `http`, `workers`, `cli`, `collectors` ←
-//! `server`
+//! `domain` ← `sources`, `exports`, `store`, `db` ← `config` ← `ledger` ← `http`, `workers`,
+//! `cli`, `collectors` ← `server`
 //!
 //! A module may use modules of its own top-level module and of layers to its left, never one
 //! to its right, and never a sibling of its own layer (the server wires those together).
-//! The domain is pure: no database, web framework or runtime. And no two modules import each
-//! other, directly or through others.
+//! The domain is pure: no database, web framework or runtime, and no reader or writer of a
+//! foreign format (those are the adapters of `sources` and `exports`, pure too). Only the
+//! ledger reaches `store` and `db`. Every statement in `store` is checked by the compiler,
+//! except those assembled at run time, which go through `store::dynamic`. And no two modules
+//! import each other, directly or through others.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Each top-level module of `src/` and its layer; a lower layer is further left.
-const LAYERS: [(&str, u8); 10] = [
+const LAYERS: [(&str, u8); 12] = [
     ("domain", 0),
+    ("sources", 1),
+    ("exports", 1),
     ("store", 1),
     ("db", 1),
     ("config", 2),
@@ -36,6 +41,23 @@ const IMPURE_CRATES: [&str; 7] = [
     "reqwest",
     "hyper",
 ];
+
+/// Crates that read or write a file format: an adapter's, not the domain's.
+const FORMAT_CRATES: [&str; 2] = ["csv", "flate2"];
+
+/// Top-level modules as pure as the domain.
+const PURE: [&str; 3] = ["domain", "sources", "exports"];
+
+/// Whether `code` names the crate `name` as a path (`name::…`), not as the tail of another.
+fn uses_crate(code: &str, name: &str) -> bool {
+    code.match_indices(&format!("{name}::")).any(|(index, _)| {
+        index == 0
+            || !code[..index]
+                .chars()
+                .last()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+    })
+}
 
 fn layer_of(module: &str) -> Option<u8> {
     let top = module.split("::").next()?;
@@ -327,28 +349,41 @@ fn handlers_reach_data_only_through_the_ledger() {
 }
 
 #[test]
-fn the_domain_is_pure() {
+fn the_domain_and_its_adapters_are_pure() {
     let graph = graph();
     let mut impure = Vec::new();
-    for (module, (file, _)) in graph.edges.iter().filter(|(m, _)| top(m) == "domain") {
+    for (module, (file, _)) in graph.edges.iter().filter(|(m, _)| PURE.contains(&top(m))) {
         let code = code_of(&fs::read_to_string(file).expect("a readable source file"));
         for name in IMPURE_CRATES {
-            let used = code.match_indices(&format!("{name}::")).any(|(index, _)| {
-                index == 0
-                    || !code[..index]
-                        .chars()
-                        .last()
-                        .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
-            });
-            if used {
+            if uses_crate(&code, name) {
                 impure.push(format!("{} ({module}) uses {name}", file.display()));
             }
         }
     }
     assert!(
         impure.is_empty(),
-        "the domain is free of I/O:\n{}",
+        "the domain, sources and exports are free of I/O:\n{}",
         impure.join("\n")
+    );
+}
+
+#[test]
+fn the_domain_holds_no_format_adapter() {
+    let graph = graph();
+    let mut adapters = Vec::new();
+    for (module, (file, _)) in graph.edges.iter().filter(|(m, _)| top(m) == "domain") {
+        let code = code_of(&fs::read_to_string(file).expect("a readable source file"));
+        for name in FORMAT_CRATES {
+            if uses_crate(&code, name) {
+                adapters.push(format!("{} ({module}) uses {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        adapters.is_empty(),
+        "reading or writing a file format is an adapter's work: move it to src/sources/ or \
+         src/exports/:\n{}",
+        adapters.join("\n")
     );
 }
 

@@ -21,13 +21,13 @@ use sqlx::PgPool;
 use crate::config::Settings;
 use crate::domain::capacity::parse_intervals;
 use crate::domain::record::RecordRules;
-use crate::domain::slurm::nodes::Open;
-use crate::domain::source::SourceBatch;
 use crate::domain::validation::FieldError;
 use crate::ledger::capacity::{self, CapacityReceipt};
 use crate::ledger::import::{BATCH_SIZE, Rejection};
 use crate::ledger::sources::{self, SourceSummary};
 use crate::ledger::{LedgerError, zombies};
+use crate::sources::batch::SourceBatch;
+use crate::sources::slurm::nodes::Open;
 
 /// How far back a first run without `--since` or a state looks.
 pub const FIRST_LOOKBACK: TimeDelta = TimeDelta::hours(24);

@@ -1,6 +1,6 @@
 //! `taskledger collect prometheus`: asks Prometheus what kube-state-metrics and dcgm-exporter
 //! recorded of the pods that finished in the window, and maps them as
-//! [`crate::domain::kubernetes`] says.
+//! [`crate::sources::kubernetes`] says.
 //!
 //! A window is read in pages of pods, cut by the first characters of their UIDs, and each page
 //! is handed on whole before the next is read: memory grows with the page, not the cluster.
@@ -17,14 +17,14 @@ use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 use super::Window;
-use crate::domain::kubernetes::nodes::{self, NodeFacts, NodeMapping};
-use crate::domain::kubernetes::promql::{
+use crate::domain::values::redacted_url;
+use crate::sources::batch::SourceBatch;
+use crate::sources::kubernetes::nodes::{self, NodeFacts, NodeMapping};
+use crate::sources::kubernetes::promql::{
     self, NodeQueries, PodQueries, RangeSeries, Sample, TaskSource,
 };
-use crate::domain::kubernetes::telemetry::Dcgm;
-use crate::domain::kubernetes::{self, Horizon, Mapping, Measured, Plan, PodTable};
-use crate::domain::source::SourceBatch;
-use crate::domain::values::redacted_url;
+use crate::sources::kubernetes::telemetry::Dcgm;
+use crate::sources::kubernetes::{self, Horizon, Mapping, Measured, Plan, PodTable};
 
 /// How many per-pod DCGM queries are in flight at once.
 const PARALLEL_QUERIES: usize = 8;

@@ -17,10 +17,10 @@ use serde_json::Value;
 
 use super::Window;
 use crate::domain::record::format_time;
-use crate::domain::slurm::nodes::{NodeMapping, Open};
-use crate::domain::slurm::text::{COLLECTED_FIELDS, TextOptions};
-use crate::domain::slurm::{self, Format, Mapping};
-use crate::domain::source::SourceBatch;
+use crate::sources::batch::SourceBatch;
+use crate::sources::slurm::nodes::{NodeMapping, Open};
+use crate::sources::slurm::text::{COLLECTED_FIELDS, TextOptions};
+use crate::sources::slurm::{self, Format, Mapping};
 
 /// Between the fields of sacct's lines.
 pub const DELIMITER: &str = "\u{1f}";

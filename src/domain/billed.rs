@@ -2,7 +2,7 @@
 //! whose resource names nodes give those nodes' time its price, and win over contracts.
 //!
 //! A row names a node when its resource's keys meet the node's (its name, its cloud
-//! provider id; see [`super::focus_bill`]). The rows of one statement naming the same
+//! provider id; see [`super::bill`]). The rows of one statement naming the same
 //! resource over the same charge period in the same currency are one charge (an instance's
 //! compute row and, say, a credit on it). A bill is stored as **runs**: the charges of one
 //! resource that follow each other, each over as long a period and at the same cost (a month
@@ -26,8 +26,8 @@ use rust_decimal::Decimal;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::bill::{BillRow, resource_keys};
 use super::capacity::{BilledSpan, CapacityInterval};
-use super::focus_bill::{BillRow, resource_keys};
 use super::ledger_time::{SECONDS_PER_HOUR, seconds_between};
 
 /// A run by its statement and number.

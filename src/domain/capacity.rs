@@ -289,9 +289,9 @@ impl CapacityInterval {
         Decimal::from(self.gpus) * seconds_between(self.from, self.until)
     }
 
-    /// The keys a bill row may name the node by (see [`super::focus_bill::node_keys`]).
+    /// The keys a bill row may name the node by (see [`super::bill::node_keys`]).
     pub fn resource_keys(&self) -> Vec<String> {
-        let mut keys = super::focus_bill::node_keys(
+        let mut keys = super::bill::node_keys(
             &self.node,
             self.labels.get("provider_id").map(String::as_str),
         );

@@ -1,22 +1,18 @@
 //! The domain: validated values, access rules and the cost model, free of I/O.
 
 pub mod access;
+pub mod bill;
 pub mod billed;
 pub mod burn;
 pub mod capacity;
 pub mod capacity_plan;
 pub mod commitment;
 pub mod contract;
-pub mod csv_cell;
-pub mod demo;
 pub mod efficiency;
 pub mod figures;
-pub mod focus;
-pub mod focus_bill;
 pub mod gpu;
 pub mod idle;
 pub mod instance_types;
-pub mod kubernetes;
 pub mod ledger_time;
 pub mod period;
 pub mod rating;
@@ -25,8 +21,6 @@ pub mod regression;
 pub mod reservation_plan;
 pub mod rightsizing;
 pub mod route;
-pub mod slurm;
-pub mod source;
 pub mod summary;
 pub mod task;
 pub mod tco;

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
-use rust_decimal::Decimal;
+use rust_decimal::{Decimal, RoundingStrategy};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A project id: a lowercase slug, 1–63 characters of `a-z`, `0-9` and `-`, starting with a
@@ -159,6 +159,34 @@ pub fn parse_instant(raw: &str) -> Result<DateTime<Utc>, String> {
                 truncate_for_message(raw)
             )
         })
+}
+
+/// The months of the ledger that a period overlaps.
+pub fn months_between(from: DateTime<Utc>, to: DateTime<Utc>, tz: chrono_tz::Tz) -> Vec<Month> {
+    let first = Month::from_first_day(from.with_timezone(&tz).date_naive());
+    let last = Month::from_first_day(to.with_timezone(&tz).date_naive());
+    let mut months = vec![first];
+    while *months.last().expect("starts non-empty") < last {
+        let next = months.last().expect("starts non-empty").next();
+        months.push(next);
+    }
+    months
+}
+
+/// The ledger month holding `at`.
+pub fn month_holding(at: DateTime<Utc>, tz: chrono_tz::Tz) -> Month {
+    Month::from_first_day(at.with_timezone(&tz).date_naive())
+}
+
+/// Money rounded half-even to the currency's minor unit (2 for USD, 0 for JPY), with every
+/// minor digit shown (`84.60`).
+pub fn round_money(amount: Decimal, currency: &str) -> Decimal {
+    let digits = Currency::parse(currency)
+        .map(|c| c.minor_unit_digits())
+        .unwrap_or(2);
+    let mut rounded = amount.round_dp_with_strategy(digits, RoundingStrategy::MidpointNearestEven);
+    rounded.rescale(digits);
+    rounded
 }
 
 /// An RFC 3339 instant, or a `YYYY-MM-DD` date standing for the first instant of that day in

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::domain::access::{Principal, Role};
 use crate::domain::validation::Violations;
+use crate::domain::values::month_holding;
 use crate::domain::values::{Month, masked_url, masked_urls_in, parse_instant};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
@@ -17,9 +18,7 @@ use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
-use crate::ledger::alerting::{
-    self, AlertEvent, AlertRow, AttemptRow, BurnView, DeliveryRow, month_holding,
-};
+use crate::ledger::alerting::{self, AlertEvent, AlertRow, AttemptRow, BurnView, DeliveryRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -10,7 +10,6 @@ use utoipa_axum::routes;
 
 use crate::domain::access::Principal;
 use crate::domain::capacity;
-use crate::domain::focus_bill::{bill_text, parse_bill};
 use crate::domain::validation::Violations;
 use crate::domain::values::Month;
 use crate::http::auth::require_finance;
@@ -20,6 +19,7 @@ use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::bills::{self, BillReceipt, Reconciliation};
 use crate::ledger::zombies;
+use crate::sources::focus::{bill_text, parse_bill};
 
 /// A CSV body (`text/csv`, or gzip-compressed as `application/gzip`), as posted.
 pub struct CsvBody(pub Bytes);

@@ -1,4 +1,4 @@
-//! The month's FOCUS export for finance; its rows are described in [`crate::domain::focus`].
+//! The month's FOCUS export for finance; its rows are described in [`crate::exports::focus`].
 
 use axum::extract::State;
 use axum::http::header;

@@ -13,6 +13,7 @@ use utoipa_axum::routes;
 use crate::domain::access::Principal;
 use crate::domain::route::{RouteLabel, RouteLimits};
 use crate::domain::validation::Violations;
+use crate::domain::values::month_holding;
 use crate::domain::values::{Month, parse_instant};
 use crate::http::alerts::BurnQuery;
 use crate::http::auth::require_finance;
@@ -21,7 +22,6 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
-use crate::ledger::alerting::month_holding;
 use crate::ledger::routes::{self, RouteBurnView, RouteRow};
 
 pub fn router() -> OpenApiRouter<AppState> {

@@ -22,13 +22,13 @@ use crate::domain::ledger_time::month_bounds;
 use crate::domain::record::JobRecord;
 use crate::domain::route::{RouteRef, storm_hours};
 use crate::domain::values::Month;
+use crate::domain::values::{month_holding, round_money};
 use crate::ledger::LedgerResult;
 use crate::ledger::cost::{
     CostOf, month_spend, month_spend_by_day, route_month_spend, spend_period,
 };
 use crate::ledger::efficiency::FactorsView;
 use crate::ledger::instruments;
-use crate::ledger::reports::round_money;
 use crate::store;
 pub use crate::store::alerts::{AlertRow, Attempt, AttemptRow, DeliveryRow, DueDelivery, NextStep};
 use crate::store::alerts::{NewAlert, NewIdleGpuAlert, StormOf};
@@ -540,23 +540,6 @@ pub async fn evaluate_all(
             tracing::error!(project = %project, month = %month, error = ?error, "evaluating budget burn failed");
         }
     }
-}
-
-/// The months of the ledger that a period overlaps.
-pub fn months_between(from: DateTime<Utc>, to: DateTime<Utc>, tz: Tz) -> Vec<Month> {
-    let first = Month::from_first_day(from.with_timezone(&tz).date_naive());
-    let last = Month::from_first_day(to.with_timezone(&tz).date_naive());
-    let mut months = vec![first];
-    while *months.last().expect("starts non-empty") < last {
-        let next = months.last().expect("starts non-empty").next();
-        months.push(next);
-    }
-    months
-}
-
-/// The ledger month holding `at`.
-pub fn month_holding(at: DateTime<Utc>, tz: Tz) -> Month {
-    Month::from_first_day(at.with_timezone(&tz).date_naive())
 }
 
 /// Evaluates the current month of every project with a budget or a route: after a change that can move

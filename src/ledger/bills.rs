@@ -21,12 +21,12 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::domain::bill::{self, Bill, BillRow, Statement};
 use crate::domain::billed::{BilledPrice, RunId, RunPart, runs_of};
 use crate::domain::capacity::{
     CapacityInterval, NodeState, PoolSettings, ShareIdle, pool_id as parse_pool_id,
 };
 use crate::domain::capacity_plan::Detail;
-use crate::domain::focus_bill::{self, Bill, BillRow, Statement};
 use crate::domain::ledger_time::seconds_between;
 use crate::domain::rating::FxRates;
 use crate::domain::record::format_time;
@@ -308,7 +308,7 @@ fn row_keys(row: &BillRow) -> Vec<String> {
     let Some(resource) = row.resource_id.as_deref() else {
         return Vec::new();
     };
-    let (full, tail) = focus_bill::resource_keys(resource);
+    let (full, tail) = bill::resource_keys(resource);
     std::iter::once(full).chain(tail).collect()
 }
 
@@ -478,7 +478,7 @@ fn node_name(resource: &str) -> String {
     let valid = crate::domain::values::node_name(resource);
     match valid {
         Ok(name) => name,
-        Err(_) => focus_bill::resource_keys(resource).1.unwrap_or_else(|| {
+        Err(_) => bill::resource_keys(resource).1.unwrap_or_else(|| {
             resource
                 .chars()
                 .filter(|c| !c.is_whitespace())

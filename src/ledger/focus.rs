@@ -1,4 +1,4 @@
-//! The month's FOCUS export (see [`crate::domain::focus`]), from data read in one snapshot.
+//! The month's FOCUS export (see [`crate::exports::focus`]), from data read in one snapshot.
 
 use std::collections::BTreeMap;
 
@@ -8,12 +8,12 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 use crate::domain::capacity_plan::Detail;
-use crate::domain::focus::{
+use crate::domain::values::{Currency, Month};
+use crate::domain::what_if::WhatIf;
+use crate::exports::focus::{
     self, BillingPeriod, CapacityLine, CommittedContract, ContractTerms, MonthData, ProjectAccount,
     UsageLine,
 };
-use crate::domain::values::{Currency, Month};
-use crate::domain::what_if::WhatIf;
 use crate::ledger::LedgerResult;
 use crate::ledger::capacity::{self, CapacityWindow};
 use crate::store;

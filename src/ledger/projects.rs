@@ -22,7 +22,7 @@ pub async fn update(
     let Some(row) = store::projects::update(pool, id, changes).await? else {
         return Ok(None);
     };
-    let month = alerting::month_holding(settings.clock.now(), settings.timezone);
+    let month = crate::domain::values::month_holding(settings.clock.now(), settings.timezone);
     alerting::evaluate_all(pool, [(id.to_owned(), month)], settings).await;
     Ok(Some(row))
 }

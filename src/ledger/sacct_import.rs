@@ -13,12 +13,12 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::domain::slurm::text::{self, TextOptions, is_step, job_id_column};
-use crate::domain::slurm::{Mapping, Run, SlurmJob, attempts_of, convert, convert_as};
-use crate::domain::source::{Problem, SourceBatch};
 use crate::ledger::import::Rejection;
 use crate::ledger::ingest::Submitted;
 use crate::ledger::sources::{SourceSummary, store_checked, validate};
+use crate::sources::batch::{Problem, SourceBatch};
+use crate::sources::slurm::text::{self, TextOptions, is_step, job_id_column};
+use crate::sources::slurm::{Mapping, Run, SlurmJob, attempts_of, convert, convert_as};
 use crate::store;
 
 /// Allocations read at once.

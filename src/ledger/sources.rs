@@ -11,9 +11,9 @@ use sqlx::PgPool;
 
 use crate::config::Settings;
 use crate::domain::record::{JobRecord, RecordRules};
-use crate::domain::source::{LeftOut, SourceBatch};
 use crate::ledger::import::{BATCH_SIZE, Rejection};
 use crate::ledger::ingest::{self, IngestError, Submitted};
+use crate::sources::batch::{LeftOut, SourceBatch};
 use crate::store;
 
 /// What became of a source's jobs.

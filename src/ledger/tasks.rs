@@ -16,7 +16,6 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::domain::csv_cell::text_cell;
 use crate::domain::figures::{EmissionsView, EnergySums, EnergyView, MfuView};
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::duration_seconds;
@@ -24,9 +23,10 @@ use crate::domain::task::{
     SortOrder, TaskFigures, TaskFilter, TaskKeyset, TaskSort, cost_per_unit,
 };
 use crate::domain::utilisation::busy_seconds;
+use crate::domain::values::round_money;
 use crate::domain::what_if::WhatIf;
+use crate::exports::csv_cell::text_cell;
 use crate::ledger::cost::CostOf;
-use crate::ledger::reports::round_money;
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store::{self, Pool};
 

@@ -5,8 +5,8 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::domain::bill::{BillRow, Statement};
 use crate::domain::billed::{ChargedRun, Run, RunPart};
-use crate::domain::focus_bill::{BillRow, Statement};
 
 /// Takes the advisory lock of each statement, in a fixed order, until the transaction ends:
 /// whoever stores or replaces a statement holds it.

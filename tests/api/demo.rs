@@ -208,7 +208,7 @@ async fn the_demo_shows_every_part_of_the_ledger() {
         .find(|line| line["pool"] == "a100")
         .unwrap();
     // October is before the cards' depreciation ends: their idle hours at the full TCO price.
-    let price = taskledger::domain::demo::owned_a100(loaded.window)
+    let price = taskledger::sources::demo::owned_a100(loaded.window)
         .parts()
         .total();
     let idle_price = dec(&owned["idle"]["cost"]) / dec(&owned["idle"]["gpu_hours"]);

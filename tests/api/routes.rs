@@ -151,7 +151,7 @@ async fn a_routes_budget_fires_its_thresholds_once_on_its_own_spend() {
         &app.pool,
         [(
             "vision".to_owned(),
-            alerting::month_holding(NOW.parse().unwrap(), chrono_tz::UTC),
+            taskledger::domain::values::month_holding(NOW.parse().unwrap(), chrono_tz::UTC),
         )],
         &settings(),
     )

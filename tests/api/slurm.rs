@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use taskledger::domain::slurm::text::{COLLECTED_FIELDS, TextOptions};
-use taskledger::domain::slurm::{self, Format, Mapping};
 use taskledger::ledger::sources::{self, SourceSummary};
+use taskledger::sources::slurm::text::{COLLECTED_FIELDS, TextOptions};
+use taskledger::sources::slurm::{self, Format, Mapping};
 
 use crate::common::{TestApp, assert_money, cost};
 use crate::fixtures::{NOVEMBER, contract};
@@ -194,7 +194,7 @@ async fn parsable_text_of_the_same_jobs_gives_the_same_records_as_the_json() {
         "{:?}",
         from_text.unparsable
     );
-    let values = |batch: &taskledger::domain::source::SourceBatch| -> Vec<Value> {
+    let values = |batch: &taskledger::sources::batch::SourceBatch| -> Vec<Value> {
         batch.records.iter().map(|r| r.value.clone()).collect()
     };
     assert_eq!(from_json.records.len(), 8);

@@ -5,22 +5,11 @@
 use rust_decimal::{Decimal, RoundingStrategy};
 
 use super::model::{AdjustmentLine, MonthlyReport, ProjectLine, SharedLine, TotalLine};
-use crate::domain::csv_cell::text_cell;
 use crate::domain::figures::Figures;
-use crate::domain::values::Currency;
+use crate::domain::values::round_money;
+use crate::exports::csv_cell::text_cell;
 use crate::ledger::LedgerResult;
 use crate::ledger::capacity::PoolUtilisation;
-
-/// Money rounded half-even to the currency's minor unit (2 for USD, 0 for JPY), with every
-/// minor digit shown (`84.60`).
-pub fn round_money(amount: Decimal, currency: &str) -> Decimal {
-    let digits = Currency::parse(currency)
-        .map(|c| c.minor_unit_digits())
-        .unwrap_or(2);
-    let mut rounded = amount.round_dp_with_strategy(digits, RoundingStrategy::MidpointNearestEven);
-    rounded.rescale(digits);
-    rounded
-}
 
 const CSV_HEADER: [&str; 33] = [
     "row_type",

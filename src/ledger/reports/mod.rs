@@ -19,7 +19,7 @@ use crate::domain::what_if::WhatIf;
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
 
-pub use self::csv::{round_money, to_csv};
+pub use self::csv::to_csv;
 use self::model::totals;
 pub use self::model::{
     AdjustmentLine, Amounts, CommitmentLine, MonthlyReport, ProjectLine, Report, SharedContract,

@@ -31,7 +31,7 @@ use rust_decimal::Decimal;
 
 use super::promql::Sample;
 use crate::domain::record::MAX_MEMORY_GIB;
-use crate::domain::source::LeftOut;
+use crate::sources::batch::LeftOut;
 
 /// The figures of one pod, as Prometheus answered them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use chrono_tz::Tz;
 
 use super::job::{SlurmJob, State, parse_elapsed, parse_time};
 use super::tres::{self, GpuUsage};
-use crate::domain::source::Problem;
+use crate::sources::batch::Problem;
 
 /// The fields an allocation line must have.
 pub const REQUIRED_FIELDS: [&str; 5] = ["JobID", "State", "Start", "End", "AllocTRES"];
@@ -278,7 +278,7 @@ impl<'a> Row<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::slurm::tres::Energy;
+    use crate::sources::slurm::tres::Energy;
 
     fn options() -> TextOptions {
         TextOptions {

@@ -25,7 +25,7 @@ use rust_decimal::Decimal;
 
 use crate::domain::gpu::{self, MigProfile};
 use crate::domain::record::MAX_MEMORY_GIB;
-use crate::domain::source::LeftOut;
+use crate::sources::batch::LeftOut;
 
 use super::tres::{Energy, GpuUsage};
 

@@ -24,9 +24,9 @@ use self::telemetry::{Dcgm, SHARED_GPU};
 use crate::domain::gpu;
 use crate::domain::rating::Outcome;
 use crate::domain::record::{format_time, label_value};
-use crate::domain::slurm::{account_slug, telemetry::mig_profile};
-use crate::domain::source::{LeftOut, Problem, SourceBatch, SourceRecord};
 use crate::domain::values::ProjectId;
+use crate::sources::batch::{LeftOut, Problem, SourceBatch, SourceRecord};
+use crate::sources::slurm::{account_slug, telemetry::mig_profile};
 
 /// Skip reasons, as the summary names them.
 pub const NO_GPU: &str = "no GPU";

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::job::{SlurmJob, State};
 use super::tres::{self, Energy, GpuTres, GpuUsage};
-use crate::domain::source::Problem;
 use crate::domain::validation::repeated_key;
+use crate::sources::batch::Problem;
 
 /// Reads a whole `sacct --json` document named `name`; the jobs it could read, and a problem
 /// for each it could not (or one for the document when it is not JSON).

@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::format_time;
-use crate::domain::source::{SourceBatch, SourceRecord};
 use crate::domain::tco::Tco;
 use crate::domain::values::Month;
+use crate::sources::batch::{SourceBatch, SourceRecord};
 
 use self::trace::{ModelCapacity, Node, Phase, Pod, Qos};
 

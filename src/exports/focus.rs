@@ -16,12 +16,12 @@ use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use uuid::Uuid;
 
-use super::commitment::{HourlyUsage, unused_commitment};
 use super::csv_cell::text_cell;
-use super::figures::SUM_SCALE;
-use super::ledger_time::{SECONDS_PER_HOUR, month_bounds};
-use super::rating::{BillingMode, Contract, FxRates};
-use super::values::{Currency, Month};
+use crate::domain::commitment::{HourlyUsage, unused_commitment};
+use crate::domain::figures::SUM_SCALE;
+use crate::domain::ledger_time::{SECONDS_PER_HOUR, month_bounds};
+use crate::domain::rating::{BillingMode, Contract, FxRates};
+use crate::domain::values::{Currency, Month};
 
 /// Provider, publisher and invoice issuer of a charge whose contract names no provider.
 pub const DEFAULT_PROVIDER: &str = "taskledger";

@@ -20,8 +20,8 @@ use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
 use crate::domain::record::{MAX_NODES, format_time, label_value};
-use crate::domain::source::{LeftOut, Problem, SourceBatch, SourceRecord};
 use crate::domain::values::ProjectId;
+use crate::sources::batch::{LeftOut, Problem, SourceBatch, SourceRecord};
 
 pub use self::job::{SlurmJob, State, parse_elapsed, parse_time};
 use self::tres::{GpuTres, split_gpu_type};
