@@ -426,7 +426,7 @@ async fn migrated_database(
         support::create_migrated_database(|database| cluster.url(database), name, pool_size).await;
     store::projects::insert(
         &pool,
-        &store::projects::NewProject {
+        &taskledger::domain::project::NewProject {
             id: PROJECT.to_owned(),
             name: "Ingest benchmark".to_owned(),
             team: None,

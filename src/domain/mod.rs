@@ -15,6 +15,7 @@ pub mod idle;
 pub mod instance_types;
 pub mod ledger_time;
 pub mod period;
+pub mod project;
 pub mod rating;
 pub mod record;
 pub mod regression;

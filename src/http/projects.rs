@@ -10,16 +10,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::access::{Principal, Role};
-use crate::domain::idle;
+use crate::domain::project::{ProjectEdit, ProjectFields};
 use crate::domain::validation::Violations;
-use crate::domain::values::{self, Currency, Month, ProjectId};
+use crate::domain::values::{self, Month};
 use crate::http::auth::{project_not_found, require_admin, require_finance};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, JsonBodyProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
-use crate::ledger::projects::{self, BudgetRow, NewProject, ProjectChanges, ProjectRow};
+use crate::ledger::projects::{self, BudgetRow, ProjectRow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -28,8 +28,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_budgets))
         .routes(routes!(put_budget))
 }
-
-pub const DEFAULT_THRESHOLDS: [i32; 3] = [50, 80, 100];
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ProjectView {
@@ -142,20 +140,6 @@ where
     Option::<T>::deserialize(deserializer).map(Some)
 }
 
-fn optional_text(
-    violations: &mut Violations,
-    pointer: &str,
-    raw: Option<&str>,
-    max: usize,
-) -> Option<String> {
-    raw.and_then(|text| violations.check(pointer, values::bounded_text(text, max)))
-}
-
-/// An idle-GPU threshold as given: a share, or `null` for off.
-fn idle_threshold(violations: &mut Violations, given: Option<Decimal>) -> Option<Decimal> {
-    given.and_then(|t| violations.check("/idle_gpu_threshold", idle::threshold(t)))
-}
-
 /// Create a project (admin).
 #[utoipa::path(post, path = "/v1/projects", tag = "projects", request_body = CreateProject,
     security(("bearer" = [])),
@@ -171,46 +155,18 @@ pub async fn create_project(
     ApiJson(body): ApiJson<CreateProject>,
 ) -> ApiResult<(StatusCode, axum::Json<ProjectView>)> {
     require_admin(&principal)?;
-    let mut violations = Violations::default();
-    let id = violations.check("/id", ProjectId::parse(&body.id));
-    let name = violations.check("/name", values::bounded_text(&body.name, 200));
-    let team = optional_text(&mut violations, "/team", body.team.as_deref(), 200);
-    let currency = violations.check("/currency", Currency::parse(&body.currency));
-    let budget = body
-        .default_monthly_budget
-        .and_then(|b| violations.check("/default_monthly_budget", values::positive(b)));
-    let thresholds = match &body.alert_thresholds {
-        Some(list) => violations.check("/alert_thresholds", values::alert_thresholds(list)),
-        None => Some(DEFAULT_THRESHOLDS.to_vec()),
-    };
-    let webhook_url = body
-        .webhook_url
-        .as_deref()
-        .and_then(|url| violations.check("/webhook_url", values::webhook_url(url)));
-    let idle_gpu_threshold = match body.idle_gpu_threshold {
-        None => Some(idle::DEFAULT_THRESHOLD),
-        Some(threshold) => idle_threshold(&mut violations, threshold),
-    };
-    let idle_gpu_min_gpu_hours = body
-        .idle_gpu_min_gpu_hours
-        .and_then(|hours| violations.check("/idle_gpu_min_gpu_hours", values::positive(hours)))
-        .unwrap_or(idle::DEFAULT_MIN_GPU_HOURS);
-    violations.into_result()?;
-    let (Some(id), Some(name), Some(currency), Some(thresholds)) = (id, name, currency, thresholds)
-    else {
-        unreachable!("every required field either parsed or was reported")
-    };
-    let project = NewProject {
-        id: id.as_str().to_owned(),
-        name,
-        team,
-        currency: currency.code().to_owned(),
-        default_monthly_budget: budget,
-        alert_thresholds: thresholds,
-        webhook_url,
-        idle_gpu_threshold,
-        idle_gpu_min_gpu_hours,
-    };
+    let project = ProjectFields {
+        id: &body.id,
+        name: &body.name,
+        team: body.team.as_deref(),
+        currency: &body.currency,
+        default_monthly_budget: body.default_monthly_budget,
+        alert_thresholds: body.alert_thresholds.as_deref(),
+        webhook_url: body.webhook_url.as_deref(),
+        idle_gpu_threshold: body.idle_gpu_threshold,
+        idle_gpu_min_gpu_hours: body.idle_gpu_min_gpu_hours,
+    }
+    .parse()?;
     let row = projects::create(&state.pool, &project)
         .await?
         .ok_or_else(|| {
@@ -302,29 +258,16 @@ pub async fn update_project(
         return Err(project_not_found(&id));
     }
     require_admin(&principal)?;
-    let mut violations = Violations::default();
-    let changes = ProjectChanges {
-        name: optional_text(&mut violations, "/name", body.name.as_deref(), 200),
-        team: body
-            .team
-            .map(|team| optional_text(&mut violations, "/team", team.as_deref(), 200)),
-        default_monthly_budget: body.default_monthly_budget.map(|budget| {
-            budget.and_then(|b| violations.check("/default_monthly_budget", values::positive(b)))
-        }),
-        alert_thresholds: body.alert_thresholds.and_then(|list| {
-            violations.check("/alert_thresholds", values::alert_thresholds(&list))
-        }),
-        webhook_url: body.webhook_url.map(|url| {
-            url.and_then(|url| violations.check("/webhook_url", values::webhook_url(&url)))
-        }),
-        idle_gpu_threshold: body
-            .idle_gpu_threshold
-            .map(|threshold| idle_threshold(&mut violations, threshold)),
-        idle_gpu_min_gpu_hours: body
-            .idle_gpu_min_gpu_hours
-            .and_then(|hours| violations.check("/idle_gpu_min_gpu_hours", values::positive(hours))),
-    };
-    violations.into_result()?;
+    let changes = ProjectEdit {
+        name: body.name.as_deref(),
+        team: body.team.as_ref().map(|team| team.as_deref()),
+        default_monthly_budget: body.default_monthly_budget,
+        alert_thresholds: body.alert_thresholds.as_deref(),
+        webhook_url: body.webhook_url.as_ref().map(|url| url.as_deref()),
+        idle_gpu_threshold: body.idle_gpu_threshold,
+        idle_gpu_min_gpu_hours: body.idle_gpu_min_gpu_hours,
+    }
+    .parse()?;
     let row = projects::update(&state.pool, &id, &changes, &state.settings)
         .await?
         .ok_or_else(|| project_not_found(&id))?;

@@ -12,6 +12,7 @@ use crate::config::{Clock, Settings};
 use crate::domain::access::Role;
 use crate::domain::capacity::{PoolSettings, ShareIdle, parse_intervals};
 use crate::domain::idle;
+use crate::domain::project::NewProject;
 use crate::domain::validation::Violations;
 use crate::domain::values::Currency;
 use crate::ledger::sources::{self, SourceSummary};
@@ -21,7 +22,6 @@ use crate::sources::batch::SourceBatch;
 use crate::sources::demo::{self, DemoProject, PROJECTS, Window};
 use crate::store;
 use crate::store::contracts::ContractFields;
-use crate::store::projects::NewProject;
 
 /// The thresholds of every demo project, the API's default.
 const THRESHOLDS: [i32; 3] = [50, 80, 100];

@@ -6,10 +6,11 @@ use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::config::Settings;
+use crate::domain::project::{NewProject, ProjectChanges};
 use crate::domain::values::Month;
 use crate::ledger::{LedgerResult, alerting};
 use crate::store;
-pub use crate::store::projects::{BudgetRow, NewProject, ProjectChanges, ProjectRow};
+pub use crate::store::projects::{BudgetRow, ProjectRow};
 
 /// Changes a project and re-evaluates its current month (thresholds or budget may have
 /// changed); `None` when there is no such project.

@@ -6,6 +6,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 
+use crate::domain::project::{NewProject, ProjectChanges};
+
 #[derive(Debug, Clone)]
 pub struct ProjectRow {
     pub id: String,
@@ -20,31 +22,6 @@ pub struct ProjectRow {
     pub idle_gpu_min_gpu_hours: Decimal,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone)]
-pub struct NewProject {
-    pub id: String,
-    pub name: String,
-    pub team: Option<String>,
-    pub currency: String,
-    pub default_monthly_budget: Option<Decimal>,
-    pub alert_thresholds: Vec<i32>,
-    pub webhook_url: Option<String>,
-    pub idle_gpu_threshold: Option<Decimal>,
-    pub idle_gpu_min_gpu_hours: Decimal,
-}
-
-/// A change to a project: `None` leaves a field alone, `Some(None)` clears a nullable one.
-#[derive(Debug, Clone, Default)]
-pub struct ProjectChanges {
-    pub name: Option<String>,
-    pub team: Option<Option<String>>,
-    pub default_monthly_budget: Option<Option<Decimal>>,
-    pub alert_thresholds: Option<Vec<i32>>,
-    pub webhook_url: Option<Option<String>>,
-    pub idle_gpu_threshold: Option<Option<Decimal>>,
-    pub idle_gpu_min_gpu_hours: Option<Decimal>,
 }
 
 /// Inserts a project; `None` when the id is taken.
