@@ -387,7 +387,10 @@ fn the_domain_holds_no_format_adapter() {
             .split("::")
             .find(|segment| FOREIGN.iter().any(|foreign| segment.contains(foreign)))
         {
-            adapters.push(format!("{} ({module}) is named after {name}", file.display()));
+            adapters.push(format!(
+                "{} ({module}) is named after {name}",
+                file.display()
+            ));
         }
         let code = code_of(&fs::read_to_string(file).expect("a readable source file"));
         for name in FORMAT_CRATES {

@@ -109,9 +109,11 @@ impl From<&TaskFigures> for TaskFiguresView {
     }
 }
 
-/// One task of a list: its figures over the list's period, and what it is over its lifetime.
+/// What a task is, the same in a list and alone: its status, when it ran, what it cost once
+/// completed, and what its GPUs used (over the list's period in a list, over its lifetime
+/// alone).
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TaskView {
+pub struct TaskSummaryView {
     pub task_id: String,
     /// `completed` once any attempt completed; otherwise the outcome of its latest attempt.
     #[schema(value_type = String, example = "completed")]
@@ -124,20 +126,26 @@ pub struct TaskView {
     /// The GPU models its attempts ran on.
     pub gpu_models: Vec<String>,
     pub currency: String,
-    #[serde(flatten)]
-    pub figures: TaskFiguresView,
     /// A completed task's lifetime total, failed attempts included; null until it completes.
     pub final_cost: Option<Decimal>,
     /// final_cost / the quantity of its lifetime output, when that output is in one unit;
     /// null without output, or while the task is not completed.
     pub cost_per_unit: Option<Decimal>,
-    /// Energy its attempts' GPUs used in the period, where they measured it; null when none
-    /// did.
+    /// Energy its attempts' GPUs used, where they measured it; null when none did.
     pub energy: Option<EnergyView>,
     /// Emissions of that energy where its region's grid intensity is known.
     pub emissions: Option<EmissionsView>,
-    /// Model FLOPs utilisation of its attempts in the period that reported `model_flops`.
+    /// Model FLOPs utilisation of its attempts that reported `model_flops`.
     pub mfu: Option<MfuView>,
+}
+
+/// One task of a list: its figures over the list's period, and what it is over its lifetime.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    #[serde(flatten)]
+    pub task: TaskSummaryView,
+    #[serde(flatten)]
+    pub figures: TaskFiguresView,
 }
 
 /// Rows keyed by task id (as their key and sums), by task id.
@@ -266,18 +274,20 @@ pub async fn list_tasks(
                 .and_then(|sums| sums.view(row.figures.gpu_seconds_held));
             TaskView {
                 figures: TaskFiguresView::from(&row.figures),
-                task_id: row.task_id,
-                status: row.status,
-                completed_at: row.completed_at,
-                first_started_at: row.first_started_at,
-                last_ended_at: row.last_ended_at,
-                gpu_models: row.gpu_models,
-                currency: of.currency.to_owned(),
-                final_cost,
-                cost_per_unit,
-                energy,
-                emissions,
-                mfu,
+                task: TaskSummaryView {
+                    task_id: row.task_id,
+                    status: row.status,
+                    completed_at: row.completed_at,
+                    first_started_at: row.first_started_at,
+                    last_ended_at: row.last_ended_at,
+                    gpu_models: row.gpu_models,
+                    currency: of.currency.to_owned(),
+                    final_cost,
+                    cost_per_unit,
+                    energy,
+                    emissions,
+                    mfu,
+                },
             }
         })
         .collect();
@@ -334,9 +344,8 @@ pub fn tasks_csv(items: &[TaskView]) -> LedgerResult<String> {
             .unwrap_or_default()
     };
     let number = |value: Decimal| value.normalize().to_string();
-    for task in items {
+    for TaskView { task, figures } in items {
         let money = |amount: Decimal| round_money(amount, &task.currency).to_string();
-        let figures = &task.figures;
         let output = figures
             .output
             .iter()
@@ -506,27 +515,10 @@ pub struct AttemptView {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TaskDetailView {
     pub project: String,
-    pub task_id: String,
-    #[schema(value_type = String, example = "completed")]
-    pub status: Outcome,
-    pub completed_at: Option<DateTime<Utc>>,
-    pub first_started_at: DateTime<Utc>,
-    pub last_ended_at: DateTime<Utc>,
-    pub gpu_models: Vec<String>,
-    pub currency: String,
+    #[serde(flatten)]
+    pub task: TaskSummaryView,
     /// Its figures over all time.
     pub lifetime: TaskFiguresView,
-    /// Its lifetime total once completed, failed attempts included; null until then.
-    pub final_cost: Option<Decimal>,
-    /// final_cost / its lifetime output, when that output is in one unit.
-    pub cost_per_unit: Option<Decimal>,
-    /// Energy its attempts' GPUs used over its lifetime, where they measured it; null when
-    /// none did.
-    pub energy: Option<EnergyView>,
-    /// Emissions of that energy where its region's grid intensity is known.
-    pub emissions: Option<EmissionsView>,
-    /// Model FLOPs utilisation over its lifetime, of the attempts that reported it.
-    pub mfu: Option<MfuView>,
     /// Its figures per ledger month, in month order.
     pub months: Vec<TaskMonthView>,
     /// Every attempt, by attempt number.
@@ -591,19 +583,21 @@ pub async fn task_detail(
     gpu_models.dedup();
     Ok(TaskDetailView {
         project: of.project.to_owned(),
-        task_id: task_id.to_owned(),
-        status: status.status,
-        completed_at: status.completed_at,
-        first_started_at: status.first_started_at,
-        last_ended_at: status.last_ended_at,
-        gpu_models,
-        currency: of.currency.to_owned(),
+        task: TaskSummaryView {
+            task_id: task_id.to_owned(),
+            status: status.status,
+            completed_at: status.completed_at,
+            first_started_at: status.first_started_at,
+            last_ended_at: status.last_ended_at,
+            gpu_models,
+            currency: of.currency.to_owned(),
+            final_cost,
+            cost_per_unit,
+            energy,
+            emissions,
+            mfu,
+        },
         lifetime: TaskFiguresView::from(&lifetime),
-        final_cost,
-        cost_per_unit,
-        energy,
-        emissions,
-        mfu,
         months: monthly
             .iter()
             .map(|(_, month, figures)| TaskMonthView {
