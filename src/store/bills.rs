@@ -14,11 +14,11 @@ pub async fn lock_statements(conn: &mut PgConnection, keys: &[Statement]) -> sql
     let mut names: Vec<String> = keys.iter().map(statement_lock_name).collect();
     names.sort_unstable();
     names.dedup();
-    sqlx::query(
+    sqlx::query!(
         "SELECT pg_advisory_xact_lock(hashtextextended('bill statement ' || n, 0)) \
          FROM (SELECT n FROM UNNEST($1::text[]) AS u(n) ORDER BY n) AS s",
+        &names,
     )
-    .bind(&names)
     .execute(conn)
     .await?;
     Ok(())
@@ -34,7 +34,7 @@ fn statement_lock_name(key: &Statement) -> String {
 }
 
 /// A statement as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct StoredStatement {
     pub id: Uuid,
     pub provider: String,
@@ -52,16 +52,17 @@ pub async fn statements(
     let providers: Vec<&str> = keys.iter().map(|k| k.provider.as_str()).collect();
     let accounts: Vec<&str> = keys.iter().map(|k| k.billing_account.as_str()).collect();
     let periods: Vec<DateTime<Utc>> = keys.iter().map(|k| k.billing_period_start).collect();
-    sqlx::query_as::<_, StoredStatement>(
+    sqlx::query_as!(
+        StoredStatement,
         "SELECT s.id, s.provider, s.billing_account, s.billing_period_start, s.bill_id, \
                 s.rows_hash \
          FROM UNNEST($1::text[], $2::text[], $3::timestamptz[]) AS k(p, a, b) \
          JOIN bill_statements s \
            ON (s.provider, s.billing_account, s.billing_period_start) = (k.p, k.a, k.b)",
+        &providers as &[&str],
+        &accounts as &[&str],
+        &periods,
     )
-    .bind(&providers)
-    .bind(&accounts)
-    .bind(&periods)
     .fetch_all(conn)
     .await
 }
@@ -73,12 +74,14 @@ pub async fn insert_bill(
     content_hash: &[u8],
     rows: usize,
 ) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO bills (id, content_hash, rows) VALUES ($1, $2, $3)")
-        .bind(id)
-        .bind(content_hash)
-        .bind(i32::try_from(rows).unwrap_or(i32::MAX))
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "INSERT INTO bills (id, content_hash, rows) VALUES ($1, $2, $3)",
+        id,
+        content_hash,
+        i32::try_from(rows).unwrap_or(i32::MAX),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -90,26 +93,26 @@ pub async fn put_statement(
     bill_id: Uuid,
     rows_hash: &[u8],
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO bill_statements (id, provider, billing_account, billing_period_start, \
              bill_id, rows_hash) \
          VALUES ($1, $2, $3, $4, $5, $6) \
          ON CONFLICT (id) DO UPDATE SET bill_id = EXCLUDED.bill_id, \
              rows_hash = EXCLUDED.rows_hash, updated_at = now()",
+        id,
+        &key.provider,
+        &key.billing_account,
+        key.billing_period_start,
+        bill_id,
+        rows_hash,
     )
-    .bind(id)
-    .bind(&key.provider)
-    .bind(&key.billing_account)
-    .bind(key.billing_period_start)
-    .bind(bill_id)
-    .bind(rows_hash)
     .execute(conn)
     .await?;
     Ok(())
 }
 
 /// What a statement's rows come to, by service, SKU and currency.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceTotal {
     pub service: String,
     pub sku: String,
@@ -122,20 +125,20 @@ pub async fn statement_totals(
     conn: &mut PgConnection,
     statement: Uuid,
 ) -> sqlx::Result<Vec<ServiceTotal>> {
-    sqlx::query_as::<_, ServiceTotal>(
-        "SELECT service, sku, currency::text AS currency, sum(billed_cost) AS cost \
+    sqlx::query_as!(
+        ServiceTotal,
+        "SELECT service, sku, currency::text AS \"currency!\", sum(billed_cost) AS \"cost!\" \
          FROM bill_rows WHERE statement_id = $1 \
          GROUP BY service, sku, currency ORDER BY service, sku, currency",
+        statement,
     )
-    .bind(statement)
     .fetch_all(conn)
     .await
 }
 
 /// Deletes a statement's rows.
 pub async fn delete_rows(conn: &mut PgConnection, statement: Uuid) -> sqlx::Result<u64> {
-    let done = sqlx::query("DELETE FROM bill_rows WHERE statement_id = $1")
-        .bind(statement)
+    let done = sqlx::query!("DELETE FROM bill_rows WHERE statement_id = $1", statement)
         .execute(conn)
         .await?;
     Ok(done.rows_affected())
@@ -185,7 +188,7 @@ pub async fn insert_rows(
             model.push(row.instance.map(|i| i.gpu_model));
             gpus.push(row.instance.map(|i| i.gpus as i32));
         }
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO bill_rows (statement_id, line, charge_category, charge_from, \
                  charge_until, billed_cost, currency, resource_id, run, period, \
                  service, sku, region, billing_mode, consumed_hours, instance_type, gpu_model, \
@@ -194,25 +197,25 @@ pub async fn insert_rows(
                  $5::timestamptz[], $6::numeric[], $7::text[], $8::text[], $9::int[], \
                  $10::int[], $11::text[], $12::text[], $13::text[], $14::text[], \
                  $15::numeric[], $16::text[], $17::text[], $18::int[])",
+            statement,
+            &line,
+            &category as &[&str],
+            &from,
+            &until,
+            &cost,
+            &currency as &[&str],
+            &resource as &[Option<&str>],
+            &run as &[Option<i32>],
+            &period as &[Option<i32>],
+            &service as &[&str],
+            &sku as &[&str],
+            &region as &[Option<&str>],
+            &mode as &[&str],
+            &hours as &[Option<Decimal>],
+            &instance as &[Option<&str>],
+            &model as &[Option<&str>],
+            &gpus as &[Option<i32>],
         )
-        .bind(statement)
-        .bind(&line)
-        .bind(&category)
-        .bind(&from)
-        .bind(&until)
-        .bind(&cost)
-        .bind(&currency)
-        .bind(&resource)
-        .bind(&run)
-        .bind(&period)
-        .bind(&service)
-        .bind(&sku)
-        .bind(&region)
-        .bind(&mode)
-        .bind(&hours)
-        .bind(&instance)
-        .bind(&model)
-        .bind(&gpus)
         .execute(&mut *conn)
         .await?;
     }
@@ -238,22 +241,22 @@ pub async fn insert_runs(
         let periods: Vec<i32> = chunk.iter().map(|r| r.periods).collect();
         let cost: Vec<Decimal> = chunk.iter().map(|r| r.cost_per_period).collect();
         let until: Vec<DateTime<Utc>> = chunk.iter().map(Run::until).collect();
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO bill_runs (statement_id, run, resource_key, resource_tail, currency, \
                  charge_from, period_us, periods, cost_per_period, charge_until) \
              SELECT $1, * FROM UNNEST($2::int[], $3::text[], $4::text[], $5::text[], \
                  $6::timestamptz[], $7::bigint[], $8::int[], $9::numeric[], $10::timestamptz[])",
+            statement,
+            &run,
+            &key as &[&str],
+            &tail as &[Option<&str>],
+            &currency as &[&str],
+            &from,
+            &period,
+            &periods,
+            &cost,
+            &until,
         )
-        .bind(statement)
-        .bind(&run)
-        .bind(&key)
-        .bind(&tail)
-        .bind(&currency)
-        .bind(&from)
-        .bind(&period)
-        .bind(&periods)
-        .bind(&cost)
-        .bind(&until)
         .execute(&mut *conn)
         .await?;
     }
@@ -262,8 +265,7 @@ pub async fn insert_runs(
 
 /// Deletes a statement's runs.
 pub async fn delete_runs(conn: &mut PgConnection, statement: Uuid) -> sqlx::Result<u64> {
-    let done = sqlx::query("DELETE FROM bill_runs WHERE statement_id = $1")
-        .bind(statement)
+    let done = sqlx::query!("DELETE FROM bill_runs WHERE statement_id = $1", statement)
         .execute(conn)
         .await?;
     Ok(done.rows_affected())
@@ -274,13 +276,17 @@ pub async fn statement_intervals(
     conn: &mut PgConnection,
     statement: Uuid,
 ) -> sqlx::Result<Vec<(String, DateTime<Utc>, DateTime<Utc>)>> {
-    sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT node, from_at, until_at FROM capacity_intervals \
          WHERE bill_statement = $1 ORDER BY node, from_at",
+        statement,
     )
-    .bind(statement)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.node, row.from_at, row.until_at))
+        .collect())
 }
 
 /// Deletes the intervals a statement's rows created.
@@ -288,10 +294,12 @@ pub async fn delete_statement_intervals(
     conn: &mut PgConnection,
     statement: Uuid,
 ) -> sqlx::Result<u64> {
-    let done = sqlx::query("DELETE FROM capacity_intervals WHERE bill_statement = $1")
-        .bind(statement)
-        .execute(conn)
-        .await?;
+    let done = sqlx::query!(
+        "DELETE FROM capacity_intervals WHERE bill_statement = $1",
+        statement,
+    )
+    .execute(conn)
+    .await?;
     Ok(done.rows_affected())
 }
 
@@ -302,20 +310,20 @@ pub async fn known_keys(
     keys: &[String],
     except: &[Uuid],
 ) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
-        "SELECT DISTINCT k FROM capacity_intervals c \
+    sqlx::query_scalar!(
+        "SELECT DISTINCT k AS \"k!\" FROM capacity_intervals c \
          CROSS JOIN LATERAL UNNEST(c.resource_keys) AS k \
          WHERE c.resource_keys && $1::text[] AND k = ANY($1) \
            AND (c.bill_statement IS NULL OR c.bill_statement <> ALL($2))",
+        keys,
+        except,
     )
-    .bind(keys)
-    .bind(except)
     .fetch_all(conn)
     .await
 }
 
 /// A stored run whose resource may name a node.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct RunRow {
     pub statement_id: Uuid,
     pub run: i32,
@@ -348,9 +356,24 @@ impl RunRow {
     }
 }
 
-const RUN_COLUMNS: &str = "r.statement_id, r.run, s.provider, r.resource_key, r.resource_tail, \
-    r.currency::text AS currency, r.charge_from, r.period_us, r.periods, r.cost_per_period, \
-    r.charge_until";
+/// `query_as!` of the runs, with their statements' providers, where `$filter` holds (a
+/// literal), by statement and run.
+macro_rules! select_runs {
+    ($filter:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            RunRow,
+            "SELECT r.statement_id, r.run, s.provider, r.resource_key, r.resource_tail, \
+                    r.currency::text AS \"currency!\", r.charge_from, r.period_us, r.periods, \
+                    r.cost_per_period, r.charge_until \
+             FROM bill_runs r \
+             JOIN bill_statements s ON s.id = r.statement_id \
+             WHERE "
+                + $filter
+                + " ORDER BY r.statement_id, r.run"
+            $(, $arg)*
+        )
+    };
+}
 
 /// The runs naming one of `keys` whose periods overlap `[from, to)`.
 pub async fn runs_naming(
@@ -359,16 +382,13 @@ pub async fn runs_naming(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<RunRow>> {
-    sqlx::query_as::<_, RunRow>(&format!(
-        "SELECT {RUN_COLUMNS} FROM bill_runs r \
-         JOIN bill_statements s ON s.id = r.statement_id \
-         WHERE (r.resource_key = ANY($1) OR r.resource_tail = ANY($1)) \
-           AND r.charge_from < $3 AND r.charge_until > $2 \
-         ORDER BY r.statement_id, r.run"
-    ))
-    .bind(keys)
-    .bind(from)
-    .bind(to)
+    select_runs!(
+        "(r.resource_key = ANY($1) OR r.resource_tail = ANY($1)) \
+         AND r.charge_from < $3 AND r.charge_until > $2",
+        keys,
+        from,
+        to,
+    )
     .fetch_all(conn)
     .await
 }
@@ -381,24 +401,21 @@ pub async fn period_runs_on_nodes(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<RunRow>> {
-    sqlx::query_as::<_, RunRow>(&format!(
-        "SELECT {RUN_COLUMNS} FROM bill_runs r \
-         JOIN bill_statements s ON s.id = r.statement_id \
-         WHERE s.billing_period_start >= $1 AND s.billing_period_start < $2 \
-           AND EXISTS (SELECT 1 FROM capacity_intervals c \
-                       WHERE c.resource_keys && \
-                             array_remove(ARRAY[r.resource_key, r.resource_tail], NULL) \
-                         AND c.from_at < r.charge_until AND c.until_at > r.charge_from) \
-         ORDER BY r.statement_id, r.run"
-    ))
-    .bind(from)
-    .bind(to)
+    select_runs!(
+        "s.billing_period_start >= $1 AND s.billing_period_start < $2 \
+         AND EXISTS (SELECT 1 FROM capacity_intervals c \
+                     WHERE c.resource_keys && \
+                           array_remove(ARRAY[r.resource_key, r.resource_tail], NULL) \
+                       AND c.from_at < r.charge_until AND c.until_at > r.charge_from)",
+        from,
+        to,
+    )
     .fetch_all(conn)
     .await
 }
 
 /// What rows come to, by provider, currency, service and SKU.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ChargeTotal {
     pub provider: String,
     pub currency: String,
@@ -408,6 +425,22 @@ pub struct ChargeTotal {
     pub cost: Decimal,
 }
 
+/// `query_as!` of [`ChargeTotal`]s from `$from` (a literal naming the bill rows `r` and their
+/// statements `s`), then `$rest` (a literal).
+macro_rules! select_charge_totals {
+    ($from:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ChargeTotal,
+            "SELECT s.provider, r.currency::text AS \"currency!\", r.service, r.sku, \
+                    count(*) AS \"rows!\", sum(r.billed_cost) AS \"cost!\" "
+                + $from
+                + " GROUP BY s.provider, r.currency, r.service, r.sku"
+                + $rest
+            $(, $arg)*
+        )
+    };
+}
+
 /// The rows of the statements of billing periods starting within `[from, to)`, summed by
 /// provider, currency, service and SKU.
 pub async fn period_totals(
@@ -415,16 +448,13 @@ pub async fn period_totals(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<ChargeTotal>> {
-    sqlx::query_as::<_, ChargeTotal>(
-        "SELECT s.provider, r.currency::text AS currency, r.service, r.sku, \
-                count(*) AS rows, sum(r.billed_cost) AS cost \
-         FROM bill_rows r JOIN bill_statements s ON s.id = r.statement_id \
-         WHERE s.billing_period_start >= $1 AND s.billing_period_start < $2 \
-         GROUP BY s.provider, r.currency, r.service, r.sku \
-         ORDER BY s.provider, r.currency, r.service, r.sku",
+    select_charge_totals!(
+        "FROM bill_rows r JOIN bill_statements s ON s.id = r.statement_id \
+         WHERE s.billing_period_start >= $1 AND s.billing_period_start < $2",
+        " ORDER BY s.provider, r.currency, r.service, r.sku",
+        from,
+        to,
     )
-    .bind(from)
-    .bind(to)
     .fetch_all(conn)
     .await
 }
@@ -438,19 +468,17 @@ pub async fn part_totals(
     let runs: Vec<i32> = parts.iter().map(|p| p.0.1).collect();
     let firsts: Vec<i32> = parts.iter().map(|p| p.1).collect();
     let lasts: Vec<i32> = parts.iter().map(|p| p.2).collect();
-    sqlx::query_as::<_, ChargeTotal>(
-        "SELECT s.provider, r.currency::text AS currency, r.service, r.sku, \
-                count(*) AS rows, sum(r.billed_cost) AS cost \
-         FROM UNNEST($1::uuid[], $2::int[], $3::int[], $4::int[]) AS k(st, run, a, b) \
+    select_charge_totals!(
+        "FROM UNNEST($1::uuid[], $2::int[], $3::int[], $4::int[]) AS k(st, run, a, b) \
          JOIN bill_rows r \
            ON r.statement_id = k.st AND r.run = k.run AND r.period BETWEEN k.a AND k.b \
-         JOIN bill_statements s ON s.id = r.statement_id \
-         GROUP BY s.provider, r.currency, r.service, r.sku",
+         JOIN bill_statements s ON s.id = r.statement_id",
+        "",
+        &statements,
+        &runs,
+        &firsts,
+        &lasts,
     )
-    .bind(&statements)
-    .bind(&runs)
-    .bind(&firsts)
-    .bind(&lasts)
     .fetch_all(conn)
     .await
 }
@@ -464,9 +492,9 @@ pub async fn contract_use_on_nodes(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<(String, DateTime<Utc>, Uuid, Decimal)>> {
-    sqlx::query_as(
-        "SELECT n.node, s.hour, s.contract_id, \
-                sum(s.card_seconds / cardinality(d.nodes)) AS card_seconds \
+    let rows = sqlx::query!(
+        "SELECT n.node AS \"node!\", s.hour, s.contract_id AS \"contract_id!\", \
+                sum(s.card_seconds / cardinality(d.nodes)) AS \"card_seconds!\" \
          FROM rated_records d \
          CROSS JOIN LATERAL UNNEST(d.nodes) AS n(node) \
          JOIN rated_segments s \
@@ -474,10 +502,14 @@ pub async fn contract_use_on_nodes(
          WHERE d.nodes && $1::text[] AND n.node = ANY($1) AND s.contract_id IS NOT NULL \
            AND s.hour >= $2 AND s.hour < $3 \
          GROUP BY n.node, s.hour, s.contract_id",
+        nodes,
+        from,
+        to,
     )
-    .bind(nodes)
-    .bind(from)
-    .bind(to)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.node, row.hour, row.contract_id, row.card_seconds))
+        .collect())
 }

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use rust_decimal::Decimal;
-use sqlx::PgConnection;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::{Execute, Executor, FromRow, PgConnection, Postgres};
 
 use crate::domain::capacity::{
     CapacityInterval, JobSpan, NodeDayUse, NodeState, NodeUse, PoolSettings, ShareIdle,
@@ -12,25 +13,68 @@ use crate::domain::capacity::{
 };
 use crate::domain::capacity_plan::{Detail, RollupSums};
 use crate::domain::rating::BillingMode;
+use crate::store::dynamic;
 use uuid::Uuid;
 
 /// The foreign key from a pool to its owner project.
 pub const OWNER_CONSTRAINT: &str = "pools_owner_project_fkey";
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct PoolRow {
     pub id: String,
     pub name: String,
     pub owner_project: Option<String>,
-    #[sqlx(try_from = "String")]
     pub share_idle: ShareIdle,
     pub zombie_after_minutes: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
-const POOL_COLUMNS: &str =
-    "id, name, owner_project, share_idle, zombie_after_minutes, created_at, updated_at";
+/// A pool as stored, its idle share rule not yet parsed.
+struct PoolRecord {
+    id: String,
+    name: String,
+    owner_project: Option<String>,
+    share_idle: String,
+    zombie_after_minutes: Option<i32>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl TryFrom<PoolRecord> for PoolRow {
+    type Error = sqlx::Error;
+
+    fn try_from(record: PoolRecord) -> sqlx::Result<Self> {
+        Ok(PoolRow {
+            id: record.id,
+            name: record.name,
+            owner_project: record.owner_project,
+            share_idle: parsed(record.share_idle)?,
+            zombie_after_minutes: record.zombie_after_minutes,
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+        })
+    }
+}
+
+/// A stored text parsed into the domain value it names; a decoding error when it names none.
+fn parsed<T: TryFrom<String, Error = String>>(raw: String) -> sqlx::Result<T> {
+    T::try_from(raw).map_err(|error| sqlx::Error::Decode(error.into()))
+}
+
+/// `query_as!` into `$out` of `$head`, then a pool's columns, then `$tail` (literals).
+macro_rules! with_pool_columns {
+    ($out:path, $head:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $out,
+            $head
+                + "id, name, owner_project, share_idle, zombie_after_minutes, created_at, \
+                   updated_at"
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
 
 /// Creates or changes a pool; `true` with it when it was created.
 pub async fn put_pool(
@@ -38,57 +82,76 @@ pub async fn put_pool(
     id: &str,
     settings: &PoolSettings,
 ) -> sqlx::Result<(PoolRow, bool)> {
-    #[derive(sqlx::FromRow)]
     struct Put {
-        #[sqlx(flatten)]
-        row: PoolRow,
+        id: String,
+        name: String,
+        owner_project: Option<String>,
+        share_idle: String,
+        zombie_after_minutes: Option<i32>,
+        created_at: DateTime<Utc>,
+        updated_at: DateTime<Utc>,
         created: bool,
     }
-    let put = sqlx::query_as::<_, Put>(&format!(
+    let put = with_pool_columns!(
+        Put,
         "INSERT INTO pools (id, name, owner_project, share_idle, zombie_after_minutes) \
          VALUES ($1, $2, $3, $4, $5) \
          ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, \
              owner_project = EXCLUDED.owner_project, share_idle = EXCLUDED.share_idle, \
              zombie_after_minutes = EXCLUDED.zombie_after_minutes, updated_at = now() \
-         RETURNING {POOL_COLUMNS}, (xmax = 0) AS created"
-    ))
-    .bind(id)
-    .bind(&settings.name)
-    .bind(&settings.owner_project)
-    .bind(settings.share_idle.as_str())
-    .bind(settings.zombie_after_minutes)
+         RETURNING ",
+        r#", (xmax = 0) AS "created!""#,
+        id,
+        &settings.name,
+        settings.owner_project.as_deref(),
+        settings.share_idle.as_str(),
+        settings.zombie_after_minutes,
+    )
     .fetch_one(conn)
     .await?;
-    Ok((put.row, put.created))
+    let row = PoolRow::try_from(PoolRecord {
+        id: put.id,
+        name: put.name,
+        owner_project: put.owner_project,
+        share_idle: put.share_idle,
+        zombie_after_minutes: put.zombie_after_minutes,
+        created_at: put.created_at,
+        updated_at: put.updated_at,
+    })?;
+    Ok((row, put.created))
 }
 
 pub async fn get_pool(conn: &mut PgConnection, id: &str) -> sqlx::Result<Option<PoolRow>> {
-    sqlx::query_as::<_, PoolRow>(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE id = $1"))
-        .bind(id)
+    with_pool_columns!(PoolRecord, "SELECT ", " FROM pools WHERE id = $1", id)
+        .try_map(PoolRow::try_from)
         .fetch_optional(conn)
         .await
 }
 
 /// Every pool, by id.
 pub async fn list_pools(conn: &mut PgConnection) -> sqlx::Result<Vec<PoolRow>> {
-    sqlx::query_as::<_, PoolRow>(&format!("SELECT {POOL_COLUMNS} FROM pools ORDER BY id"))
+    with_pool_columns!(PoolRecord, "SELECT ", " FROM pools ORDER BY id")
+        .try_map(PoolRow::try_from)
         .fetch_all(conn)
         .await
 }
 
 /// The pools of `ids` that exist.
 pub async fn pools_by_ids(conn: &mut PgConnection, ids: &[String]) -> sqlx::Result<Vec<PoolRow>> {
-    sqlx::query_as::<_, PoolRow>(&format!(
-        "SELECT {POOL_COLUMNS} FROM pools WHERE id = ANY($1) ORDER BY id"
-    ))
-    .bind(ids)
+    with_pool_columns!(
+        PoolRecord,
+        "SELECT ",
+        " FROM pools WHERE id = ANY($1) ORDER BY id",
+        ids,
+    )
+    .try_map(PoolRow::try_from)
     .fetch_all(conn)
     .await
 }
 
-/// The advisory lock over the whole capacity rollup: taken shared before any node's lock,
-/// and exclusive by the rebuild of the rollup.
-const ROLLUP_LOCK: &str = "hashtextextended('capacity rollup', 0)";
+/// The name whose hash keys the advisory lock over the whole capacity rollup: taken shared
+/// before any node's lock, and exclusive by the rebuild of the rollup.
+const ROLLUP_LOCK: &str = "capacity rollup";
 
 /// Takes the advisory lock of each node, in name order, until the transaction ends (after
 /// the rollup's lock, shared): whoever writes a node's intervals holds it while it checks
@@ -98,23 +161,57 @@ pub async fn lock_nodes(conn: &mut PgConnection, nodes: &[&str]) -> sqlx::Result
     let mut sorted: Vec<&str> = nodes.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    sqlx::query(&format!(
-        "SELECT pg_advisory_xact_lock_shared({ROLLUP_LOCK})"
-    ))
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))",
+        ROLLUP_LOCK,
+    )
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
+    sqlx::query!(
         "SELECT pg_advisory_xact_lock(hashtextextended('capacity node ' || n, 0)) \
          FROM (SELECT n FROM UNNEST($1::text[]) AS u(n) ORDER BY n) AS s",
+        &sorted as &[&str],
     )
-    .bind(&sorted)
     .execute(conn)
     .await?;
     Ok(())
 }
 
+/// A compile-checked statement run unprepared: planned for its own arguments each time
+/// rather than from a cached generic plan.
+struct Unprepared<Q>(Q);
+
+impl<'q, Q: Execute<'q, Postgres>> Execute<'q, Postgres> for Unprepared<Q> {
+    fn sql(&self) -> &'q str {
+        self.0.sql()
+    }
+
+    fn statement(&self) -> Option<&<Postgres as sqlx::Database>::Statement<'q>> {
+        self.0.statement()
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, sqlx::error::BoxDynError> {
+        self.0.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        false
+    }
+}
+
+/// Runs `query` unprepared (see [`Unprepared`]) and reads its rows as `T`, the row type the
+/// macro that built `query` checked its columns against.
+async fn fetch_unprepared<'q, T, Q>(conn: &mut PgConnection, query: Q) -> sqlx::Result<Vec<T>>
+where
+    T: for<'r> FromRow<'r, PgRow>,
+    Q: Execute<'q, Postgres> + 'q,
+{
+    let rows = conn.fetch_all(Unprepared(query)).await?;
+    rows.iter().map(T::from_row).collect()
+}
+
 /// A stored interval another one meets: its key, its end and its content hash.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct StoredInterval {
     /// The position in the batch of the interval it meets.
     pub position: i32,
@@ -133,17 +230,19 @@ pub async fn meeting(
     let nodes: Vec<&str> = intervals.iter().map(|i| i.node.as_str()).collect();
     let froms: Vec<DateTime<Utc>> = intervals.iter().map(|i| i.from).collect();
     let untils: Vec<DateTime<Utc>> = intervals.iter().map(|i| i.until).collect();
-    sqlx::query_as::<_, StoredInterval>(
-        "SELECT (k.i - 1)::int AS position, c.node, c.from_at, c.until_at, c.content_hash \
+    sqlx::query_as!(
+        StoredInterval,
+        "SELECT (k.i - 1)::int AS \"position!\", c.node, c.from_at, c.until_at, \
+                c.content_hash \
          FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[]) \
               WITH ORDINALITY AS k(n, f, u, i) \
          JOIN capacity_intervals c \
            ON c.node = k.n AND (c.from_at = k.f OR (c.from_at < k.u AND c.until_at > k.f)) \
          ORDER BY k.i, c.from_at",
+        &nodes as &[&str],
+        &froms,
+        &untils,
     )
-    .bind(&nodes)
-    .bind(&froms)
-    .bind(&untils)
     .fetch_all(conn)
     .await
 }
@@ -182,7 +281,7 @@ pub async fn upsert(
         labels.push(serde_json::to_string(&i.labels).expect("labels serialise"));
         keys.push(i.resource_keys().join("\n"));
     }
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "INSERT INTO capacity_intervals (node, from_at, until_at, pool_id, state, gpu_model, \
              gpus, billing_mode, provider, region, labels, content_hash, resource_keys, \
              bill_statement) \
@@ -197,59 +296,77 @@ pub async fn upsert(
              region = EXCLUDED.region, labels = EXCLUDED.labels, \
              content_hash = EXCLUDED.content_hash, resource_keys = EXCLUDED.resource_keys, \
              bill_statement = EXCLUDED.bill_statement, received_at = now()",
+        &node as &[&str],
+        &from,
+        &until,
+        &pool as &[&str],
+        &state as &[&str],
+        &model as &[&str],
+        &gpus,
+        &mode as &[&str],
+        &provider as &[Option<&str>],
+        &region as &[Option<&str>],
+        &labels,
+        hashes,
+        &keys,
+        bill_statement,
     )
-    .bind(&node)
-    .bind(&from)
-    .bind(&until)
-    .bind(&pool)
-    .bind(&state)
-    .bind(&model)
-    .bind(&gpus)
-    .bind(&mode)
-    .bind(&provider)
-    .bind(&region)
-    .bind(&labels)
-    .bind(hashes)
-    .bind(&keys)
-    .bind(bill_statement)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
 }
 
-#[derive(sqlx::FromRow)]
+/// An interval as stored, its billing mode and state not yet parsed.
 struct IntervalRow {
     node: String,
     pool_id: String,
     gpu_model: String,
     gpus: i32,
-    #[sqlx(try_from = "String")]
-    billing_mode: BillingMode,
+    billing_mode: String,
     provider: Option<String>,
     region: Option<String>,
     labels: sqlx::types::Json<BTreeMap<String, String>>,
     from_at: DateTime<Utc>,
     until_at: DateTime<Utc>,
-    #[sqlx(try_from = "String")]
-    state: NodeState,
+    state: String,
 }
 
-impl From<IntervalRow> for CapacityInterval {
-    fn from(row: IntervalRow) -> Self {
-        CapacityInterval {
+impl TryFrom<IntervalRow> for CapacityInterval {
+    type Error = sqlx::Error;
+
+    fn try_from(row: IntervalRow) -> sqlx::Result<Self> {
+        Ok(CapacityInterval {
             node: row.node,
             pool: row.pool_id,
             gpu_model: row.gpu_model,
             gpus: row.gpus,
-            billing_mode: row.billing_mode,
+            billing_mode: parsed::<BillingMode>(row.billing_mode)?,
             provider: row.provider,
             region: row.region,
             labels: row.labels.0,
             from: row.from_at,
             until: row.until_at,
-            state: row.state,
-        }
+            state: parsed::<NodeState>(row.state)?,
+        })
     }
+}
+
+/// `query_as!` of the intervals where `$filter` holds (a literal), by node and start, read
+/// as [`CapacityInterval`]s.
+macro_rules! select_intervals {
+    ($filter:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            IntervalRow,
+            "SELECT node, pool_id, gpu_model, gpus, billing_mode, provider, region, \
+                    labels AS \"labels: sqlx::types::Json<BTreeMap<String, String>>\", \
+                    from_at, until_at, state \
+             FROM capacity_intervals WHERE "
+                + $filter
+                + " ORDER BY node, from_at"
+            $(, $arg)*
+        )
+        .try_map(CapacityInterval::try_from)
+    };
 }
 
 /// Which intervals to read.
@@ -272,21 +389,16 @@ pub async fn intervals(
         IntervalsOf::Pools(pools) => (pools, None),
         IntervalsOf::Nodes(nodes) => (None, Some(nodes)),
     };
-    let rows = sqlx::query_as::<_, IntervalRow>(
-        "SELECT node, pool_id, gpu_model, gpus, billing_mode, provider, region, labels, \
-                from_at, until_at, state \
-         FROM capacity_intervals \
-         WHERE ($1::text[] IS NULL OR pool_id = ANY($1)) \
-           AND ($2::text[] IS NULL OR node = ANY($2)) AND from_at < $4 AND until_at > $3 \
-         ORDER BY node, from_at",
+    select_intervals!(
+        "($1::text[] IS NULL OR pool_id = ANY($1)) \
+         AND ($2::text[] IS NULL OR node = ANY($2)) AND from_at < $4 AND until_at > $3",
+        pools,
+        nodes,
+        from,
+        to,
     )
-    .bind(pools)
-    .bind(nodes)
-    .bind(from)
-    .bind(to)
     .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(CapacityInterval::from).collect())
+    .await
 }
 
 /// The intervals of every node some of `keys` name (see
@@ -297,19 +409,14 @@ pub async fn intervals_named(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<CapacityInterval>> {
-    let rows = sqlx::query_as::<_, IntervalRow>(
-        "SELECT node, pool_id, gpu_model, gpus, billing_mode, provider, region, labels, \
-                from_at, until_at, state \
-         FROM capacity_intervals \
-         WHERE resource_keys && $1::text[] AND from_at < $3 AND until_at > $2 \
-         ORDER BY node, from_at",
+    select_intervals!(
+        "resource_keys && $1::text[] AND from_at < $3 AND until_at > $2",
+        keys,
+        from,
+        to,
     )
-    .bind(keys)
-    .bind(from)
-    .bind(to)
     .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(CapacityInterval::from).collect())
+    .await
 }
 
 /// Whether any interval overlaps `[from, to)`.
@@ -318,20 +425,25 @@ pub async fn any_in(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM capacity_intervals WHERE from_at < $2 AND until_at > $1)",
+    sqlx::query_scalar!(
+        "SELECT EXISTS (SELECT 1 FROM capacity_intervals WHERE from_at < $2 AND until_at > $1) \
+             AS \"exists!\"",
+        from,
+        to,
     )
-    .bind(from)
-    .bind(to)
     .fetch_one(conn)
     .await
 }
 
+/// What records put on a node in an hour, by project. Read by column name when run
+/// unprepared: the names carry the macros' non-null overrides.
 #[derive(sqlx::FromRow)]
 struct UseRow {
+    #[sqlx(rename = "node!")]
     node: String,
     hour: DateTime<Utc>,
     project_id: String,
+    #[sqlx(rename = "gpu_seconds!")]
     gpu_seconds: Decimal,
 }
 
@@ -344,26 +456,29 @@ pub async fn node_usage(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<NodeUse>> {
-    let rows = sqlx::query_as::<_, UseRow>(
-        "WITH wanted AS (SELECT DISTINCT node FROM unnest($1::text[]) AS w(node)) \
-         SELECT n.node, s.hour, s.project_id, \
-                sum(round(s.card_seconds / cardinality(r.nodes), 20)) AS gpu_seconds \
-         FROM job_records r \
-         CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
-         JOIN wanted ON wanted.node = n.node \
-         JOIN rated_segments s \
-           ON s.project_id = r.project_id AND s.task_id = r.task_id AND s.attempt = r.attempt \
-         WHERE r.nodes IS NOT NULL \
-           AND r.started_at < $3 AND r.ended_at >= $2 AND s.hour >= $2 AND s.hour < $3 \
-         GROUP BY n.node, s.hour, s.project_id",
-    )
     // Planned for its own arguments each time: a generic plan cannot see how many nodes and
     // records there are, and picks nested loops that take seconds.
-    .persistent(false)
-    .bind(nodes)
-    .bind(from)
-    .bind(to)
-    .fetch_all(conn)
+    let rows: Vec<UseRow> = fetch_unprepared(
+        &mut *conn,
+        sqlx::query_as!(
+            UseRow,
+            "WITH wanted AS (SELECT DISTINCT node FROM unnest($1::text[]) AS w(node)) \
+             SELECT n.node AS \"node!\", s.hour, s.project_id, \
+                    sum(round(s.card_seconds / cardinality(r.nodes), 20)) AS \"gpu_seconds!\" \
+             FROM job_records r \
+             CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
+             JOIN wanted ON wanted.node = n.node \
+             JOIN rated_segments s \
+               ON s.project_id = r.project_id AND s.task_id = r.task_id \
+                  AND s.attempt = r.attempt \
+             WHERE r.nodes IS NOT NULL \
+               AND r.started_at < $3 AND r.ended_at >= $2 AND s.hour >= $2 AND s.hour < $3 \
+             GROUP BY n.node, s.hour, s.project_id",
+            nodes,
+            from,
+            to,
+        ),
+    )
     .await?;
     Ok(rows.into_iter().map(NodeUse::from).collect())
 }
@@ -386,23 +501,38 @@ pub async fn jobs_on_nodes(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<(String, JobSpan)>> {
-    let rows: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "WITH wanted AS (SELECT DISTINCT node FROM unnest($1::text[]) AS w(node)) \
-         SELECT n.node, r.started_at, r.ended_at \
-         FROM job_records r CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
-         JOIN wanted ON wanted.node = n.node \
-         WHERE r.nodes IS NOT NULL AND r.started_at < $3 AND r.ended_at > $2 \
-         ORDER BY n.node, r.started_at",
+    #[derive(sqlx::FromRow)]
+    struct JobOnNode {
+        #[sqlx(rename = "node!")]
+        node: String,
+        started_at: DateTime<Utc>,
+        ended_at: DateTime<Utc>,
+    }
+    let rows: Vec<JobOnNode> = fetch_unprepared(
+        &mut *conn,
+        sqlx::query_as!(
+            JobOnNode,
+            "WITH wanted AS (SELECT DISTINCT node FROM unnest($1::text[]) AS w(node)) \
+             SELECT n.node AS \"node!\", r.started_at, r.ended_at \
+             FROM job_records r CROSS JOIN LATERAL unnest(r.nodes) AS n(node) \
+             JOIN wanted ON wanted.node = n.node \
+             WHERE r.nodes IS NOT NULL AND r.started_at < $3 AND r.ended_at > $2 \
+             ORDER BY n.node, r.started_at",
+            nodes,
+            from,
+            to,
+        ),
     )
-    .persistent(false)
-    .bind(nodes)
-    .bind(from)
-    .bind(to)
-    .fetch_all(conn)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(node, start, end)| (node, JobSpan { start, end }))
+        .map(|row| {
+            let span = JobSpan {
+                start: row.started_at,
+                end: row.ended_at,
+            };
+            (row.node, span)
+        })
         .collect())
 }
 
@@ -412,20 +542,20 @@ pub async fn nodes_up_since(
     pool: Option<&str>,
     since: DateTime<Utc>,
 ) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT DISTINCT c.node FROM capacity_intervals c JOIN pools p ON p.id = c.pool_id \
          WHERE c.state = 'up' AND c.until_at > $2 AND p.zombie_after_minutes IS NOT NULL \
            AND ($1::text IS NULL OR c.pool_id = $1) \
          ORDER BY c.node",
+        pool,
+        since,
     )
-    .bind(pool)
-    .bind(since)
     .fetch_all(conn)
     .await
 }
 
 /// An idle stretch that fired its alert.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct FiredStretch {
     pub node: String,
     pub since: DateTime<Utc>,
@@ -437,11 +567,12 @@ pub async fn fired_stretches(
     conn: &mut PgConnection,
     nodes: &[String],
 ) -> sqlx::Result<Vec<FiredStretch>> {
-    sqlx::query_as::<_, FiredStretch>(
+    sqlx::query_as!(
+        FiredStretch,
         "SELECT node, since, judged_until FROM zombie_stretches WHERE node = ANY($1) \
          ORDER BY node, since",
+        nodes,
     )
-    .bind(nodes)
     .fetch_all(conn)
     .await
 }
@@ -465,20 +596,20 @@ pub async fn insert_stretch(
     conn: &mut PgConnection,
     stretch: &NewStretch<'_>,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "INSERT INTO zombie_stretches (node, since, judged_until, pool_id, gpu_model, gpus, \
              currency, cost_per_hour, cost_so_far) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (node, since) DO NOTHING",
+        stretch.node,
+        stretch.since,
+        stretch.judged_until,
+        stretch.pool,
+        stretch.gpu_model,
+        stretch.gpus,
+        stretch.currency,
+        stretch.cost_per_hour,
+        stretch.cost_so_far,
     )
-    .bind(stretch.node)
-    .bind(stretch.since)
-    .bind(stretch.judged_until)
-    .bind(stretch.pool)
-    .bind(stretch.gpu_model)
-    .bind(stretch.gpus)
-    .bind(stretch.currency)
-    .bind(stretch.cost_per_hour)
-    .bind(stretch.cost_so_far)
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -489,23 +620,24 @@ pub async fn project_currencies(
     conn: &mut PgConnection,
     projects: &[String],
 ) -> sqlx::Result<BTreeMap<String, String>> {
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT id, currency::text FROM projects WHERE id = ANY($1)")
-            .bind(projects)
-            .fetch_all(conn)
-            .await?;
-    Ok(rows.into_iter().collect())
+    let rows = sqlx::query!(
+        "SELECT id, currency::text AS \"currency!\" FROM projects WHERE id = ANY($1)",
+        projects,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|row| (row.id, row.currency)).collect())
 }
 
 /// The pools whose idle or down time may be charged to `project`: those it owns that charge
 /// their owner, and those that split it by usage.
 pub async fn pools_charging(conn: &mut PgConnection, project: &str) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT id FROM pools \
          WHERE (owner_project = $1 AND share_idle <> 'pool') OR share_idle = 'by_usage' \
          ORDER BY id",
+        project,
     )
-    .bind(project)
     .fetch_all(conn)
     .await
 }
@@ -513,9 +645,12 @@ pub async fn pools_charging(conn: &mut PgConnection, project: &str) -> sqlx::Res
 /// Takes the rollup's lock exclusive until the transaction ends: no node's intervals or
 /// rollup rows change meanwhile.
 pub async fn lock_rollup(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query(&format!("SELECT pg_advisory_xact_lock({ROLLUP_LOCK})"))
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        ROLLUP_LOCK,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -539,20 +674,56 @@ pub async fn usage_hours(
     let nodes: Vec<&str> = spans.iter().map(|s| s.node.as_str()).collect();
     let froms: Vec<DateTime<Utc>> = spans.iter().map(|s| s.from).collect();
     let tos: Vec<DateTime<Utc>> = spans.iter().map(|s| s.to).collect();
-    let rows = sqlx::query_as::<_, UseRow>(
-        "SELECT u.node, u.hour, u.project_id, sum(u.gpu_seconds) AS gpu_seconds \
-         FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(node, f, t) \
-         JOIN capacity_usage_hourly u ON u.node = w.node AND u.hour >= w.f AND u.hour < w.t \
-         GROUP BY u.node, u.hour, u.project_id \
-         HAVING sum(u.gpu_seconds) <> 0",
+    let rows: Vec<UseRow> = fetch_unprepared(
+        &mut *conn,
+        sqlx::query_as!(
+            UseRow,
+            "SELECT u.node AS \"node!\", u.hour, u.project_id, \
+                    sum(u.gpu_seconds) AS \"gpu_seconds!\" \
+             FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(node, f, t) \
+             JOIN capacity_usage_hourly u \
+               ON u.node = w.node AND u.hour >= w.f AND u.hour < w.t \
+             GROUP BY u.node, u.hour, u.project_id \
+             HAVING sum(u.gpu_seconds) <> 0",
+            &nodes as &[&str],
+            &froms,
+            &tos,
+        ),
     )
-    .persistent(false)
-    .bind(&nodes)
-    .bind(&froms)
-    .bind(&tos)
-    .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().map(NodeUse::from).collect())
+}
+
+/// `query!` of `$changes` (a literal: a `WITH changes AS (…),` of the node-day rows taken
+/// out, with `sign` -1, or stored, with `sign` 1), then the CTEs appending to the per pool
+/// and day sums and to the `by_usage` weights what those rows change.
+macro_rules! with_pool_sums {
+    ($changes:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $changes
+                + " tag AS (SELECT nextval('rollup_deltas') AS delta), \
+                   pool_days AS ( \
+                     INSERT INTO capacity_pool_days (pool_id, day, used, overbooked, delta) \
+                     SELECT pool_id, day, sum(sign * used), sum(sign * overbooked), \
+                            min(tag.delta) \
+                     FROM changes CROSS JOIN tag \
+                     GROUP BY pool_id, day \
+                     HAVING (sum(sign * used), sum(sign * overbooked)) <> (0, 0)), \
+                   pool_weights AS ( \
+                     INSERT INTO capacity_pool_weights \
+                       (pool_id, month, project_id, gpu_seconds, delta) \
+                     SELECT c.pool_id, date_trunc('month', c.day)::date, u.project, \
+                            sum(c.sign * u.seconds), min(tag.delta) \
+                     FROM changes c \
+                     CROSS JOIN LATERAL UNNEST(c.usage_projects, c.usage_seconds) \
+                       AS u(project, seconds) \
+                     CROSS JOIN tag \
+                     GROUP BY c.pool_id, date_trunc('month', c.day)::date, u.project \
+                     HAVING sum(c.sign * u.seconds) <> 0) \
+                   SELECT 1 AS done"
+            $(, $arg)*
+        )
+    };
 }
 
 /// Replaces the rollup rows of the node-days of `spans` (each node from its first ledger
@@ -566,55 +737,28 @@ pub async fn replace_node_days(
     let nodes: Vec<&str> = spans.iter().map(|s| s.0.as_str()).collect();
     let firsts: Vec<NaiveDate> = spans.iter().map(|s| s.1).collect();
     let ends: Vec<NaiveDate> = spans.iter().map(|s| s.2).collect();
-    let sums = pool_sums("changes");
-    sqlx::query(&format!(
+    let changes = with_pool_sums!(
         "WITH changes AS ( \
            DELETE FROM capacity_node_days d \
            USING UNNEST($1::text[], $2::date[], $3::date[]) AS w(node, f, t) \
            WHERE d.node = w.node AND d.day >= w.f AND d.day < w.t \
-           RETURNING -1 AS sign, d.*), \
-         {sums} \
-         SELECT 1"
-    ))
-    .bind(&nodes)
-    .bind(&firsts)
-    .bind(&ends)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
+           RETURNING -1 AS sign, d.*),",
+        &nodes as &[&str],
+        &firsts,
+        &ends,
+    );
+    conn.execute(changes).await?;
+    sqlx::query!(
         "DELETE FROM capacity_unmatched_days d \
          USING UNNEST($1::text[], $2::date[], $3::date[]) AS w(node, f, t) \
          WHERE d.node = w.node AND d.day >= w.f AND d.day < w.t",
+        &nodes as &[&str],
+        &firsts,
+        &ends,
     )
-    .bind(&nodes)
-    .bind(&firsts)
-    .bind(&ends)
     .execute(&mut *conn)
     .await?;
     insert_node_days(conn, rows, unmatched).await
-}
-
-/// CTEs appending to the per pool and day sums and to the `by_usage` weights the node-day
-/// rows in the CTE `changes` (with `sign` -1 for rows taken out, 1 for rows stored).
-fn pool_sums(changes: &str) -> String {
-    format!(
-        "tag AS (SELECT nextval('rollup_deltas') AS delta), \
-         pool_days AS ( \
-           INSERT INTO capacity_pool_days (pool_id, day, used, overbooked, delta) \
-           SELECT pool_id, day, sum(sign * used), sum(sign * overbooked), min(tag.delta) \
-           FROM {changes} CROSS JOIN tag \
-           GROUP BY pool_id, day \
-           HAVING (sum(sign * used), sum(sign * overbooked)) <> (0, 0)), \
-         pool_weights AS ( \
-           INSERT INTO capacity_pool_weights (pool_id, month, project_id, gpu_seconds, delta) \
-           SELECT c.pool_id, date_trunc('month', c.day)::date, u.project, \
-                  sum(c.sign * u.seconds), min(tag.delta) \
-           FROM {changes} c \
-           CROSS JOIN LATERAL UNNEST(c.usage_projects, c.usage_seconds) AS u(project, seconds) \
-           CROSS JOIN tag \
-           GROUP BY c.pool_id, date_trunc('month', c.day)::date, u.project \
-           HAVING sum(c.sign * u.seconds) <> 0)"
-    )
 }
 
 /// Stores rollup rows (their node-days hold none yet).
@@ -637,50 +781,44 @@ pub async fn insert_node_days(
                 seconds.push(*used);
             }
         }
-        let sums = pool_sums("changes");
-        sqlx::query(&format!(
+        let changes = with_pool_sums!(
             "WITH changes AS ( \
                INSERT INTO capacity_node_days \
                  (node, day, pool_id, used, overbooked, usage_projects, usage_seconds) \
-               SELECT node, day, pool, used, overbooked, $8[o + 1 : o + c], $9[o + 1 : o + c] \
+               SELECT node, day, pool, used, overbooked, \
+                      ($8::text[])[o + 1 : o + c], ($9::numeric[])[o + 1 : o + c] \
                FROM UNNEST($1::text[], $2::date[], $3::text[], $4::numeric[], $5::numeric[], \
                            $6::int[], $7::int[]) AS u(node, day, pool, used, overbooked, o, c) \
-               RETURNING 1 AS sign, *), \
-             {sums} \
-             SELECT 1"
-        ))
-        .bind(rows.iter().map(|r| r.node.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.day).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.pool.as_str()).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.used).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.overbooked).collect::<Vec<_>>())
-        .bind(&offsets)
-        .bind(&counts)
-        .bind(&projects)
-        .bind(&seconds)
-        .execute(&mut *conn)
-        .await?;
+               RETURNING 1 AS sign, *),",
+            &rows.iter().map(|r| r.node.as_str()).collect::<Vec<_>>() as &[&str],
+            &rows.iter().map(|r| r.day).collect::<Vec<_>>(),
+            &rows.iter().map(|r| r.pool.as_str()).collect::<Vec<_>>() as &[&str],
+            &rows.iter().map(|r| r.used).collect::<Vec<_>>(),
+            &rows.iter().map(|r| r.overbooked).collect::<Vec<_>>(),
+            &offsets,
+            &counts,
+            &projects as &[&str],
+            &seconds,
+        );
+        conn.execute(changes).await?;
     }
     if !unmatched.is_empty() {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO capacity_unmatched_days (node, day, gpu_seconds) \
              SELECT * FROM UNNEST($1::text[], $2::date[], $3::numeric[])",
-        )
-        .bind(
-            unmatched
+            &unmatched
                 .iter()
                 .map(|u| u.node.as_str())
-                .collect::<Vec<_>>(),
+                .collect::<Vec<_>>() as &[&str],
+            &unmatched.iter().map(|u| u.day).collect::<Vec<_>>(),
+            &unmatched.iter().map(|u| u.gpu_seconds).collect::<Vec<_>>(),
         )
-        .bind(unmatched.iter().map(|u| u.day).collect::<Vec<_>>())
-        .bind(unmatched.iter().map(|u| u.gpu_seconds).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
     }
     Ok(())
 }
 
-#[derive(sqlx::FromRow)]
 struct NodeDayRow {
     node: String,
     day: NaiveDate,
@@ -697,13 +835,14 @@ pub async fn node_days(
     first: NaiveDate,
     end: NaiveDate,
 ) -> sqlx::Result<Vec<NodeDayUse>> {
-    let rows = sqlx::query_as::<_, NodeDayRow>(
+    let rows = sqlx::query_as!(
+        NodeDayRow,
         "SELECT node, day, pool_id, used, overbooked FROM capacity_node_days \
          WHERE day >= $2 AND day < $3 AND ($1::text[] IS NULL OR pool_id = ANY($1))",
+        pools,
+        first,
+        end,
     )
-    .bind(pools)
-    .bind(first)
-    .bind(end)
     .fetch_all(conn)
     .await?;
     Ok(rows
@@ -728,30 +867,35 @@ pub async fn node_day_sums(
     end: NaiveDate,
     detail: Detail,
 ) -> sqlx::Result<RollupSums> {
-    let by_day: Vec<(String, NaiveDate, Decimal, Decimal)> = sqlx::query_as(
-        "SELECT pool_id, day, sum(used), sum(overbooked) FROM capacity_pool_days \
+    let by_day = sqlx::query!(
+        "SELECT pool_id, day, sum(used) AS \"used!\", sum(overbooked) AS \"overbooked!\" \
+         FROM capacity_pool_days \
          WHERE pool_id = ANY($1) AND day >= $2 AND day < $3 GROUP BY pool_id, day",
+        pools,
+        first,
+        end,
     )
-    .bind(pools)
-    .bind(first)
-    .bind(end)
     .fetch_all(&mut *conn)
-    .await?;
-    let by_node: Vec<(String, String, NaiveDate, Decimal, Decimal)> = match detail {
+    .await?
+    .into_iter()
+    .map(|row| (row.pool_id, row.day, row.used, row.overbooked))
+    .collect();
+    let by_node = match detail {
         Detail::Pools => Vec::new(),
-        Detail::Nodes => {
-            sqlx::query_as(
-                "SELECT pool_id, node, date_trunc('month', day)::date, sum(used), \
-                        sum(overbooked) \
-                 FROM capacity_node_days WHERE pool_id = ANY($1) AND day >= $2 AND day < $3 \
-                 GROUP BY 1, 2, 3",
-            )
-            .bind(pools)
-            .bind(first)
-            .bind(end)
-            .fetch_all(conn)
-            .await?
-        }
+        Detail::Nodes => sqlx::query!(
+            "SELECT pool_id, node, date_trunc('month', day)::date AS \"month!\", \
+                    sum(used) AS \"used!\", sum(overbooked) AS \"overbooked!\" \
+             FROM capacity_node_days WHERE pool_id = ANY($1) AND day >= $2 AND day < $3 \
+             GROUP BY 1, 2, 3",
+            pools,
+            first,
+            end,
+        )
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .map(|row| (row.pool_id, row.node, row.month, row.used, row.overbooked))
+        .collect(),
     };
     Ok(RollupSums { by_day, by_node })
 }
@@ -763,23 +907,16 @@ pub async fn unmatched_days(
     first: NaiveDate,
     end: NaiveDate,
 ) -> sqlx::Result<Vec<UnmatchedDay>> {
-    let rows: Vec<(String, NaiveDate, Decimal)> = sqlx::query_as(
+    sqlx::query_as!(
+        UnmatchedDay,
         "SELECT node, day, gpu_seconds FROM capacity_unmatched_days \
          WHERE day >= $2 AND day < $3 AND node = ANY($1)",
+        nodes,
+        first,
+        end,
     )
-    .bind(nodes)
-    .bind(first)
-    .bind(end)
     .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(node, day, gpu_seconds)| UnmatchedDay {
-            node,
-            day,
-            gpu_seconds,
-        })
-        .collect())
+    .await
 }
 
 /// The `by_usage` weights of `pools` in the ledger months of `[first, end)`: what each
@@ -791,22 +928,23 @@ pub async fn usage_weights(
     first: NaiveDate,
     end: NaiveDate,
 ) -> sqlx::Result<BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>>> {
-    let rows: Vec<(String, NaiveDate, String, Decimal)> = sqlx::query_as(
-        "SELECT pool_id, month, project_id, sum(gpu_seconds) FROM capacity_pool_weights \
+    let rows = sqlx::query!(
+        "SELECT pool_id, month, project_id, sum(gpu_seconds) AS \"gpu_seconds!\" \
+         FROM capacity_pool_weights \
          WHERE pool_id = ANY($1) AND month >= $2 AND month < $3 \
          GROUP BY pool_id, month, project_id HAVING sum(gpu_seconds) <> 0",
+        pools,
+        first,
+        end,
     )
-    .bind(pools)
-    .bind(first)
-    .bind(end)
     .fetch_all(conn)
     .await?;
     let mut weights: BTreeMap<(String, NaiveDate), BTreeMap<String, Decimal>> = BTreeMap::new();
-    for (pool, month, project, seconds) in rows {
+    for row in rows {
         weights
-            .entry((pool, month))
+            .entry((row.pool_id, row.month))
             .or_default()
-            .insert(project, seconds);
+            .insert(row.project_id, row.gpu_seconds);
     }
     Ok(weights)
 }
@@ -815,27 +953,32 @@ pub async fn usage_weights(
 pub async fn nodes_with_usage(
     conn: &mut PgConnection,
 ) -> sqlx::Result<Vec<(String, DateTime<Utc>, DateTime<Utc>)>> {
-    sqlx::query_as(
-        "SELECT node, min(hour), max(hour) FROM capacity_usage_hourly GROUP BY node ORDER BY node",
+    let rows = sqlx::query!(
+        "SELECT node, min(hour) AS \"first!\", max(hour) AS \"last!\" \
+         FROM capacity_usage_hourly GROUP BY node ORDER BY node",
     )
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.node, row.first, row.last))
+        .collect())
 }
 
 /// Removes every rollup row, for a rebuild.
 pub async fn clear_node_days(conn: &mut PgConnection) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM capacity_node_days")
+    sqlx::query!("DELETE FROM capacity_node_days")
         .execute(&mut *conn)
         .await?;
-    for table in [
-        "capacity_unmatched_days",
-        "capacity_pool_days",
-        "capacity_pool_weights",
-    ] {
-        sqlx::query(&format!("DELETE FROM {table}"))
-            .execute(&mut *conn)
-            .await?;
-    }
+    sqlx::query!("DELETE FROM capacity_unmatched_days")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query!("DELETE FROM capacity_pool_days")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query!("DELETE FROM capacity_pool_weights")
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -897,7 +1040,8 @@ pub async fn compact(conn: &mut PgConnection) -> sqlx::Result<i64> {
             .collect::<Vec<_>>()
             .join(" AND ");
         // The rows left at zero, by key, as JSON objects read back with the table's types.
-        let (moved, emptied): (i64, serde_json::Value) = sqlx::query_as(&format!(
+        // Dynamic: the table, its key and its summed columns are the delta table's.
+        let (moved, emptied): (i64, serde_json::Value) = dynamic::query_as(&format!(
             "WITH moved AS (DELETE FROM {table} WHERE delta <> 0 RETURNING *), \
              merged AS (SELECT {key}, {summed} FROM moved GROUP BY {key}), \
              upserted AS ( \
@@ -912,7 +1056,8 @@ pub async fn compact(conn: &mut PgConnection) -> sqlx::Result<i64> {
         .fetch_one(&mut *conn)
         .await?;
         if emptied.as_array().is_some_and(|rows| !rows.is_empty()) {
-            sqlx::query(&format!(
+            // Dynamic: the table, its key and its summed columns are the delta table's.
+            dynamic::query(&format!(
                 "DELETE FROM {table} t USING jsonb_populate_recordset(NULL::{table}, $1) z \
                  WHERE {matched} AND t.delta = 0 AND {zero}",
                 zero = sums

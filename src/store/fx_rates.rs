@@ -46,13 +46,14 @@ pub async fn exists(
     from: &str,
     to: &str,
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT EXISTS (SELECT 1 FROM fx_rates \
-                        WHERE month = $1 AND from_currency = $2 AND to_currency = $3)",
+                        WHERE month = $1 AND from_currency = $2 AND to_currency = $3) \
+             AS \"exists!\"",
+        month,
+        from,
+        to,
     )
-    .bind(month)
-    .bind(from)
-    .bind(to)
     .fetch_one(conn)
     .await
 }

@@ -259,8 +259,15 @@ pub async fn accounts(
     conn: &mut PgConnection,
     ids: &[String],
 ) -> sqlx::Result<Vec<(String, String, String)>> {
-    sqlx::query_as("SELECT id, name, currency::text FROM projects WHERE id = ANY($1) ORDER BY id")
-        .bind(ids)
-        .fetch_all(conn)
-        .await
+    let rows = sqlx::query!(
+        "SELECT id, name, currency::text AS \"currency!\" FROM projects \
+         WHERE id = ANY($1) ORDER BY id",
+        ids,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.id, row.name, row.currency))
+        .collect())
 }

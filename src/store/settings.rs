@@ -4,20 +4,19 @@ use sqlx::{PgConnection, PgPool};
 
 /// The stored value of `key`, if any.
 pub async fn get(conn: &mut PgConnection, key: &str) -> sqlx::Result<Option<String>> {
-    sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
-        .bind(key)
+    sqlx::query_scalar!("SELECT value FROM settings WHERE key = $1", key)
         .fetch_optional(conn)
         .await
 }
 
 /// Stores `value` under `key`, replacing what was there.
 pub async fn put(conn: &mut PgConnection, key: &str, value: &str) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO settings (key, value) VALUES ($1, $2) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        key,
+        value,
     )
-    .bind(key)
-    .bind(value)
     .execute(conn)
     .await?;
     Ok(())
