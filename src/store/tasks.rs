@@ -29,7 +29,7 @@ use crate::store::binder::Binder;
 use crate::store::cost::EnergyRow;
 use crate::store::cost::MfuRow;
 use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_priced};
-use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
+use crate::store::records::{RecordRow, record_row, select_records};
 use crate::store::rollups::{
     ENERGY_SUMS, Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, summed, summed_energy_sql,
 };
@@ -696,16 +696,23 @@ pub async fn attempts(
     project: &str,
     task_id: &str,
 ) -> sqlx::Result<Vec<AttemptRow>> {
-    sqlx::query_as::<_, AttemptRow>(&format!(
-        "SELECT r.*, coalesce(d.completes_task, false) AS completes_task, \
-                coalesce(d.fails_task, false) AS fails_task \
-         FROM (SELECT {RECORD_COLUMNS} FROM job_records \
-               WHERE project_id = $1 AND task_id = $2) AS r \
+    select_records!(
+        "SELECT r.*, coalesce(d.completes_task, false) AS \"completes_task!\", \
+                coalesce(d.fails_task, false) AS \"fails_task!\" \
+         FROM (SELECT ",
+        " FROM job_records WHERE project_id = $1 AND task_id = $2) AS r \
          LEFT JOIN rated_records AS d USING (project_id, task_id, attempt) \
-         ORDER BY r.attempt"
-    ))
-    .bind(project)
-    .bind(task_id)
+         ORDER BY r.attempt",
+        project,
+        task_id,
+    )
+    .try_map(|r| {
+        Ok(AttemptRow {
+            completes_task: r.completes_task,
+            fails_task: r.fails_task,
+            record: record_row!(r),
+        })
+    })
     .fetch_all(conn)
     .await
 }
