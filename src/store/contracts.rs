@@ -291,16 +291,17 @@ pub async fn put(
 ) -> sqlx::Result<ContractRow> {
     let phases = fields.phases();
     let (first, second) = (&phases[0], phases.get(1));
-    let old_second: Option<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>)> = match exists {
-        true => sqlx::query!(
-            "SELECT id, valid_from, valid_until FROM contracts WHERE phase_of = $1 FOR UPDATE",
-            id,
-        )
-        .map(|row| (row.id, row.valid_from, row.valid_until))
-        .fetch_optional(&mut *conn)
-        .await?,
-        false => None,
-    };
+    let old_second: Option<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>)> =
+        match exists {
+            true => sqlx::query!(
+                "SELECT id, valid_from, valid_until FROM contracts WHERE phase_of = $1 FOR UPDATE",
+                id,
+            )
+            .map(|row| (row.id, row.valid_from, row.valid_until))
+            .fetch_optional(&mut *conn)
+            .await?,
+            false => None,
+        };
     let kept = old_second.filter(|(_, from, until)| {
         second.is_some_and(|phase| (phase.from, phase.until) == (*from, *until))
     });
@@ -319,7 +320,13 @@ pub async fn put(
             id,
             own
         ),
-        false => store_phase!("INSERT INTO contracts (id, ", ") VALUES ($1, ", ")", id, own),
+        false => store_phase!(
+            "INSERT INTO contracts (id, ",
+            ") VALUES ($1, ",
+            ")",
+            id,
+            own
+        ),
     }
     .execute(&mut *conn)
     .await?;
@@ -357,23 +364,27 @@ pub async fn get(
 ) -> sqlx::Result<Option<ContractRow>> {
     // Rows are locked by id: the second phase's row is locked by the change that stores it.
     match for_update {
-        true => select_given!(
-            "SELECT ",
-            " AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1) \
+        true => {
+            select_given!(
+                "SELECT ",
+                " AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1) \
              FOR UPDATE OF c",
-            id,
-        )
-        .try_map(|r| Ok(contract_row!(r)))
-        .fetch_optional(conn)
-        .await,
-        false => select_given!(
-            "SELECT ",
-            " AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1)",
-            id,
-        )
-        .try_map(|r| Ok(contract_row!(r)))
-        .fetch_optional(conn)
-        .await,
+                id,
+            )
+            .try_map(|r| Ok(contract_row!(r)))
+            .fetch_optional(conn)
+            .await
+        }
+        false => {
+            select_given!(
+                "SELECT ",
+                " AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1)",
+                id,
+            )
+            .try_map(|r| Ok(contract_row!(r)))
+            .fetch_optional(conn)
+            .await
+        }
     }
 }
 

@@ -102,6 +102,7 @@ pub async fn usage_by_contract(
         columns = price.columns(),
         joins = price.joins(),
     );
+    // Dynamic: the rollup levels are the period's, and the prices joined through the binder.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 

@@ -675,6 +675,7 @@ pub async fn store_rated(
         tasks = task_ledger::add_changes(&zone, "changes", "record_changes"),
         emptied = task_ledger::emptied_rows(),
     );
+    // Dynamic: the rollups' and tasks' changes are the batch's, in the families' tables.
     let (emptied, nodes, hours) = binder
         .query_as::<(Vec<String>, Vec<String>, Vec<DateTime<Utc>>)>(&sql)?
         .fetch_one(&mut *conn)
@@ -772,6 +773,7 @@ pub async fn record_page(
         from = binder.bind(of.span.0),
         limit = binder.bind(limit),
     );
+    // Dynamic: the project and the record to continue after are optional filters.
     let rows: Vec<(String, String, i32, i64)> = binder.query_as(&sql)?.fetch_all(conn).await?;
     Ok(rows
         .into_iter()
@@ -925,7 +927,9 @@ pub async fn claim_job(
 
 /// Every job still owed, oldest first.
 pub async fn pending_jobs(conn: &mut PgConnection) -> sqlx::Result<Vec<ReratingJob>> {
-    let rows = select_jobs!("ORDER BY created_at, id").fetch_all(conn).await?;
+    let rows = select_jobs!("ORDER BY created_at, id")
+        .fetch_all(conn)
+        .await?;
     Ok(rows.into_iter().map(ReratingJob::from).collect())
 }
 

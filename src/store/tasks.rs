@@ -479,6 +479,7 @@ pub async fn period_figures(
         outputs = outputs_cte("task_id", "f"),
         columns = figure_columns(),
     );
+    // Dynamic: the rollup levels are the period's, and the prices joined through the binder.
     let rows = binder.query_as::<TaskRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows.into_iter().map(TaskRow::into_parts).collect())
 }
@@ -619,6 +620,8 @@ pub async fn list(
         filters = filters.join(" AND "),
         conditions = conditions.join(" AND "),
     );
+    // Dynamic: the filters are optional, the sort is the caller's, and the rollup levels
+    // are the period's.
     let rows = binder.query_as::<ListedRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows.into_iter().map(ListedTask::from).collect())
 }
@@ -662,6 +665,7 @@ pub async fn monthly_figures(
         outputs = outputs_cte("task_id, month", "f"),
         columns = figure_columns(),
     );
+    // Dynamic: the prices (a what-if's) are joined through the binder.
     let rows = binder.query_as::<MonthRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows
         .into_iter()
@@ -795,6 +799,7 @@ pub async fn attempt_pricing(
         columns = price.columns(),
         joins = price.joins(),
     );
+    // Dynamic: the prices are joined through the binder, as every report joins them.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
@@ -831,6 +836,7 @@ pub async fn energy(
         sums = crate::store::cost::energy_sums_columns(),
         segments = crate::store::cost::metered_segments(&zone),
     );
+    // Dynamic: the period is an optional filter.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
@@ -860,5 +866,6 @@ pub async fn mfu(
          GROUP BY 1",
         sums = crate::store::cost::mfu_sums_columns(),
     );
+    // Dynamic: the period is an optional filter.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
