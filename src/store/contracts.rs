@@ -103,84 +103,180 @@ impl ContractRow {
 /// A contract's fields, as created or after a change.
 pub use crate::domain::contract::ContractTerms as ContractFields;
 
-const COLUMNS: &str = "id, name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
-                       valid_from, valid_until, project_id, provider, region, committed_gpus, \
-                       created_at, updated_at, phase_of, tco_purchase_price_per_gpu, \
-                       tco_salvage_value_per_gpu, tco_life_months, tco_in_service_from, \
-                       tco_power_kw_per_gpu, tco_electricity_price_per_kwh, \
-                       tco_other_per_gpu_month, pue, power_price_per_gpu_hour, \
-                       energy_price_per_kwh";
+/// `query!` of `$head`, the columns a [`ContractRow`] reads from `contracts c` (its
+/// `valid_until` being `$valid_until`), then `$from` and `$rest` (all literals);
+/// [`contract_row`] makes each row a [`ContractRow`].
+macro_rules! select_contracts {
+    ($head:literal, $valid_until:literal, $from:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $head
+                + "c.id, c.name, c.gpu_model, c.billing_mode, c.price_per_gpu_hour, c.currency, \
+                   c.valid_from, "
+                + $valid_until
+                + " AS valid_until, c.project_id, c.provider, c.region, c.committed_gpus, \
+                   c.created_at, c.updated_at, c.phase_of, c.tco_purchase_price_per_gpu, \
+                   c.tco_salvage_value_per_gpu, c.tco_life_months, c.tco_in_service_from, \
+                   c.tco_power_kw_per_gpu, c.tco_electricity_price_per_kwh, \
+                   c.tco_other_per_gpu_month, c.pue, c.power_price_per_gpu_hour, \
+                   c.energy_price_per_kwh"
+                + $from
+                + $rest
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use select_contracts;
 
-/// Every column a [`ContractRow`] reads, qualified by `alias`.
-pub fn qualified_columns(alias: &str) -> String {
-    COLUMNS
-        .split(',')
-        .map(|column| format!("{alias}.{}", column.trim()))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// [`select_contracts`] of the contracts as given (`c`), without their second phases, valid
+/// until their second phase (`t`) ends when they have one; `$rest` follows the `WHERE`
+/// clause.
+macro_rules! select_given {
+    ($head:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        select_contracts!(
+            $head,
+            "CASE WHEN t.id IS NULL THEN c.valid_until ELSE t.valid_until END",
+            " FROM contracts c LEFT JOIN contracts t ON t.phase_of = c.id \
+             WHERE c.phase_of IS NULL",
+            $rest
+            $(, $arg)*
+        )
+    };
 }
 
-/// The contracts as given (`c`), without their second phases, valid until their second
-/// phase (`t`) ends when they have one.
-const AS_GIVEN: &str = "SELECT c.id, c.name, c.gpu_model, c.billing_mode, c.price_per_gpu_hour, \
-            c.currency, c.valid_from, \
-            CASE WHEN t.id IS NULL THEN c.valid_until ELSE t.valid_until END AS valid_until, \
-            c.project_id, c.provider, c.region, c.committed_gpus, c.created_at, c.updated_at, \
-            c.phase_of, c.tco_purchase_price_per_gpu, c.tco_salvage_value_per_gpu, \
-            c.tco_life_months, c.tco_in_service_from, c.tco_power_kw_per_gpu, \
-            c.tco_electricity_price_per_kwh, c.tco_other_per_gpu_month, c.pue, \
-            c.power_price_per_gpu_hour, c.energy_price_per_kwh \
-     FROM contracts c LEFT JOIN contracts t ON t.phase_of = c.id \
-     WHERE c.phase_of IS NULL";
+/// The [`ContractRow`] of a row `$r` read by [`select_contracts`], inside a `try_map`.
+macro_rules! contract_row {
+    ($r:ident) => {
+        $crate::store::contracts::ContractRow {
+            id: $r.id,
+            name: $r.name,
+            gpu_model: $r.gpu_model,
+            billing_mode: $crate::store::records::parsed("billing_mode", $r.billing_mode)?,
+            price_per_gpu_hour: $r.price_per_gpu_hour,
+            currency: $r.currency,
+            valid_from: $r.valid_from,
+            valid_until: $r.valid_until,
+            project_id: $r.project_id,
+            provider: $r.provider,
+            region: $r.region,
+            committed_gpus: $r.committed_gpus,
+            created_at: $r.created_at,
+            updated_at: $r.updated_at,
+            phase_of: $r.phase_of,
+            tco_purchase_price_per_gpu: $r.tco_purchase_price_per_gpu,
+            tco_salvage_value_per_gpu: $r.tco_salvage_value_per_gpu,
+            tco_life_months: $r.tco_life_months,
+            tco_in_service_from: $r.tco_in_service_from,
+            tco_power_kw_per_gpu: $r.tco_power_kw_per_gpu,
+            tco_electricity_price_per_kwh: $r.tco_electricity_price_per_kwh,
+            tco_other_per_gpu_month: $r.tco_other_per_gpu_month,
+            pue: $r.pue,
+            power_price_per_gpu_hour: $r.power_price_per_gpu_hour,
+            energy_price_per_kwh: $r.energy_price_per_kwh,
+        }
+    };
+}
+pub(crate) use contract_row;
 
-/// The columns a phase of `fields` is stored with, besides its identity, bound in order
-/// from `$2`: name, model, mode, price, currency, validity, scope, commitment, the TCO, and
-/// what measured energy is charged at.
-const PHASE_COLUMNS: &str = "name, gpu_model, billing_mode, price_per_gpu_hour, currency, \
-     valid_from, valid_until, project_id, provider, region, committed_gpus, \
-     tco_purchase_price_per_gpu, tco_salvage_value_per_gpu, tco_life_months, \
-     tco_in_service_from, tco_power_kw_per_gpu, tco_electricity_price_per_kwh, \
-     tco_other_per_gpu_month, pue, power_price_per_gpu_hour, energy_price_per_kwh";
-
-/// Binds the columns of [`PHASE_COLUMNS`] for `phase` of `fields`; the TCO itself only on
-/// the contract's own row (`own`).
-fn bind_phase<'q>(
-    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    fields: &'q ContractFields,
-    phase: &Phase,
-    own: bool,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    let tco = fields.tco.as_ref().filter(|_| own);
-    let whole = fields.tco.as_ref();
-    query
-        .bind(&fields.name)
-        .bind(&fields.gpu_model)
-        .bind(fields.billing_mode.as_str())
-        .bind(phase.parts.total())
-        .bind(&fields.currency)
-        .bind(phase.from)
-        .bind(phase.until)
-        .bind(&fields.project_id)
-        .bind(&fields.provider)
-        .bind(&fields.region)
-        .bind(fields.committed_gpus)
-        .bind(tco.map(|t| t.purchase_price_per_gpu))
-        .bind(tco.map(|t| t.salvage_value_per_gpu))
-        .bind(tco.map(|t| t.life_months as i32))
-        .bind(tco.map(|t| t.in_service_from))
-        .bind(tco.map(|t| t.power_kw_per_gpu))
-        .bind(tco.map(|t| t.electricity_price_per_kwh))
-        .bind(tco.map(|t| t.other_per_gpu_month))
-        .bind(whole.map_or(Decimal::ONE, |t| t.pue))
-        .bind(phase.parts.power)
-        .bind(whole.map_or(Decimal::ZERO, Tco::energy_price_per_kwh))
+/// What one phase of a contract's fields is stored with, besides its identity: name, model,
+/// mode, price, currency, validity, scope, commitment, the TCO (only on the contract's own
+/// row), and what measured energy is charged at.
+struct PhaseValues<'a> {
+    name: &'a str,
+    gpu_model: &'a str,
+    billing_mode: &'static str,
+    price_per_gpu_hour: Decimal,
+    currency: &'a str,
+    valid_from: DateTime<Utc>,
+    valid_until: Option<DateTime<Utc>>,
+    project_id: Option<&'a str>,
+    provider: Option<&'a str>,
+    region: Option<&'a str>,
+    committed_gpus: Option<Decimal>,
+    purchase_price_per_gpu: Option<Decimal>,
+    salvage_value_per_gpu: Option<Decimal>,
+    life_months: Option<i32>,
+    in_service_from: Option<DateTime<Utc>>,
+    power_kw_per_gpu: Option<Decimal>,
+    electricity_price_per_kwh: Option<Decimal>,
+    other_per_gpu_month: Option<Decimal>,
+    pue: Decimal,
+    power_price_per_gpu_hour: Decimal,
+    energy_price_per_kwh: Decimal,
 }
 
-fn placeholders(from: usize, count: usize) -> String {
-    (from..from + count)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+impl<'a> PhaseValues<'a> {
+    /// The values of `phase` of `fields`; the TCO itself only on the contract's own row
+    /// (`own`).
+    fn of(fields: &'a ContractFields, phase: &Phase, own: bool) -> Self {
+        let tco = fields.tco.as_ref().filter(|_| own);
+        let whole = fields.tco.as_ref();
+        PhaseValues {
+            name: &fields.name,
+            gpu_model: &fields.gpu_model,
+            billing_mode: fields.billing_mode.as_str(),
+            price_per_gpu_hour: phase.parts.total(),
+            currency: &fields.currency,
+            valid_from: phase.from,
+            valid_until: phase.until,
+            project_id: fields.project_id.as_deref(),
+            provider: fields.provider.as_deref(),
+            region: fields.region.as_deref(),
+            committed_gpus: fields.committed_gpus,
+            purchase_price_per_gpu: tco.map(|t| t.purchase_price_per_gpu),
+            salvage_value_per_gpu: tco.map(|t| t.salvage_value_per_gpu),
+            life_months: tco.map(|t| t.life_months as i32),
+            in_service_from: tco.map(|t| t.in_service_from),
+            power_kw_per_gpu: tco.map(|t| t.power_kw_per_gpu),
+            electricity_price_per_kwh: tco.map(|t| t.electricity_price_per_kwh),
+            other_per_gpu_month: tco.map(|t| t.other_per_gpu_month),
+            pue: whole.map_or(Decimal::ONE, |t| t.pue),
+            power_price_per_gpu_hour: phase.parts.power,
+            energy_price_per_kwh: whole.map_or(Decimal::ZERO, Tco::energy_price_per_kwh),
+        }
+    }
+}
+
+/// `query!` of `$head`, the columns a phase is stored with, `$middle`, their placeholders
+/// (`$2` to `$22`), then `$tail` (all literals), binding contract or phase `$id` as `$1`, the
+/// [`PhaseValues`] `$values`, then `$extra` (`$23`).
+macro_rules! store_phase {
+    ($head:literal, $middle:literal, $tail:literal, $id:expr, $values:expr $(, $extra:expr)?) => {
+        sqlx::query!(
+            $head
+                + "name, gpu_model, billing_mode, price_per_gpu_hour, currency, valid_from, \
+                   valid_until, project_id, provider, region, committed_gpus, \
+                   tco_purchase_price_per_gpu, tco_salvage_value_per_gpu, tco_life_months, \
+                   tco_in_service_from, tco_power_kw_per_gpu, tco_electricity_price_per_kwh, \
+                   tco_other_per_gpu_month, pue, power_price_per_gpu_hour, energy_price_per_kwh"
+                + $middle
+                + "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+                   $19, $20, $21, $22"
+                + $tail,
+            $id,
+            $values.name,
+            $values.gpu_model,
+            $values.billing_mode,
+            $values.price_per_gpu_hour,
+            $values.currency,
+            $values.valid_from,
+            $values.valid_until,
+            $values.project_id,
+            $values.provider,
+            $values.region,
+            $values.committed_gpus,
+            $values.purchase_price_per_gpu,
+            $values.salvage_value_per_gpu,
+            $values.life_months,
+            $values.in_service_from,
+            $values.power_kw_per_gpu,
+            $values.electricity_price_per_kwh,
+            $values.other_per_gpu_month,
+            $values.pue,
+            $values.power_price_per_gpu_hour,
+            $values.energy_price_per_kwh
+            $(, $extra)?
+        )
+    };
 }
 
 /// Stores `fields` as contract `id` (a new one unless `exists`): its own row, valid over
@@ -195,13 +291,13 @@ pub async fn put(
 ) -> sqlx::Result<ContractRow> {
     let phases = fields.phases();
     let (first, second) = (&phases[0], phases.get(1));
-    let count = PHASE_COLUMNS.split(',').count();
     let old_second: Option<(Uuid, DateTime<Utc>, Option<DateTime<Utc>>)> =
         match exists {
-            true => sqlx::query_as(
+            true => sqlx::query!(
                 "SELECT id, valid_from, valid_until FROM contracts WHERE phase_of = $1 FOR UPDATE",
+                id,
             )
-            .bind(id)
+            .map(|row| (row.id, row.valid_from, row.valid_until))
             .fetch_optional(&mut *conn)
             .await?,
             false => None,
@@ -211,49 +307,50 @@ pub async fn put(
     });
     if old_second.is_some() && kept.is_none() {
         // Moved or gone: out of the way before the first phase may take its hours.
-        sqlx::query("DELETE FROM contracts WHERE phase_of = $1")
-            .bind(id)
+        sqlx::query!("DELETE FROM contracts WHERE phase_of = $1", id)
             .execute(&mut *conn)
             .await?;
     }
-    let own = match exists {
-        true => format!(
-            "UPDATE contracts SET ({PHASE_COLUMNS}, updated_at) = ({}, now()) WHERE id = $1",
-            placeholders(2, count)
+    let own = PhaseValues::of(fields, first, true);
+    match exists {
+        true => store_phase!(
+            "UPDATE contracts SET (",
+            ", updated_at) = (",
+            ", now()) WHERE id = $1",
+            id,
+            own
         ),
-        false => format!(
-            "INSERT INTO contracts (id, {PHASE_COLUMNS}) VALUES ($1, {})",
-            placeholders(2, count)
+        false => store_phase!(
+            "INSERT INTO contracts (id, ",
+            ") VALUES ($1, ",
+            ")",
+            id,
+            own
         ),
-    };
-    bind_phase(sqlx::query(&own).bind(id), fields, first, true)
+    }
+    .execute(&mut *conn)
+    .await?;
+    if let Some(phase) = second {
+        let values = PhaseValues::of(fields, phase, false);
+        match kept {
+            Some((phase_id, _, _)) => store_phase!(
+                "UPDATE contracts SET (",
+                ", updated_at) = (",
+                ", now()) WHERE id = $1",
+                phase_id,
+                values
+            ),
+            None => store_phase!(
+                "INSERT INTO contracts (id, ",
+                ", phase_of) VALUES ($1, ",
+                ", $23)",
+                Uuid::new_v4(),
+                values,
+                id
+            ),
+        }
         .execute(&mut *conn)
         .await?;
-    if let Some(phase) = second {
-        let (sql, phase_id) = match kept {
-            Some((phase_id, _, _)) => (
-                format!(
-                    "UPDATE contracts SET ({PHASE_COLUMNS}, updated_at) = ({}, now()) \
-                     WHERE id = $1",
-                    placeholders(2, count)
-                ),
-                phase_id,
-            ),
-            None => (
-                format!(
-                    "INSERT INTO contracts (id, {PHASE_COLUMNS}, phase_of) VALUES ($1, {}, ${})",
-                    placeholders(2, count),
-                    count + 2
-                ),
-                Uuid::new_v4(),
-            ),
-        };
-        let query = bind_phase(sqlx::query(&sql).bind(phase_id), fields, phase, false);
-        let query = match kept {
-            Some(_) => query,
-            None => query.bind(id),
-        };
-        query.execute(&mut *conn).await?;
     }
     get(conn, id, false).await?.ok_or(sqlx::Error::RowNotFound)
 }
@@ -266,14 +363,29 @@ pub async fn get(
     for_update: bool,
 ) -> sqlx::Result<Option<ContractRow>> {
     // Rows are locked by id: the second phase's row is locked by the change that stores it.
-    let lock = if for_update { "FOR UPDATE OF c" } else { "" };
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "{AS_GIVEN} AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1) \
-         {lock}"
-    ))
-    .bind(id)
-    .fetch_optional(conn)
-    .await
+    match for_update {
+        true => {
+            select_given!(
+                "SELECT ",
+                " AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1) \
+             FOR UPDATE OF c",
+                id,
+            )
+            .try_map(|r| Ok(contract_row!(r)))
+            .fetch_optional(conn)
+            .await
+        }
+        false => {
+            select_given!(
+                "SELECT ",
+                " AND c.id = coalesce((SELECT phase_of FROM contracts WHERE id = $1), $1)",
+                id,
+            )
+            .try_map(|r| Ok(contract_row!(r)))
+            .fetch_optional(conn)
+            .await
+        }
+    }
 }
 
 /// Contracts as given in force at `at`, for every project or only those that could price
@@ -283,22 +395,23 @@ pub async fn in_force(
     at: DateTime<Utc>,
     project: Option<&str>,
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT * FROM ({AS_GIVEN}) AS given \
+    select_given!(
+        "SELECT * FROM (SELECT ",
+        ") AS given \
          WHERE valid_from <= $1 AND (valid_until IS NULL OR valid_until > $1) \
            AND ($2::text IS NULL OR project_id IS NULL OR project_id = $2) \
-         ORDER BY gpu_model, billing_mode, id"
-    ))
-    .bind(at)
-    .bind(project)
+         ORDER BY gpu_model, billing_mode, id",
+        at,
+        project,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
 
 /// Deletes a contract and its second phase.
 pub async fn delete(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM contracts WHERE id = $1")
-        .bind(id)
+    sqlx::query!("DELETE FROM contracts WHERE id = $1", id)
         .execute(conn)
         .await
         .map(|_| ())
@@ -310,11 +423,13 @@ pub async fn list(
     after: Option<Uuid>,
     limit: i64,
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "{AS_GIVEN} AND ($1::uuid IS NULL OR c.id > $1) ORDER BY c.id LIMIT $2"
-    ))
-    .bind(after)
-    .bind(limit)
+    select_given!(
+        "SELECT ",
+        " AND ($1::uuid IS NULL OR c.id > $1) ORDER BY c.id LIMIT $2",
+        after,
+        limit,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
@@ -326,7 +441,7 @@ pub async fn equally_specific_overlap(
     fields: &ContractFields,
     except: Option<Uuid>,
 ) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT id FROM contracts \
          WHERE gpu_model = $1 AND billing_mode = $2 \
            AND project_id IS NOT DISTINCT FROM $3 AND provider IS NOT DISTINCT FROM $4 \
@@ -334,15 +449,15 @@ pub async fn equally_specific_overlap(
            AND tstzrange(valid_from, valid_until) && tstzrange($6, $7) \
            AND ($8::uuid IS NULL OR (id <> $8 AND phase_of IS DISTINCT FROM $8)) \
          ORDER BY valid_from LIMIT 1",
+        fields.gpu_model,
+        fields.billing_mode.as_str(),
+        fields.project_id,
+        fields.provider,
+        fields.region,
+        fields.valid_from,
+        fields.valid_until,
+        except,
     )
-    .bind(&fields.gpu_model)
-    .bind(fields.billing_mode.as_str())
-    .bind(&fields.project_id)
-    .bind(&fields.provider)
-    .bind(&fields.region)
-    .bind(fields.valid_from)
-    .bind(fields.valid_until)
-    .bind(except)
     .fetch_optional(conn)
     .await
 }
@@ -353,20 +468,22 @@ pub async fn for_kinds(
     models: &[String],
     modes: &[String],
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts \
-         WHERE (gpu_model, billing_mode) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))"
-    ))
-    .bind(models)
-    .bind(modes)
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        " FROM contracts c",
+        " WHERE (gpu_model, billing_mode) IN (SELECT * FROM UNNEST($1::text[], $2::text[]))",
+        models,
+        modes,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
 
 /// Ids of the contracts priced in `currency`.
 pub async fn ids_in_currency(conn: &mut PgConnection, currency: &str) -> sqlx::Result<Vec<Uuid>> {
-    sqlx::query_scalar("SELECT id FROM contracts WHERE currency = $1")
-        .bind(currency)
+    sqlx::query_scalar!("SELECT id FROM contracts WHERE currency = $1", currency)
         .fetch_all(conn)
         .await
 }
@@ -379,16 +496,19 @@ pub async fn project_commitments(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts \
-         WHERE project_id = coalesce($1, project_id) AND billing_mode = 'reserved' \
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        " FROM contracts c",
+        " WHERE project_id = coalesce($1, project_id) AND billing_mode = 'reserved' \
            AND committed_gpus IS NOT NULL \
            AND valid_from < $3 AND (valid_until IS NULL OR valid_until > $2) \
-         ORDER BY id"
-    ))
-    .bind(project)
-    .bind(from)
-    .bind(to)
+         ORDER BY id",
+        project,
+        from,
+        to,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
@@ -401,15 +521,18 @@ pub async fn for_project(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts \
-         WHERE (project_id IS NULL OR project_id = $1) \
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        " FROM contracts c",
+        " WHERE (project_id IS NULL OR project_id = $1) \
            AND valid_from < $3 AND (valid_until IS NULL OR valid_until > $2) \
-         ORDER BY id"
-    ))
-    .bind(project)
-    .bind(from)
-    .bind(to)
+         ORDER BY id",
+        project,
+        from,
+        to,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
@@ -421,14 +544,18 @@ pub async fn shared_commitments(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts \
-         WHERE project_id IS NULL AND billing_mode = 'reserved' AND committed_gpus IS NOT NULL \
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        " FROM contracts c",
+        " WHERE project_id IS NULL AND billing_mode = 'reserved' \
+           AND committed_gpus IS NOT NULL \
            AND valid_from < $2 AND (valid_until IS NULL OR valid_until > $1) \
-         ORDER BY id"
-    ))
-    .bind(from)
-    .bind(to)
+         ORDER BY id",
+        from,
+        to,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
@@ -439,24 +566,31 @@ pub async fn commitments(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts \
-         WHERE billing_mode = 'reserved' AND committed_gpus IS NOT NULL \
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        " FROM contracts c",
+        " WHERE billing_mode = 'reserved' AND committed_gpus IS NOT NULL \
            AND valid_from < $2 AND (valid_until IS NULL OR valid_until > $1) \
-         ORDER BY project_id NULLS FIRST, name, id"
-    ))
-    .bind(from)
-    .bind(to)
+         ORDER BY project_id NULLS FIRST, name, id",
+        from,
+        to,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }
 
 /// The contracts of `ids` that exist.
 pub async fn by_ids(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<Vec<ContractRow>> {
-    sqlx::query_as::<_, ContractRow>(&format!(
-        "SELECT {COLUMNS} FROM contracts WHERE id = ANY($1) ORDER BY id"
-    ))
-    .bind(ids)
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        " FROM contracts c",
+        " WHERE id = ANY($1) ORDER BY id",
+        ids,
+    )
+    .try_map(|r| Ok(contract_row!(r)))
     .fetch_all(conn)
     .await
 }

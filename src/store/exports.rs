@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::domain::figures::SUM_SCALE;
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
-use crate::store::contracts::ContractRow;
+use crate::store::contracts::{ContractRow, contract_row, select_contracts};
 use crate::store::prices::{PriceJoin, UNRATED_REASON, summed_priced};
 use crate::store::rollups::PRICED_SUMS;
 use crate::store::rollups::PeriodSplit;
@@ -102,6 +102,7 @@ pub async fn usage_by_contract(
         columns = price.columns(),
         joins = price.joins(),
     );
+    // Dynamic: the rollup levels are the period's, and the prices joined through the binder.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
@@ -119,16 +120,24 @@ pub async fn commitments(
     conn: &mut PgConnection,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
 ) -> sqlx::Result<Vec<Commitment>> {
-    sqlx::query_as::<_, Commitment>(&format!(
-        "SELECT {columns}, p.name AS project_name, p.currency::text AS project_currency \
-         FROM contracts c LEFT JOIN projects p ON p.id = c.project_id \
-         WHERE c.billing_mode = 'reserved' AND c.committed_gpus IS NOT NULL \
+    select_contracts!(
+        "SELECT ",
+        "c.valid_until",
+        ", p.name AS \"project_name?\", p.currency::text AS project_currency \
+         FROM contracts c LEFT JOIN projects p ON p.id = c.project_id",
+        " WHERE c.billing_mode = 'reserved' AND c.committed_gpus IS NOT NULL \
            AND c.valid_from < $2 AND (c.valid_until IS NULL OR c.valid_until > $1) \
          ORDER BY c.project_id NULLS LAST, c.name, c.id",
-        columns = crate::store::contracts::qualified_columns("c"),
-    ))
-    .bind(from)
-    .bind(to)
+        from,
+        to,
+    )
+    .try_map(|r| {
+        Ok(Commitment {
+            project_name: r.project_name,
+            project_currency: r.project_currency,
+            contract: contract_row!(r),
+        })
+    })
     .fetch_all(conn)
     .await
 }

@@ -19,7 +19,7 @@ use crate::domain::record::{RecordKey, Telemetry, duration_seconds};
 use crate::domain::task::{AttemptEnd, TaskMarks};
 use crate::domain::utilisation::{SegmentTelemetry, busy_seconds};
 use crate::store::binder::Binder;
-use crate::store::records::TelemetryRow;
+use crate::store::records::{TelemetryRow, parsed, telemetry_row};
 use crate::store::rollups::{self, Family, Level};
 use crate::store::tasks as task_ledger;
 
@@ -112,18 +112,33 @@ pub async fn hold_contract_sets(
         .iter()
         .map(|(model, mode)| format!("{model}/{}", mode.as_str()))
         .collect();
-    let function = match exclusive {
-        true => "pg_advisory_xact_lock",
-        false => "pg_advisory_xact_lock_shared",
+    // Two statements: the lock function is the mode's.
+    match exclusive {
+        true => {
+            sqlx::query!(
+                "SELECT pg_advisory_xact_lock($1, key) \
+                 FROM (SELECT DISTINCT hashtext(name) AS key \
+                       FROM UNNEST($2::text[]) AS n(name)) AS k \
+                 ORDER BY key",
+                CONTRACT_SETS,
+                &names,
+            )
+            .execute(conn)
+            .await?
+        }
+        false => {
+            sqlx::query!(
+                "SELECT pg_advisory_xact_lock_shared($1, key) \
+                 FROM (SELECT DISTINCT hashtext(name) AS key \
+                       FROM UNNEST($2::text[]) AS n(name)) AS k \
+                 ORDER BY key",
+                CONTRACT_SETS,
+                &names,
+            )
+            .execute(conn)
+            .await?
+        }
     };
-    sqlx::query(&format!(
-        "SELECT {function}({CONTRACT_SETS}, key) \
-         FROM (SELECT DISTINCT hashtext(name) AS key FROM UNNEST($1::text[]) AS n(name)) AS k \
-         ORDER BY key"
-    ))
-    .bind(&names)
-    .execute(conn)
-    .await?;
     Ok(())
 }
 
@@ -133,31 +148,21 @@ pub async fn hold_contract_sets(
 pub async fn lock_tasks(conn: &mut PgConnection, tasks: &[(&str, &str)]) -> sqlx::Result<()> {
     let projects: Vec<&str> = tasks.iter().map(|t| t.0).collect();
     let task_ids: Vec<&str> = tasks.iter().map(|t| t.1).collect();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO tasks AS t (project_id, task_id) \
          SELECT * FROM UNNEST($1::text[], $2::text[]) ORDER BY 1, 2 \
          ON CONFLICT (project_id, task_id) DO UPDATE SET task_id = t.task_id",
+        &projects as &[&str],
+        &task_ids as &[&str],
     )
-    .bind(&projects)
-    .bind(&task_ids)
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// The columns of [`AttemptRow`] from `job_records r`, which the keys `k` are joined to. The
-/// project's currency is looked up per row: joined, the project could lead the plan and the
-/// records be found by project alone.
-const RECORDS: &str = "r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, \
-     r.provider, r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
-     r.gpu_seconds_busy, r.outcome, r.retries, r.failures, r.output_quantity, r.output_unit, \
-     r.gpu_util, r.sm_active, r.tensor_active, r.dram_active, r.memory_peak_gib, \
-     r.memory_total_gib, r.mig_profile, r.energy_joules, r.model_flops, r.precision, \
-     r.peak_flops, r.nodes, \
-     (SELECT p.currency FROM projects p WHERE p.id = r.project_id) AS currency \
-     FROM job_records r";
-
-/// Every attempt of `tasks`, by project, task and attempt.
+/// Every attempt of `tasks`, by project, task and attempt. The project's currency is looked
+/// up per row: joined, the project could lead the plan and the records be found by project
+/// alone.
 pub async fn load_attempts(
     conn: &mut PgConnection,
     tasks: &[(&str, &str)],
@@ -165,14 +170,45 @@ pub async fn load_attempts(
     let projects: Vec<&str> = tasks.iter().map(|t| t.0).collect();
     let task_ids: Vec<&str> = tasks.iter().map(|t| t.1).collect();
     // Joined to the tasks (distinct), not filtered by them as a semi-join.
-    sqlx::query_as::<_, AttemptRow>(&format!(
-        "SELECT {RECORDS} \
+    sqlx::query!(
+        "SELECT r.project_id, r.task_id, r.attempt, r.gpu_model, r.billing_mode, \
+                r.provider, r.region, r.queued_at, r.started_at, r.ended_at, r.gpu_seconds_held, \
+                r.gpu_seconds_busy, r.outcome, r.retries, r.failures, r.output_quantity, \
+                r.output_unit, r.gpu_util, r.sm_active, r.tensor_active, r.dram_active, \
+                r.memory_peak_gib, r.memory_total_gib, r.mig_profile, r.energy_joules, \
+                r.model_flops, r.precision, r.peak_flops, r.nodes, \
+                (SELECT p.currency FROM projects p WHERE p.id = r.project_id) AS \"currency!\" \
+         FROM job_records r \
          JOIN UNNEST($1::text[], $2::text[]) AS k(project_id, task_id) \
            ON (k.project_id, k.task_id) = (r.project_id, r.task_id) \
          ORDER BY r.project_id, r.task_id, r.attempt",
-    ))
-    .bind(&projects)
-    .bind(&task_ids)
+        &projects as &[&str],
+        &task_ids as &[&str],
+    )
+    .try_map(|r| {
+        Ok(AttemptRow {
+            project_id: r.project_id,
+            task_id: r.task_id,
+            attempt: r.attempt,
+            gpu_model: r.gpu_model,
+            billing_mode: parsed("billing_mode", r.billing_mode)?,
+            provider: r.provider,
+            region: r.region,
+            queued_at: r.queued_at,
+            started_at: r.started_at,
+            ended_at: r.ended_at,
+            gpu_seconds_held: r.gpu_seconds_held,
+            gpu_seconds_busy: r.gpu_seconds_busy,
+            outcome: parsed("outcome", r.outcome)?,
+            retries: r.retries,
+            failures: r.failures,
+            output_quantity: r.output_quantity,
+            output_unit: r.output_unit,
+            telemetry: telemetry_row!(r),
+            nodes: r.nodes,
+            currency: r.currency,
+        })
+    })
     .fetch_all(conn)
     .await
 }
@@ -639,6 +675,7 @@ pub async fn store_rated(
         tasks = task_ledger::add_changes(&zone, "changes", "record_changes"),
         emptied = task_ledger::emptied_rows(),
     );
+    // Dynamic: the rollups' and tasks' changes are the batch's, in the families' tables.
     let (emptied, nodes, hours) = binder
         .query_as::<(Vec<String>, Vec<String>, Vec<DateTime<Utc>>)>(&sql)?
         .fetch_one(&mut *conn)
@@ -650,6 +687,7 @@ pub async fn store_rated(
     if !fresh {
         let mut binder = Binder::new();
         let new_segments = segments.rows(&mut binder);
+        // Dynamic: the segments' rows are the batch's, bound through the binder.
         binder
             .query(&format!(
                 "INSERT INTO rated_segments SELECT * FROM {new_segments}"
@@ -663,6 +701,7 @@ pub async fn store_rated(
     let mut binder = Binder::new();
     let new_records = records.rows(&mut binder);
     let settle = settlement.ctes(&mut binder);
+    // Dynamic: the records' rows and the settling statements are the batch's.
     binder
         .query_as::<(i64,)>(&format!(
             "WITH stored AS (INSERT INTO rated_records SELECT * FROM {new_records} RETURNING 1), \
@@ -734,6 +773,7 @@ pub async fn record_page(
         from = binder.bind(of.span.0),
         limit = binder.bind(limit),
     );
+    // Dynamic: the project and the record to continue after are optional filters.
     let rows: Vec<(String, String, i32, i64)> = binder.query_as(&sql)?.fetch_all(conn).await?;
     Ok(rows
         .into_iter()
@@ -797,16 +837,16 @@ impl From<JobRow> for ReratingJob {
 /// Stores a re-assignment job for `of`, in the transaction of the change that owes it.
 pub async fn insert_job(conn: &mut PgConnection, of: &KindSpan) -> sqlx::Result<ReratingJob> {
     let id = Uuid::new_v4();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO rerating_jobs (id, gpu_model, billing_mode, project_id, span_from, span_until) \
          VALUES ($1, $2, $3, $4, $5, $6)",
+        id,
+        of.gpu_model,
+        of.billing_mode.as_str(),
+        of.project,
+        of.span.0,
+        of.span.1,
     )
-    .bind(id)
-    .bind(&of.gpu_model)
-    .bind(of.billing_mode.as_str())
-    .bind(&of.project)
-    .bind(of.span.0)
-    .bind(of.span.1)
     .execute(conn)
     .await?;
     Ok(ReratingJob {
@@ -820,9 +860,32 @@ pub async fn insert_job(conn: &mut PgConnection, of: &KindSpan) -> sqlx::Result<
 /// lock, so two replicas never run one job at once.
 const JOBS: i32 = 0x6a6f_6273;
 
-/// The columns a [`JobRow`] is read from.
-const JOB_COLUMNS: &str = "id, gpu_model, billing_mode, project_id, span_from, span_until, \
-                           after_project, after_task, after_attempt";
+/// `query!` of the columns a [`JobRow`] is read from, then `$rest` (a literal), each row
+/// made a [`JobRow`].
+macro_rules! select_jobs {
+    ($rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            "SELECT id, gpu_model, billing_mode, project_id, span_from, span_until, \
+                    after_project, after_task, after_attempt \
+             FROM rerating_jobs "
+                + $rest
+            $(, $arg)*
+        )
+        .try_map(|row| {
+            Ok(JobRow {
+                id: row.id,
+                gpu_model: row.gpu_model,
+                billing_mode: parsed("billing_mode", row.billing_mode)?,
+                project_id: row.project_id,
+                span_from: row.span_from,
+                span_until: row.span_until,
+                after_project: row.after_project,
+                after_task: row.after_task,
+                after_attempt: row.after_attempt,
+            })
+        })
+    };
+}
 
 /// Takes the lock of job `id` for the rest of the transaction of `conn` (waiting for whoever
 /// holds it when `wait`, else giving up at once), and reads the job as it stands then: `None`
@@ -832,41 +895,41 @@ pub async fn claim_job(
     id: Uuid,
     wait: bool,
 ) -> sqlx::Result<Option<ReratingJob>> {
-    let lock = format!("({JOBS}, hashtext($1::text))");
     let taken = match wait {
         true => {
-            sqlx::query(&format!("SELECT pg_advisory_xact_lock{lock}"))
-                .bind(id)
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query!(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2::uuid::text))",
+                JOBS,
+                id,
+            )
+            .execute(&mut *conn)
+            .await?;
             true
         }
         false => {
-            sqlx::query_scalar(&format!("SELECT pg_try_advisory_xact_lock{lock}"))
-                .bind(id)
-                .fetch_one(&mut *conn)
-                .await?
+            sqlx::query_scalar!(
+                "SELECT pg_try_advisory_xact_lock($1, hashtext($2::uuid::text)) AS \"taken!\"",
+                JOBS,
+                id,
+            )
+            .fetch_one(&mut *conn)
+            .await?
         }
     };
     if !taken {
         return Ok(None);
     }
-    let row: Option<JobRow> = sqlx::query_as(&format!(
-        "SELECT {JOB_COLUMNS} FROM rerating_jobs WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
+    let row = select_jobs!("WHERE id = $1", id)
+        .fetch_optional(conn)
+        .await?;
     Ok(row.map(ReratingJob::from))
 }
 
 /// Every job still owed, oldest first.
 pub async fn pending_jobs(conn: &mut PgConnection) -> sqlx::Result<Vec<ReratingJob>> {
-    let rows: Vec<JobRow> = sqlx::query_as(&format!(
-        "SELECT {JOB_COLUMNS} FROM rerating_jobs ORDER BY created_at, id"
-    ))
-    .fetch_all(conn)
-    .await?;
+    let rows = select_jobs!("ORDER BY created_at, id")
+        .fetch_all(conn)
+        .await?;
     Ok(rows.into_iter().map(ReratingJob::from).collect())
 }
 
@@ -876,14 +939,14 @@ pub async fn job_progress(
     id: Uuid,
     after: &RecordKey,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE rerating_jobs SET after_project = $2, after_task = $3, after_attempt = $4 \
          WHERE id = $1",
+        id,
+        after.project,
+        after.task_id,
+        after.attempt,
     )
-    .bind(id)
-    .bind(&after.project)
-    .bind(&after.task_id)
-    .bind(after.attempt)
     .execute(conn)
     .await?;
     Ok(())
@@ -891,8 +954,7 @@ pub async fn job_progress(
 
 /// Removes a job that is done.
 pub async fn finish_job(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM rerating_jobs WHERE id = $1")
-        .bind(id)
+    sqlx::query!("DELETE FROM rerating_jobs WHERE id = $1", id)
         .execute(conn)
         .await?;
     Ok(())

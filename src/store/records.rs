@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::domain::gpu::Precision;
 use crate::domain::rating::{BillingMode, Outcome};
 use crate::domain::record::{JobRecord, Output, RecordKey, Telemetry};
+use crate::store::dynamic;
 
 /// What happened to each record of a batch handed to [`insert_batch`].
 #[derive(Debug, Default)]
@@ -85,7 +86,8 @@ pub async fn insert_batch(
          ON CONFLICT (project_id, task_id, attempt) DO NOTHING \
          RETURNING project_id, task_id, attempt"
     );
-    let query = sqlx::query_as(&sql)
+    // Dynamic: the telemetry and node columns are stored only when the batch carries them.
+    let query = dynamic::query_as(&sql)
         .bind(&columns.project)
         .bind(&columns.task_id)
         .bind(&columns.attempt)
@@ -172,26 +174,26 @@ async fn stored_hashes<'a>(
         tasks.push(key.task_id.as_str());
         attempts.push(key.attempt);
     }
-    let rows: Vec<(String, String, i32, Vec<u8>)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT j.project_id, j.task_id, j.attempt, j.content_hash \
          FROM UNNEST($1::text[], $2::text[], $3::int[]) AS k(p, t, a) \
          JOIN job_records j ON j.project_id = k.p AND j.task_id = k.t AND j.attempt = k.a",
+        &projects as &[&str],
+        &tasks as &[&str],
+        &attempts,
     )
-    .bind(&projects)
-    .bind(&tasks)
-    .bind(&attempts)
     .fetch_all(conn)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(project, task_id, attempt, hash)| {
+        .map(|row| {
             (
                 RecordKey {
-                    project,
-                    task_id,
-                    attempt,
+                    project: row.project_id,
+                    task_id: row.task_id,
+                    attempt: row.attempt,
                 },
-                hash,
+                row.content_hash,
             )
         })
         .collect())
@@ -319,6 +321,9 @@ impl TelemetryColumns {
     }
 }
 
+/// A record's labels as stored.
+pub type Labels = sqlx::types::Json<BTreeMap<String, String>>;
+
 /// A stored record with its bookkeeping.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RecordRow {
@@ -343,7 +348,7 @@ pub struct RecordRow {
     pub failures: i32,
     pub output_quantity: Option<Decimal>,
     pub output_unit: Option<String>,
-    pub labels: sqlx::types::Json<BTreeMap<String, String>>,
+    pub labels: Labels,
     #[sqlx(flatten)]
     pub telemetry: TelemetryRow,
     pub nodes: Option<Vec<String>>,
@@ -351,13 +356,90 @@ pub struct RecordRow {
     pub updated_at: DateTime<Utc>,
 }
 
-/// The columns a [`RecordRow`] reads.
-pub const COLUMNS: &str = "project_id, task_id, attempt, version, gpu_model, gpu_count, \
-    billing_mode, provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
-    gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, labels, \
-    gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, memory_total_gib, \
-    mig_profile, energy_joules, model_flops, precision, peak_flops, nodes, ingested_at, \
-    updated_at";
+/// `query!` of `$head` (a literal), the columns a [`RecordRow`] reads, then `$rest` (a
+/// literal); [`record_row`] makes each row a [`RecordRow`].
+macro_rules! select_records {
+    ($head:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $head
+                + "project_id, task_id, attempt, version, gpu_model, gpu_count, billing_mode, \
+                   provider, region, queued_at, started_at, ended_at, gpu_seconds_held, \
+                   gpu_seconds_busy, outcome, retries, failures, output_quantity, output_unit, \
+                   labels AS \"labels: crate::store::records::Labels\", \
+                   gpu_util, sm_active, tensor_active, dram_active, memory_peak_gib, \
+                   memory_total_gib, mig_profile, energy_joules, model_flops, precision, \
+                   peak_flops, nodes, ingested_at, updated_at"
+                + $rest
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use select_records;
+
+/// The [`RecordRow`] of a row `$r` read by [`select_records`], inside a `try_map`.
+macro_rules! record_row {
+    ($r:ident) => {
+        $crate::store::records::RecordRow {
+            project_id: $r.project_id,
+            task_id: $r.task_id,
+            attempt: $r.attempt,
+            version: $r.version,
+            gpu_model: $r.gpu_model,
+            gpu_count: $r.gpu_count,
+            billing_mode: $crate::store::records::parsed("billing_mode", $r.billing_mode)?,
+            provider: $r.provider,
+            region: $r.region,
+            queued_at: $r.queued_at,
+            started_at: $r.started_at,
+            ended_at: $r.ended_at,
+            gpu_seconds_held: $r.gpu_seconds_held,
+            gpu_seconds_busy: $r.gpu_seconds_busy,
+            outcome: $crate::store::records::parsed("outcome", $r.outcome)?,
+            retries: $r.retries,
+            failures: $r.failures,
+            output_quantity: $r.output_quantity,
+            output_unit: $r.output_unit,
+            telemetry: $crate::store::records::telemetry_row!($r),
+            labels: $r.labels,
+            nodes: $r.nodes,
+            ingested_at: $r.ingested_at,
+            updated_at: $r.updated_at,
+        }
+    };
+}
+pub(crate) use record_row;
+
+/// The [`TelemetryRow`] of a row `$r` that read the telemetry columns of `job_records`.
+macro_rules! telemetry_row {
+    ($r:ident) => {
+        $crate::store::records::TelemetryRow {
+            gpu_util: $r.gpu_util,
+            sm_active: $r.sm_active,
+            tensor_active: $r.tensor_active,
+            dram_active: $r.dram_active,
+            memory_peak_gib: $r.memory_peak_gib,
+            memory_total_gib: $r.memory_total_gib,
+            mig_profile: $r.mig_profile,
+            energy_joules: $r.energy_joules,
+            model_flops: $r.model_flops,
+            precision: $r.precision,
+            peak_flops: $r.peak_flops,
+        }
+    };
+}
+pub(crate) use telemetry_row;
+
+/// A text column read as the domain value it names (a billing mode, an outcome, a role),
+/// failing as a row's `try_from` column does.
+pub(super) fn parsed<T>(column: &str, raw: String) -> sqlx::Result<T>
+where
+    T: TryFrom<String, Error = String>,
+{
+    T::try_from(raw).map_err(|error| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: error.into(),
+    })
+}
 
 impl RecordRow {
     /// The record as it was validated.
@@ -431,12 +513,14 @@ impl TelemetryRow {
 }
 
 pub async fn get(pool: &PgPool, key: &RecordKey) -> sqlx::Result<Option<RecordRow>> {
-    sqlx::query_as::<_, RecordRow>(&format!(
-        "SELECT {COLUMNS} FROM job_records WHERE project_id = $1 AND task_id = $2 AND attempt = $3"
-    ))
-    .bind(&key.project)
-    .bind(&key.task_id)
-    .bind(key.attempt)
+    select_records!(
+        "SELECT ",
+        " FROM job_records WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
+        key.project,
+        key.task_id,
+        key.attempt,
+    )
+    .try_map(|r| Ok(record_row!(r)))
     .fetch_optional(pool)
     .await
 }
@@ -462,38 +546,41 @@ pub async fn list(
         Some((start, task, attempt)) => (Some(*start), Some(task.as_str()), Some(*attempt)),
         None => (None, None, None),
     };
-    sqlx::query_as::<_, RecordRow>(&format!(
-        "SELECT {COLUMNS} FROM job_records \
+    select_records!(
+        "SELECT ",
+        " FROM job_records \
          WHERE project_id = $1 \
            AND ($2::timestamptz IS NULL OR started_at >= $2) \
            AND ($3::timestamptz IS NULL OR started_at < $3) \
            AND ($4::text IS NULL OR outcome = $4) \
            AND ($5::text IS NULL OR task_id = $5) \
            AND ($6::timestamptz IS NULL OR (started_at, task_id, attempt) > ($6, $7, $8)) \
-         ORDER BY started_at, task_id, attempt LIMIT $9"
-    ))
-    .bind(project)
-    .bind(filter.from)
-    .bind(filter.to)
-    .bind(filter.outcome.map(|o| o.as_str()))
-    .bind(&filter.task_id)
-    .bind(after_start)
-    .bind(after_task)
-    .bind(after_attempt)
-    .bind(limit)
+         ORDER BY started_at, task_id, attempt LIMIT $9",
+        project,
+        filter.from,
+        filter.to,
+        filter.outcome.map(|o| o.as_str()),
+        filter.task_id,
+        after_start,
+        after_task,
+        after_attempt,
+        limit,
+    )
+    .try_map(|r| Ok(record_row!(r)))
     .fetch_all(pool)
     .await
 }
 
 /// Locks a stored record for a correction.
 pub async fn lock(conn: &mut PgConnection, key: &RecordKey) -> sqlx::Result<Option<RecordRow>> {
-    sqlx::query_as::<_, RecordRow>(&format!(
-        "SELECT {COLUMNS} FROM job_records \
-         WHERE project_id = $1 AND task_id = $2 AND attempt = $3 FOR UPDATE"
-    ))
-    .bind(&key.project)
-    .bind(&key.task_id)
-    .bind(key.attempt)
+    select_records!(
+        "SELECT ",
+        " FROM job_records WHERE project_id = $1 AND task_id = $2 AND attempt = $3 FOR UPDATE",
+        key.project,
+        key.task_id,
+        key.attempt,
+    )
+    .try_map(|r| Ok(record_row!(r)))
     .fetch_optional(conn)
     .await
 }
@@ -505,64 +592,65 @@ pub async fn replace(
     record: &JobRecord,
     changed_by: Uuid,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO job_record_versions \
              (project_id, task_id, attempt, version, record, recorded_at, replaced_by) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        previous.project_id,
+        previous.task_id,
+        previous.attempt,
+        previous.version,
+        previous.to_record().canonical_json(),
+        previous.updated_at,
+        changed_by,
     )
-    .bind(&previous.project_id)
-    .bind(&previous.task_id)
-    .bind(previous.attempt)
-    .bind(previous.version)
-    .bind(previous.to_record().canonical_json())
-    .bind(previous.updated_at)
-    .bind(changed_by)
     .execute(&mut *conn)
     .await?;
     let labels = serde_json::to_string(&record.labels).expect("labels serialise");
-    sqlx::query(
+    let telemetry = &record.telemetry;
+    sqlx::query!(
         "UPDATE job_records SET version = version + 1, gpu_model = $4, gpu_count = $5, \
              billing_mode = $6, provider = $7, region = $8, queued_at = $9, started_at = $10, \
              ended_at = $11, gpu_seconds_held = $12, gpu_seconds_busy = $13, outcome = $14, \
              retries = $15, failures = $16, output_quantity = $17, output_unit = $18, \
-             labels = $19::jsonb, content_hash = $20, gpu_util = $21, sm_active = $22, \
+             labels = $19::text::jsonb, content_hash = $20, gpu_util = $21, sm_active = $22, \
              tensor_active = $23, dram_active = $24, memory_peak_gib = $25, \
              memory_total_gib = $26, mig_profile = $27, nodes = $28, energy_joules = $29, \
              model_flops = $30, precision = $31, peak_flops = $32, updated_at = now() \
          WHERE project_id = $1 AND task_id = $2 AND attempt = $3",
+        record.key.project,
+        record.key.task_id,
+        record.key.attempt,
+        record.gpu_model,
+        record.gpu_count,
+        record.billing_mode.as_str(),
+        record.provider,
+        record.region,
+        record.queued_at,
+        record.started_at,
+        record.ended_at,
+        record.gpu_seconds_held,
+        record.gpu_seconds_busy,
+        record.outcome.as_str(),
+        record.retries,
+        record.failures,
+        record.output.as_ref().map(|o| o.quantity),
+        record.output.as_ref().map(|o| o.unit.as_str()),
+        labels,
+        record.content_hash(),
+        telemetry.gpu_util,
+        telemetry.sm_active,
+        telemetry.tensor_active,
+        telemetry.dram_active,
+        telemetry.memory_peak_gib,
+        telemetry.memory_total_gib,
+        telemetry.mig_profile,
+        (!record.nodes.is_empty()).then_some(record.nodes.as_slice()),
+        telemetry.energy_joules,
+        telemetry.model_flops,
+        telemetry.precision.map(|p| p.as_str()),
+        telemetry.peak_flops,
     )
-    .bind(&record.key.project)
-    .bind(&record.key.task_id)
-    .bind(record.key.attempt)
-    .bind(&record.gpu_model)
-    .bind(record.gpu_count)
-    .bind(record.billing_mode.as_str())
-    .bind(&record.provider)
-    .bind(&record.region)
-    .bind(record.queued_at)
-    .bind(record.started_at)
-    .bind(record.ended_at)
-    .bind(record.gpu_seconds_held)
-    .bind(record.gpu_seconds_busy)
-    .bind(record.outcome.as_str())
-    .bind(record.retries)
-    .bind(record.failures)
-    .bind(record.output.as_ref().map(|o| o.quantity))
-    .bind(record.output.as_ref().map(|o| o.unit.clone()))
-    .bind(labels)
-    .bind(record.content_hash())
-    .bind(record.telemetry.gpu_util)
-    .bind(record.telemetry.sm_active)
-    .bind(record.telemetry.tensor_active)
-    .bind(record.telemetry.dram_active)
-    .bind(record.telemetry.memory_peak_gib)
-    .bind(record.telemetry.memory_total_gib)
-    .bind(&record.telemetry.mig_profile)
-    .bind((!record.nodes.is_empty()).then_some(&record.nodes))
-    .bind(record.telemetry.energy_joules)
-    .bind(record.telemetry.model_flops)
-    .bind(record.telemetry.precision.map(|p| p.as_str()))
-    .bind(record.telemetry.peak_flops)
     .execute(conn)
     .await?;
     Ok(())
@@ -579,13 +667,14 @@ pub struct VersionRow {
 
 /// Earlier versions of a record, oldest first.
 pub async fn history(pool: &PgPool, key: &RecordKey) -> sqlx::Result<Vec<VersionRow>> {
-    sqlx::query_as::<_, VersionRow>(
+    sqlx::query_as!(
+        VersionRow,
         "SELECT version, record, recorded_at, replaced_by, replaced_at FROM job_record_versions \
          WHERE project_id = $1 AND task_id = $2 AND attempt = $3 ORDER BY version",
+        key.project,
+        key.task_id,
+        key.attempt,
     )
-    .bind(&key.project)
-    .bind(&key.task_id)
-    .bind(key.attempt)
     .fetch_all(pool)
     .await
 }

@@ -88,6 +88,7 @@ pub async fn whole_gpu_records(
         prices = price.prices(),
         joins = price.joins(),
     );
+    // Dynamic: the prices are joined through the binder, as every report joins them.
     binder
         .query_as::<WorkloadRecord>(&sql)?
         .fetch_all(conn)

@@ -17,6 +17,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
 use crate::domain::utilisation::{LOOKS_BUSY_GPU_UTIL, LOOKS_BUSY_SM_ACTIVE};
 use crate::store::binder::Binder;
+use crate::store::dynamic;
 use crate::store::jobs::COMPACTION;
 
 /// What a rollup sums: GPU time and cost of segments, or counts of records.
@@ -481,41 +482,51 @@ fn delta_tables() -> Vec<String> {
     tables
 }
 
-/// The rows of `contract_usage_daily` (migration 0015) for the hours of `source` (rows of
-/// `contract_id`, `hour`, `segments`, `used`, at most one per contract and hour): one per
-/// contract and ledger day in the time zone `zone`, its hours in order and their usage also
-/// sorted with running sums, without hours whose segments are all gone.
-fn usage_days_sql(source: &str, zone: &str) -> String {
-    format!(
-        "INSERT INTO contract_usage_daily \
-           (contract_id, day, hours, segments, used, sorted_used, running_used) \
-         SELECT contract_id, day, hours, segments, used, usage_sorted(used), \
-                usage_running_sums(used) \
-         FROM ( \
-           SELECT contract_id, (hour AT TIME ZONE {zone})::date AS day, \
-                  array_agg(hour ORDER BY hour) AS hours, \
-                  array_agg(segments ORDER BY hour) AS segments, \
-                  array_agg(used ORDER BY hour) AS used \
-           FROM {source} WHERE segments <> 0 GROUP BY 1, 2) AS days \
-         ORDER BY 1, 2"
-    )
+/// `query!` of `$head`, then the `INSERT` of the rows of `contract_usage_daily` (migration
+/// 0015) for the hours of `$source` (rows of `contract_id`, `hour`, `segments`, `used`, at
+/// most one per contract and hour), then `$tail` (all literals): one row per contract and
+/// ledger day in the time zone `$zone`, its hours in order and their usage also sorted with
+/// running sums, without hours whose segments are all gone.
+macro_rules! usage_days {
+    ($head:literal, $source:literal, $zone:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $head
+                + "INSERT INTO contract_usage_daily \
+                     (contract_id, day, hours, segments, used, sorted_used, running_used) \
+                   SELECT contract_id, day, hours, segments, used, usage_sorted(used), \
+                          usage_running_sums(used) \
+                   FROM ( \
+                     SELECT contract_id, (hour AT TIME ZONE "
+                + $zone
+                + ")::date AS day, \
+                            array_agg(hour ORDER BY hour) AS hours, \
+                            array_agg(segments ORDER BY hour) AS segments, \
+                            array_agg(used ORDER BY hour) AS used \
+                     FROM "
+                + $source
+                + " WHERE segments <> 0 GROUP BY 1, 2) AS days \
+                   ORDER BY 1, 2"
+                + $tail
+            $(, $arg)*
+        )
+    };
 }
-
-/// The ledger time zone the rollups were built for, as SQL.
-const ROLLUP_ZONE: &str =
-    "coalesce((SELECT value FROM settings WHERE key = 'rollup_timezone'), 'UTC')";
 
 /// Folds every committed delta row of the reservations' usage into its ledger day's row
 /// (migration 0015): the day's hours and the delta rows' hours are summed per hour, summed
-/// over projects, and written back as the day's row. Returns how many delta rows it folded
-/// and how many day rows were left with no hour, which are removed.
-fn fold_contract_usage_sql() -> String {
-    format!(
+/// over projects, and written back as the day's row, in the ledger time zone the rollups
+/// were built for (the setting `rollup_timezone`, UTC without one). Returns how many delta
+/// rows it folded and how many day rows were left with no hour, which are removed.
+async fn fold_contract_usage(conn: &mut PgConnection) -> sqlx::Result<(i64, i64)> {
+    let row = usage_days!(
         "WITH moved AS ( \
            DELETE FROM contract_usage_hourly WHERE delta <> 0 \
            RETURNING contract_id, hour, segments, gpu_seconds_held AS used), \
          days AS ( \
-           SELECT DISTINCT contract_id, (hour AT TIME ZONE {ROLLUP_ZONE})::date AS day \
+           SELECT DISTINCT contract_id, \
+                  (hour AT TIME ZONE \
+                   coalesce((SELECT value FROM settings WHERE key = 'rollup_timezone'), 'UTC') \
+                  )::date AS day \
            FROM moved), \
          old AS ( \
            DELETE FROM contract_usage_daily d USING days \
@@ -529,11 +540,17 @@ fn fold_contract_usage_sql() -> String {
          per_hour AS ( \
            SELECT contract_id, hour, sum(segments) AS segments, sum(used) AS used \
            FROM entries GROUP BY contract_id, hour), \
-         folded AS ({insert} RETURNING contract_id, day) \
-         SELECT (SELECT count(*) FROM moved), \
-                (SELECT count(*) FROM old WHERE (contract_id, day) NOT IN (SELECT * FROM folded))",
-        insert = usage_days_sql("per_hour", ROLLUP_ZONE),
+         folded AS (",
+        "per_hour",
+        "coalesce((SELECT value FROM settings WHERE key = 'rollup_timezone'), 'UTC')",
+        " RETURNING contract_id, day) \
+         SELECT (SELECT count(*) FROM moved) AS \"moved!\", \
+                (SELECT count(*) FROM old WHERE (contract_id, day) NOT IN (SELECT * FROM folded)) \
+                    AS \"emptied!\"",
     )
+    .fetch_one(conn)
+    .await?;
+    Ok((row.moved, row.emptied))
 }
 
 const SETTING_TIMEZONE: &str = "rollup_timezone";
@@ -581,23 +598,27 @@ pub struct Compaction {
 /// rows nothing is left under. Returns `None` when another transaction is compacting.
 pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     let mut tx = pool.begin().await?;
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
-        .bind(COMPACTION.0)
-        .bind(COMPACTION.1)
-        .fetch_one(&mut *tx)
-        .await?;
+    let locked = sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_xact_lock($1, $2) AS "locked!""#,
+        COMPACTION.0,
+        COMPACTION.1,
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     if !locked {
         return Ok(None);
     }
     let mut done = Compaction::default();
     for rollup in rollups() {
+        // Dynamic: the rollup table is the family's at the level.
         let (moved, emptied, emptied_also): (i64, Vec<String>, Vec<String>) =
-            sqlx::query_as(&rollup.compaction_sql())
+            dynamic::query_as(&rollup.compaction_sql())
                 .fetch_one(&mut *tx)
                 .await
                 .with_context(|| format!("compacting {}", rollup.table))?;
         if !emptied.is_empty() {
-            sqlx::query(&format!(
+            // Dynamic: the rollup table is the family's at the level.
+            dynamic::query(&format!(
                 "DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[]) \
                  AND delta = 0 AND {count} = 0",
                 table = rollup.table,
@@ -611,7 +632,8 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
         if let Some((_, also)) = &rollup.also
             && !emptied_also.is_empty()
         {
-            sqlx::query(&format!(
+            // Dynamic: the table is the one the rollup's rows are also summed into.
+            dynamic::query(&format!(
                 "DELETE FROM {also} WHERE ctid = ANY($1::text[]::tid[]) AND segments = 0"
             ))
             .bind(&emptied_also)
@@ -622,8 +644,7 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
         done.delta_rows += moved;
         done.emptied_rows += emptied.len() + emptied_also.len();
     }
-    let (moved, emptied): (i64, i64) = sqlx::query_as(&fold_contract_usage_sql())
-        .fetch_one(&mut *tx)
+    let (moved, emptied) = fold_contract_usage(&mut tx)
         .await
         .context("compacting contract_usage_hourly")?;
     done.delta_rows += moved;
@@ -643,7 +664,8 @@ pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
         .map(|table| format!("(SELECT count(*) FROM {table} WHERE delta <> 0)"))
         .collect::<Vec<_>>()
         .join(" + ");
-    sqlx::query_scalar(&format!("SELECT {counts}"))
+    // Dynamic: the tables are the rollup families' and the capacity rollups'.
+    dynamic::query_scalar(&format!("SELECT {counts}"))
         .fetch_one(pool)
         .await
 }
@@ -655,17 +677,19 @@ pub async fn delta_rows(pool: &PgPool) -> sqlx::Result<i64> {
 /// rebuilt them.
 pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-        .bind(COMPACTION.0)
-        .bind(COMPACTION.1)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock($1, $2)",
+        COMPACTION.0,
+        COMPACTION.1,
+    )
+    .execute(&mut *tx)
+    .await?;
     let built_for = crate::store::settings::get(&mut tx, SETTING_TIMEZONE).await?;
     if built_for.as_deref() == Some(tz.name()) {
         return Ok(false);
     }
     // Writers append to these tables; this waits for them and keeps them out meanwhile.
-    sqlx::query(
+    sqlx::query!(
         "LOCK TABLE cost_daily, records_daily, util_daily, cost_monthly, records_monthly, \
          util_monthly, task_monthly, cost_monthly_kinds IN EXCLUSIVE MODE",
     )
@@ -674,21 +698,25 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     for level in [Level::Day, Level::Month] {
         for family in Family::ALL {
             let table = family.table(level);
-            sqlx::query(&format!("DELETE FROM {table}"))
+            // Dynamic: the rollup table is the family's at the level.
+            dynamic::query(&format!("DELETE FROM {table}"))
                 .execute(&mut *tx)
                 .await?;
             let source = family.table(Level::Hour);
-            sqlx::query(&append_sql(family, level, "$1", &source, "0"))
+            // Dynamic: the rollup tables are the family's at the level and by the hour.
+            dynamic::query(&append_sql(family, level, "$1", &source, "0"))
                 .bind(tz.name())
                 .execute(&mut *tx)
                 .await
                 .with_context(|| format!("rebuilding {table}"))?;
         }
     }
-    sqlx::query("DELETE FROM cost_monthly_kinds")
+    sqlx::query!("DELETE FROM cost_monthly_kinds")
         .execute(&mut *tx)
         .await?;
-    sqlx::query(&format!(
+    // Dynamic: the cost kinds' statement is the one compaction assembles for `cost_monthly`
+    // from the columns of the cost families (`fold_into_cost_kinds`).
+    dynamic::query(&format!(
         "WITH moved AS (SELECT * FROM cost_monthly) {}",
         fold_into_cost_kinds("moved")
     ))
@@ -696,15 +724,16 @@ pub async fn align_to_time_zone(pool: &PgPool, tz: Tz) -> anyhow::Result<bool> {
     .await
     .context("rebuilding cost_monthly_kinds")?;
     rebuild_tasks(&mut tx, tz).await?;
-    sqlx::query(&format!(
+    usage_days!(
         "WITH old AS (DELETE FROM contract_usage_daily RETURNING *), \
          hours AS ( \
            SELECT old.contract_id, e.hour, e.segments, e.used \
-           FROM old, unnest(old.hours, old.segments, old.used) AS e(hour, segments, used)) \
-         {}",
-        usage_days_sql("hours", "$1")
-    ))
-    .bind(tz.name())
+           FROM old, unnest(old.hours, old.segments, old.used) AS e(hour, segments, used)) ",
+        "hours",
+        "$1",
+        "",
+        tz.name(),
+    )
     .execute(&mut *tx)
     .await
     .context("rebuilding contract_usage_daily")?;
@@ -725,10 +754,11 @@ async fn rebuild_tasks(conn: &mut PgConnection, tz: Tz) -> anyhow::Result<()> {
         })
         .collect::<Vec<_>>()
         .join(", ");
-    sqlx::query("DELETE FROM task_monthly")
+    sqlx::query!("DELETE FROM task_monthly")
         .execute(&mut *conn)
         .await?;
-    sqlx::query(&format!(
+    // Dynamic: the columns are `TASK_SUMS`, which the task statements assemble theirs from.
+    dynamic::query(&format!(
         "INSERT INTO task_monthly \
            (project_id, task_id, month, contract_id, gpu_model, billing_mode, {columns}) \
          SELECT project_id, task_id, {month}, contract_id, gpu_model, billing_mode, {sums} \
@@ -990,7 +1020,8 @@ pub async fn pending_deltas(conn: &mut PgConnection) -> sqlx::Result<i64> {
         .map(|table| format!("(SELECT count(*) FROM {table} WHERE delta <> 0)"))
         .collect::<Vec<_>>()
         .join(" + ");
-    sqlx::query_scalar(&format!("SELECT {sql}"))
+    // Dynamic: the tables are the rollup families' and the capacity rollups'.
+    dynamic::query_scalar(&format!("SELECT {sql}"))
         .fetch_one(conn)
         .await
 }

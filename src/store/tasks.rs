@@ -29,7 +29,7 @@ use crate::store::binder::Binder;
 use crate::store::cost::EnergyRow;
 use crate::store::cost::MfuRow;
 use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_priced};
-use crate::store::records::{COLUMNS as RECORD_COLUMNS, RecordRow};
+use crate::store::records::{RecordRow, record_row, select_records};
 use crate::store::rollups::{
     ENERGY_SUMS, Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, summed, summed_energy_sql,
 };
@@ -479,6 +479,7 @@ pub async fn period_figures(
         outputs = outputs_cte("task_id", "f"),
         columns = figure_columns(),
     );
+    // Dynamic: the rollup levels are the period's, and the prices joined through the binder.
     let rows = binder.query_as::<TaskRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows.into_iter().map(TaskRow::into_parts).collect())
 }
@@ -619,6 +620,8 @@ pub async fn list(
         filters = filters.join(" AND "),
         conditions = conditions.join(" AND "),
     );
+    // Dynamic: the filters are optional, the sort is the caller's, and the rollup levels
+    // are the period's.
     let rows = binder.query_as::<ListedRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows.into_iter().map(ListedTask::from).collect())
 }
@@ -662,6 +665,7 @@ pub async fn monthly_figures(
         outputs = outputs_cte("task_id, month", "f"),
         columns = figure_columns(),
     );
+    // Dynamic: the prices (a what-if's) are joined through the binder.
     let rows = binder.query_as::<MonthRow>(&sql)?.fetch_all(conn).await?;
     Ok(rows
         .into_iter()
@@ -696,16 +700,23 @@ pub async fn attempts(
     project: &str,
     task_id: &str,
 ) -> sqlx::Result<Vec<AttemptRow>> {
-    sqlx::query_as::<_, AttemptRow>(&format!(
-        "SELECT r.*, coalesce(d.completes_task, false) AS completes_task, \
-                coalesce(d.fails_task, false) AS fails_task \
-         FROM (SELECT {RECORD_COLUMNS} FROM job_records \
-               WHERE project_id = $1 AND task_id = $2) AS r \
+    select_records!(
+        "SELECT r.*, coalesce(d.completes_task, false) AS \"completes_task!\", \
+                coalesce(d.fails_task, false) AS \"fails_task!\" \
+         FROM (SELECT ",
+        " FROM job_records WHERE project_id = $1 AND task_id = $2) AS r \
          LEFT JOIN rated_records AS d USING (project_id, task_id, attempt) \
-         ORDER BY r.attempt"
-    ))
-    .bind(project)
-    .bind(task_id)
+         ORDER BY r.attempt",
+        project,
+        task_id,
+    )
+    .try_map(|r| {
+        Ok(AttemptRow {
+            completes_task: r.completes_task,
+            fails_task: r.fails_task,
+            record: record_row!(r),
+        })
+    })
     .fetch_all(conn)
     .await
 }
@@ -788,6 +799,7 @@ pub async fn attempt_pricing(
         columns = price.columns(),
         joins = price.joins(),
     );
+    // Dynamic: the prices are joined through the binder, as every report joins them.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
@@ -824,6 +836,7 @@ pub async fn energy(
         sums = crate::store::cost::energy_sums_columns(),
         segments = crate::store::cost::metered_segments(&zone),
     );
+    // Dynamic: the period is an optional filter.
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
@@ -853,5 +866,6 @@ pub async fn mfu(
          GROUP BY 1",
         sums = crate::store::cost::mfu_sums_columns(),
     );
+    // Dynamic: the period is an optional filter.
     binder.query_as(&sql)?.fetch_all(conn).await
 }

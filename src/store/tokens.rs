@@ -18,7 +18,25 @@ pub struct TokenRow {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-const COLUMNS: &str = "id, name, role, projects, created_at, revoked_at";
+/// `query!` of `$head`, the columns a [`TokenRow`] reads, then `$rest` (literals), each row
+/// made a [`TokenRow`].
+macro_rules! select_tokens {
+    ($head:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $head + "id, name, role, projects, created_at, revoked_at" + $rest $(, $arg)*
+        )
+        .try_map(|row| {
+            Ok(TokenRow {
+                id: row.id,
+                name: row.name,
+                role: super::records::parsed("role", row.role)?,
+                projects: row.projects,
+                created_at: row.created_at,
+                revoked_at: row.revoked_at,
+            })
+        })
+    };
+}
 
 pub async fn insert(
     pool: &PgPool,
@@ -27,36 +45,38 @@ pub async fn insert(
     projects: &[String],
     secret_sha256: &[u8],
 ) -> sqlx::Result<TokenRow> {
-    sqlx::query_as::<_, TokenRow>(&format!(
+    select_tokens!(
         "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
-         VALUES ($1, $2, $3, $4, $5) RETURNING {COLUMNS}"
-    ))
-    .bind(Uuid::new_v4())
-    .bind(name)
-    .bind(role.as_str())
-    .bind(projects)
-    .bind(secret_sha256)
+         VALUES ($1, $2, $3, $4, $5) RETURNING ",
+        "",
+        Uuid::new_v4(),
+        name,
+        role.as_str(),
+        projects,
+        secret_sha256,
+    )
     .fetch_one(pool)
     .await
 }
 
 /// The active token with this secret hash.
 pub async fn find_active(pool: &PgPool, secret_sha256: &[u8]) -> sqlx::Result<Option<TokenRow>> {
-    sqlx::query_as::<_, TokenRow>(&format!(
-        "SELECT {COLUMNS} FROM api_tokens WHERE secret_sha256 = $1 AND revoked_at IS NULL"
-    ))
-    .bind(secret_sha256)
+    select_tokens!(
+        "SELECT ",
+        " FROM api_tokens WHERE secret_sha256 = $1 AND revoked_at IS NULL",
+        secret_sha256,
+    )
     .fetch_optional(pool)
     .await
 }
 
 pub async fn list(pool: &PgPool, after: Option<Uuid>, limit: i64) -> sqlx::Result<Vec<TokenRow>> {
-    sqlx::query_as::<_, TokenRow>(&format!(
-        "SELECT {COLUMNS} FROM api_tokens WHERE ($1::uuid IS NULL OR id > $1) \
-         ORDER BY id LIMIT $2"
-    ))
-    .bind(after)
-    .bind(limit)
+    select_tokens!(
+        "SELECT ",
+        " FROM api_tokens WHERE ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2",
+        after,
+        limit,
+    )
     .fetch_all(pool)
     .await
 }
@@ -143,13 +163,14 @@ pub async fn create_first_admin(
     sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('taskledger.first_admin_token'))")
         .execute(&mut *tx)
         .await?;
-    let row = sqlx::query_as::<_, TokenRow>(&format!(
+    let row = select_tokens!(
         "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
-         SELECT $1, 'first-start admin', 'admin', '{{}}', $2 \
-         WHERE NOT EXISTS (SELECT 1 FROM api_tokens) RETURNING {COLUMNS}"
-    ))
-    .bind(Uuid::new_v4())
-    .bind(secret_sha256)
+         SELECT $1, 'first-start admin', 'admin', '{}', $2 \
+         WHERE NOT EXISTS (SELECT 1 FROM api_tokens) RETURNING ",
+        "",
+        Uuid::new_v4(),
+        secret_sha256,
+    )
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;
