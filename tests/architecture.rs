@@ -482,3 +482,88 @@ fn the_checks_see_what_they_check() {
     let (_, refs) = &graph.edges["http::cost"];
     assert!(refs.contains("ledger::cost"), "{refs:?}");
 }
+
+/// The calls that run a statement sqlx checks only when it runs.
+const RUN_TIME_CHECKED: [&str; 6] = [
+    "sqlx::query(",
+    "sqlx::query_as(",
+    "sqlx::query_as::<",
+    "sqlx::query_scalar(",
+    "sqlx::query_with(",
+    "sqlx::query_as_with(",
+];
+
+/// The statements of `store`: compile-checked macros, and those assembled at run time (which
+/// go through `store::dynamic`), by file.
+struct Statements {
+    checked: usize,
+    dynamic: Vec<String>,
+    unchecked: Vec<String>,
+    fixed_text_in_dynamic: Vec<String>,
+}
+
+fn store_statements() -> Statements {
+    let graph = graph();
+    let mut statements = Statements {
+        checked: 0,
+        dynamic: Vec::new(),
+        unchecked: Vec::new(),
+        fixed_text_in_dynamic: Vec::new(),
+    };
+    for (module, (file, _)) in graph.edges.iter().filter(|(m, _)| top(m) == "store") {
+        let code = code_of(&fs::read_to_string(file).expect("a readable source file"));
+        let at = |index: usize| {
+            format!(
+                "{}:{}",
+                file.display(),
+                code[..index].matches('\n').count() + 1
+            )
+        };
+        for name in ["query!(", "query_as!(", "query_scalar!("] {
+            statements.checked += code.matches(&format!("sqlx::{name}")).count();
+        }
+        if module == "store::dynamic" {
+            continue;
+        }
+        for call in RUN_TIME_CHECKED {
+            for (index, _) in code.match_indices(call) {
+                statements.unchecked.push(at(index));
+            }
+        }
+        for (index, _) in code.match_indices("Binder::new()") {
+            statements.dynamic.push(at(index));
+        }
+        for (index, matched) in code.match_indices("dynamic::query") {
+            statements.dynamic.push(at(index));
+            let rest = code[index + matched.len()..].trim_start_matches(|c: char| {
+                c.is_alphanumeric() || c == '_' || c == ':' || c == '<' || c == '>' || c == ','
+            });
+            let argument = rest.trim_start_matches('(').trim_start();
+            if argument.starts_with('"') || argument.starts_with("r#\"") {
+                statements.fixed_text_in_dynamic.push(at(index));
+            }
+        }
+    }
+    statements
+}
+
+#[test]
+fn the_compiler_checks_every_fixed_statement_of_the_store() {
+    let statements = store_statements();
+    assert!(
+        statements.unchecked.is_empty(),
+        "a fixed statement is a sqlx::query!/query_as!/query_scalar! macro; one assembled at \
+         run time goes through store::dynamic:\n{}",
+        statements.unchecked.join("\n")
+    );
+    assert!(
+        statements.fixed_text_in_dynamic.is_empty(),
+        "a fixed text passed to store::dynamic is a macro instead:\n{}",
+        statements.fixed_text_in_dynamic.join("\n")
+    );
+    println!(
+        "{} compile-checked statements, {} assembled at run time",
+        statements.checked,
+        statements.dynamic.len()
+    );
+}

@@ -88,9 +88,7 @@ pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {
 
 /// The newest migration applied successfully, if any.
 pub async fn applied_migration(pool: &PgPool) -> sqlx::Result<Option<i64>> {
-    // Run-time checked: `_sqlx_migrations` is the migrator's own table, created when the
-    // server migrates and absent from the schema the macros are checked against.
-    dynamic::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+    sqlx::query_scalar!("SELECT max(version) FROM _sqlx_migrations WHERE success")
         .fetch_one(pool)
         .await
 }
