@@ -49,17 +49,12 @@ impl TryFrom<PoolRecord> for PoolRow {
             id: record.id,
             name: record.name,
             owner_project: record.owner_project,
-            share_idle: parsed(record.share_idle)?,
+            share_idle: super::decoded("share_idle", record.share_idle)?,
             zombie_after_minutes: record.zombie_after_minutes,
             created_at: record.created_at,
             updated_at: record.updated_at,
         })
     }
-}
-
-/// A stored text parsed into the domain value it names; a decoding error when it names none.
-fn parsed<T: TryFrom<String, Error = String>>(raw: String) -> sqlx::Result<T> {
-    T::try_from(raw).map_err(|error| sqlx::Error::Decode(error.into()))
 }
 
 /// `query_as!` into `$out` of `$head`, then a pool's columns, then `$tail` (literals).
@@ -340,13 +335,13 @@ impl TryFrom<IntervalRow> for CapacityInterval {
             pool: row.pool_id,
             gpu_model: row.gpu_model,
             gpus: row.gpus,
-            billing_mode: parsed::<BillingMode>(row.billing_mode)?,
+            billing_mode: super::decoded::<BillingMode>("billing_mode", row.billing_mode)?,
             provider: row.provider,
             region: row.region,
             labels: row.labels.0,
             from: row.from_at,
             until: row.until_at,
-            state: parsed::<NodeState>(row.state)?,
+            state: super::decoded::<NodeState>("state", row.state)?,
         })
     }
 }

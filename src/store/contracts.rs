@@ -150,7 +150,7 @@ macro_rules! contract_row {
             id: $r.id,
             name: $r.name,
             gpu_model: $r.gpu_model,
-            billing_mode: $crate::store::records::parsed("billing_mode", $r.billing_mode)?,
+            billing_mode: $crate::store::decoded("billing_mode", $r.billing_mode)?,
             price_per_gpu_hour: $r.price_per_gpu_hour,
             currency: $r.currency,
             valid_from: $r.valid_from,

@@ -78,6 +78,18 @@ pub async fn snapshot_aside(
     Ok(Some(aside))
 }
 
+/// A text column read as the domain value it names (a billing mode, an outcome, a role),
+/// failing as a row's `try_from` column does.
+pub fn decoded<T>(column: &str, raw: String) -> sqlx::Result<T>
+where
+    T: TryFrom<String, Error = String>,
+{
+    T::try_from(raw).map_err(|error| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: error.into(),
+    })
+}
+
 /// Whether a database error is a violation of the named constraint.
 pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {
     match error {

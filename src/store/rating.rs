@@ -19,7 +19,8 @@ use crate::domain::record::{RecordKey, Telemetry, duration_seconds};
 use crate::domain::task::{AttemptEnd, TaskMarks};
 use crate::domain::utilisation::{SegmentTelemetry, busy_seconds};
 use crate::store::binder::Binder;
-use crate::store::records::{TelemetryRow, parsed, telemetry_row};
+use crate::store::decoded;
+use crate::store::records::{TelemetryRow, telemetry_row};
 use crate::store::rollups::{self, Family, Level};
 use crate::store::tasks as task_ledger;
 
@@ -112,33 +113,18 @@ pub async fn hold_contract_sets(
         .iter()
         .map(|(model, mode)| format!("{model}/{}", mode.as_str()))
         .collect();
-    // Two statements: the lock function is the mode's.
-    match exclusive {
-        true => {
-            sqlx::query!(
-                "SELECT pg_advisory_xact_lock($1, key) \
-                 FROM (SELECT DISTINCT hashtext(name) AS key \
-                       FROM UNNEST($2::text[]) AS n(name)) AS k \
-                 ORDER BY key",
-                CONTRACT_SETS,
-                &names,
-            )
-            .execute(conn)
-            .await?
-        }
-        false => {
-            sqlx::query!(
-                "SELECT pg_advisory_xact_lock_shared($1, key) \
-                 FROM (SELECT DISTINCT hashtext(name) AS key \
-                       FROM UNNEST($2::text[]) AS n(name)) AS k \
-                 ORDER BY key",
-                CONTRACT_SETS,
-                &names,
-            )
-            .execute(conn)
-            .await?
-        }
-    };
+    sqlx::query!(
+        "SELECT CASE WHEN $3 THEN pg_advisory_xact_lock($1, key) \
+                     ELSE pg_advisory_xact_lock_shared($1, key) END \
+         FROM (SELECT DISTINCT hashtext(name) AS key \
+               FROM UNNEST($2::text[]) AS n(name)) AS k \
+         ORDER BY key",
+        CONTRACT_SETS,
+        &names,
+        exclusive,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -191,7 +177,7 @@ pub async fn load_attempts(
             task_id: r.task_id,
             attempt: r.attempt,
             gpu_model: r.gpu_model,
-            billing_mode: parsed("billing_mode", r.billing_mode)?,
+            billing_mode: decoded("billing_mode", r.billing_mode)?,
             provider: r.provider,
             region: r.region,
             queued_at: r.queued_at,
@@ -199,7 +185,7 @@ pub async fn load_attempts(
             ended_at: r.ended_at,
             gpu_seconds_held: r.gpu_seconds_held,
             gpu_seconds_busy: r.gpu_seconds_busy,
-            outcome: parsed("outcome", r.outcome)?,
+            outcome: decoded("outcome", r.outcome)?,
             retries: r.retries,
             failures: r.failures,
             output_quantity: r.output_quantity,
@@ -875,7 +861,7 @@ macro_rules! select_jobs {
             Ok(JobRow {
                 id: row.id,
                 gpu_model: row.gpu_model,
-                billing_mode: parsed("billing_mode", row.billing_mode)?,
+                billing_mode: decoded("billing_mode", row.billing_mode)?,
                 project_id: row.project_id,
                 span_from: row.span_from,
                 span_until: row.span_until,

@@ -386,7 +386,7 @@ macro_rules! record_row {
             version: $r.version,
             gpu_model: $r.gpu_model,
             gpu_count: $r.gpu_count,
-            billing_mode: $crate::store::records::parsed("billing_mode", $r.billing_mode)?,
+            billing_mode: $crate::store::decoded("billing_mode", $r.billing_mode)?,
             provider: $r.provider,
             region: $r.region,
             queued_at: $r.queued_at,
@@ -394,7 +394,7 @@ macro_rules! record_row {
             ended_at: $r.ended_at,
             gpu_seconds_held: $r.gpu_seconds_held,
             gpu_seconds_busy: $r.gpu_seconds_busy,
-            outcome: $crate::store::records::parsed("outcome", $r.outcome)?,
+            outcome: $crate::store::decoded("outcome", $r.outcome)?,
             retries: $r.retries,
             failures: $r.failures,
             output_quantity: $r.output_quantity,
@@ -428,18 +428,6 @@ macro_rules! telemetry_row {
     };
 }
 pub(crate) use telemetry_row;
-
-/// A text column read as the domain value it names (a billing mode, an outcome, a role),
-/// failing as a row's `try_from` column does.
-pub(super) fn parsed<T>(column: &str, raw: String) -> sqlx::Result<T>
-where
-    T: TryFrom<String, Error = String>,
-{
-    T::try_from(raw).map_err(|error| sqlx::Error::ColumnDecode {
-        index: column.to_owned(),
-        source: error.into(),
-    })
-}
 
 impl RecordRow {
     /// The record as it was validated.

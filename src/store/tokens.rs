@@ -29,7 +29,7 @@ macro_rules! select_tokens {
             Ok(TokenRow {
                 id: row.id,
                 name: row.name,
-                role: super::records::parsed("role", row.role)?,
+                role: super::decoded("role", row.role)?,
                 projects: row.projects,
                 created_at: row.created_at,
                 revoked_at: row.revoked_at,
