@@ -5,3 +5,4 @@
 
 pub mod csv_cell;
 pub mod focus;
+pub mod notify;
