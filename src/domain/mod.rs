@@ -6,6 +6,7 @@ pub mod billed;
 pub mod burn;
 pub mod capacity;
 pub mod capacity_plan;
+pub mod channel;
 pub mod commitment;
 pub mod contract;
 pub mod efficiency;

@@ -345,7 +345,7 @@ pub fn masked_urls_in(text: &str) -> String {
     masked
 }
 
-fn truncate_for_message(raw: &str) -> String {
+pub fn truncate_for_message(raw: &str) -> String {
     raw.chars().take(64).collect()
 }
 
