@@ -5,11 +5,13 @@
 //! platform's own format.
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// How urgent a notice is, in PagerDuty's four severities (which Slack and Teams show as a
 /// colour or style, and email in its subject).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Severity {
     Critical,
     Error,
@@ -29,7 +31,7 @@ impl Severity {
 }
 
 /// What happened, said once for every platform.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Notice {
     /// The alert's id (PagerDuty's `dedup_key`, so repeats collapse), or the id of the
     /// month-close message.

@@ -3,11 +3,13 @@
 //! `store`, computes with `domain`, owns its transactions, and reports failures as a
 //! [`LedgerError`].
 
+pub mod alert_event;
 pub mod alerting;
 pub mod bills;
 pub mod capacity;
 pub mod capacity_rollup;
 pub mod carbon;
+pub mod channels;
 pub mod commitments;
 pub mod cost;
 pub mod demo;

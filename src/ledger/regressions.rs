@@ -22,7 +22,7 @@ use crate::domain::figures::FigureSums;
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
 use crate::domain::regression::{self, DEFAULT_RULE, DayCost, RegressionRule, Verdict};
 use crate::ledger::LedgerResult;
-use crate::ledger::alerting::{AlertEvent, AlertRow, RegressionAlert};
+use crate::ledger::alerting::{self, AlertRow, RegressionAlert};
 use crate::ledger::efficiency::FactorsView;
 use crate::ledger::instruments;
 use crate::store;
@@ -405,10 +405,7 @@ async fn fire_regression(
         tx.commit().await?;
         return Ok(None);
     };
-    if let Some(url) = target.webhook_url.as_deref() {
-        let body = serde_json::to_string(&AlertEvent::from_row(&row)?)?;
-        store::alerts::enqueue_deliveries(&mut tx, &[(&row, url, body)]).await?;
-    }
+    alerting::queue_deliveries(&mut tx, &[(&row, target.webhook_url.as_deref())]).await?;
     tx.commit().await?;
     tracing::info!(project = %row.project_id, workload = %judged.workload, unit = %judged.output_unit, change = ?verdict.change, "efficiency regression alert fired");
     metrics::counter!(instruments::ALERTS_FIRED, "kind" => row.kind.clone()).increment(1);

@@ -25,7 +25,7 @@ use crate::domain::figures::SUM_SCALE;
 use crate::domain::ledger_time::{LedgerHour, SECONDS_PER_HOUR, seconds_between};
 use crate::domain::rating::FxRates;
 use crate::domain::what_if::WhatIf;
-use crate::ledger::alerting::AlertEvent;
+use crate::ledger::alerting;
 use crate::ledger::capacity::{billed_capacity, contracts_for};
 use crate::ledger::{LedgerResult, instruments};
 use crate::store;
@@ -346,11 +346,8 @@ pub async fn judge(
             fired_at: now,
         };
         if let Some(row) = store::alerts::fire_zombie(&mut tx, &alert).await? {
-            if let Some(url) = project.webhook_url.as_deref() {
-                let body = serde_json::to_string(&AlertEvent::from_row(&row)?)
-                    .map_err(anyhow::Error::from)?;
-                store::alerts::enqueue_delivery(&mut tx, &row, url, &body).await?;
-            }
+            alerting::queue_deliveries(&mut tx, &[(&row, project.webhook_url.as_deref())])
+                .await?;
             metrics::counter!(instruments::ALERTS_FIRED, "kind" => "zombie_capacity").increment(1);
         }
     }

@@ -435,25 +435,6 @@ pub async fn fire_idle_gpu(
     .await
 }
 
-/// Puts a fired alert in the outbox.
-pub async fn enqueue_delivery(
-    conn: &mut PgConnection,
-    alert: &AlertRow,
-    url: &str,
-    body: &str,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO alert_deliveries (project_id, alert_id, url, body) VALUES ($1, $2, $3, $4)",
-        alert.project_id,
-        alert.id,
-        url,
-        body,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// Puts fired alerts in the outbox: `(alert, url, body)` each.
 pub async fn enqueue_deliveries(
     conn: &mut PgConnection,

@@ -5,6 +5,7 @@ pub mod alerts;
 pub mod bills;
 pub mod binder;
 pub mod capacity;
+pub mod channels;
 pub mod closes;
 pub mod contracts;
 pub mod cost;
