@@ -24,11 +24,11 @@ use crate::domain::route::storm_hours;
 use crate::domain::values::Month;
 use crate::domain::values::month_holding;
 use crate::ledger::LedgerResult;
-use crate::ledger::channels;
 pub use crate::ledger::alert_event::{
     AlertEvent, AlertEventKind, IdleGpuAlert, RegressionAlert, RetryStormAlert, RetryStormTrigger,
     ZombieAlert,
 };
+use crate::ledger::channels;
 use crate::ledger::cost::{
     CostOf, month_spend, month_spend_by_day, route_month_spend, spend_period,
 };

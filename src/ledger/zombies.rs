@@ -346,8 +346,7 @@ pub async fn judge(
             fired_at: now,
         };
         if let Some(row) = store::alerts::fire_zombie(&mut tx, &alert).await? {
-            alerting::queue_deliveries(&mut tx, &[(&row, project.webhook_url.as_deref())])
-                .await?;
+            alerting::queue_deliveries(&mut tx, &[(&row, project.webhook_url.as_deref())]).await?;
             metrics::counter!(instruments::ALERTS_FIRED, "kind" => "zombie_capacity").increment(1);
         }
     }
