@@ -1,7 +1,7 @@
 //! Closed months and their frozen reports.
 
 use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ pub async fn all(conn: &mut PgConnection) -> sqlx::Result<Vec<CloseRow>> {
 
 /// Freezes a month with its report; false when it was already closed.
 pub async fn close(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     month: NaiveDate,
     closed_at: DateTime<Utc>,
     closed_by: Uuid,
@@ -38,7 +38,7 @@ pub async fn close(
         closed_by,
         report_json,
     )
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(result.rows_affected() == 1)
 }

@@ -16,6 +16,7 @@ use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
 use crate::domain::what_if::WhatIf;
+use crate::ledger::channels;
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::store;
 
@@ -112,9 +113,12 @@ pub async fn close(
     report.closed = true;
     report.closed_at = Some(now);
     let json = serde_json::to_string(&report).map_err(anyhow::Error::from)?;
-    if !store::closes::close(pool, month.first_day(), now, closed_by, &json).await? {
+    let mut tx = pool.begin().await?;
+    if !store::closes::close(&mut tx, month.first_day(), now, closed_by, &json).await? {
         return Err(LedgerError::conflict(format!("{month} is already closed")));
     }
+    channels::queue_month_close(&mut tx, Uuid::new_v4(), month, now, &to_csv(&json)?).await?;
+    tx.commit().await?;
     tracing::info!(month = %month, "month closed");
     Ok(json)
 }
