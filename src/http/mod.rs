@@ -7,6 +7,7 @@ pub mod alerts;
 pub mod auth;
 pub mod bills;
 pub mod capacity;
+pub mod channels;
 pub mod contracts;
 pub mod cost;
 pub mod dashboard;
@@ -68,6 +69,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "tokens", description = "API tokens and roles"),
         (name = "job-records", description = "What CI posts: one record per attempt of a GPU task"),
         (name = "alerts", description = "Budget burn and the alerts it fires"),
+        (name = "channels", description = "Where alerts and month closes are sent: Slack, Microsoft Teams, email, PagerDuty, signed webhooks"),
         (name = "routes", description = "Budgets and retry caps on a label value of a project's records (a route), and their burn"),
         (name = "reports", description = "Monthly reports and month close, for finance"),
         (name = "operations", description = "Health, readiness and metrics"),
@@ -103,6 +105,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(tokens::router())
         .merge(records::router())
         .merge(alerts::router())
+        .merge(channels::router())
         .merge(routes::router())
         .merge(reports::router())
         .merge(planning::router())
