@@ -22,6 +22,8 @@ use taskledger::http::state::AppState;
 
 use crate::support::{create_migrated_database, insert_token, start_cluster};
 
+pub mod receivers;
+
 /// The PostgreSQL server of this test process.
 struct Server {
     /// Connects to a database given its name.
