@@ -32,7 +32,7 @@ const LAYERS: [(&str, u8); 12] = [
 ];
 
 /// Crates the pure domain must not touch.
-const IMPURE_CRATES: [&str; 7] = [
+const IMPURE_CRATES: [&str; 8] = [
     "sqlx",
     "axum",
     "tokio",
@@ -40,6 +40,7 @@ const IMPURE_CRATES: [&str; 7] = [
     "tower_http",
     "reqwest",
     "hyper",
+    "lettre",
 ];
 
 /// Crates that read or write a file format: an adapter's, not the domain's.

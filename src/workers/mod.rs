@@ -1,10 +1,12 @@
 //! Background work: alert delivery, the periodic re-evaluation of budget burn, rollup
 //! compaction and the re-assignments contract changes still owe. Every replica on a database
 //! runs all four; they share the work through the database (row locks on the outbox, an
-//! advisory lock per periodic job and per re-assignment).
+//! advisory lock per periodic job and per re-assignment). `mail` is the SMTP client that
+//! email is sent through.
 
 pub mod burn_tick;
 pub mod compaction;
+pub mod mail;
 pub mod reassignment;
 pub mod webhooks;
 

@@ -22,6 +22,7 @@ mod import;
 mod ingest;
 mod jobs;
 mod kubernetes;
+mod mail;
 mod notify_formats;
 mod owned_cards;
 mod planning;

@@ -2,6 +2,8 @@
 //! PostgreSQL — the server of `DATABASE_URL` when set, else an embedded cluster started once
 //! for the whole test process — and drives the real router.
 
+pub mod smtp;
+
 use std::str::FromStr;
 use std::sync::OnceLock;
 
