@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -25,6 +26,8 @@ use crate::db::embedded::EmbeddedPostgres;
 use crate::domain::capacity::pool_id;
 use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
+use crate::ledger::mail::Mailer;
+use crate::ledger::notify::Notifier;
 use crate::ledger::sources::SourceSummary;
 use crate::ledger::{demo, setup, tokens};
 use crate::sources::batch::SourceBatch;
@@ -660,6 +663,49 @@ async fn serve_on(database: &Database, config: &Config) -> anyhow::Result<()> {
     run_service(database, config, |_| ()).await
 }
 
+/// How notification channels' messages leave, from the environment: the mail server
+/// (`TASKLEDGER_SMTP_URL`, `TASKLEDGER_SMTP_FROM`, and `TASKLEDGER_SMTP_CA_FILE` for a CA the
+/// system does not trust), the dashboard's public URL links point under
+/// (`TASKLEDGER_PUBLIC_URL`), and the secret webhook channels are signed with.
+fn notifier_from_env(webhook_secret: &str) -> anyhow::Result<Notifier> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let mailer = match var("TASKLEDGER_SMTP_URL") {
+        None => None,
+        Some(url) => {
+            let from = var("TASKLEDGER_SMTP_FROM").ok_or_else(|| {
+                anyhow::anyhow!(
+                    "TASKLEDGER_SMTP_URL is set but TASKLEDGER_SMTP_FROM is not: name the \
+                     sender, e.g. taskledger <alerts@example.com>"
+                )
+            })?;
+            let ca = match var("TASKLEDGER_SMTP_CA_FILE") {
+                Some(path) => Some(
+                    std::fs::read(&path)
+                        .with_context(|| format!("reading TASKLEDGER_SMTP_CA_FILE ({path})"))?,
+                ),
+                None => None,
+            };
+            let mailer = Mailer::new(&url, &from, ca.as_deref())
+                .map_err(|error| anyhow::anyhow!("TASKLEDGER_SMTP_URL: {error}"))?;
+            tracing::info!(mailer = ?mailer, "email channels send through this mail server");
+            Some(mailer)
+        }
+    };
+    let public_url = match var("TASKLEDGER_PUBLIC_URL") {
+        Some(url) => Some(
+            crate::domain::values::webhook_url(&url)
+                .map_err(|why| anyhow::anyhow!("TASKLEDGER_PUBLIC_URL {why}"))?,
+        ),
+        None => None,
+    };
+    Notifier::new(
+        mailer,
+        public_url,
+        Some(webhook_secret.to_owned()),
+        std::time::Duration::from_secs(10),
+    )
+}
+
 /// Serves the API next to the background workers until SIGINT or SIGTERM; `ready` gets the
 /// address once it listens.
 async fn run_service(
@@ -668,12 +714,19 @@ async fn run_service(
     ready: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
     let settings = config.settings();
-    let state = AppState::new(database.pool.clone(), settings)
-        .with_embedded_database(database.embedded_status());
     let secret =
         setup::webhook_secret(&database.pool, cli::webhook_secret_env().as_deref()).await?;
+    let notifier = Arc::new(notifier_from_env(&secret)?);
+    let state = AppState::new(database.pool.clone(), settings)
+        .with_embedded_database(database.embedded_status())
+        .with_notifier(notifier.clone());
     let webhooks =
         workers::webhooks::Webhooks::new(database.pool.clone(), secret, Default::default())?;
+    let channel_deliveries = workers::channels::ChannelDeliveries::new(
+        database.pool.clone(),
+        notifier,
+        Default::default(),
+    );
     let application = Application::bind(state, config.listen)
         .await?
         .with_shutdown_grace(config.shutdown_grace());
@@ -688,6 +741,7 @@ async fn run_service(
     };
     let workers = [
         tokio::spawn(webhooks.run(stopping())),
+        tokio::spawn(channel_deliveries.run(stopping())),
         tokio::spawn(workers::compaction::run(
             database.pool.clone(),
             config
@@ -723,7 +777,7 @@ async fn run_service(
 
 /// Waits for the workers, told to stop, to finish their turn; cuts off those that take longer
 /// than `WORKER_STOP_TIMEOUT` (their transactions roll back, so nothing is half done).
-async fn stop_workers(workers: [tokio::task::JoinHandle<()>; 4]) {
+async fn stop_workers(workers: [tokio::task::JoinHandle<()>; 5]) {
     let aborts: Vec<_> = workers.iter().map(|worker| worker.abort_handle()).collect();
     let all = async {
         for worker in workers {

@@ -1,5 +1,7 @@
 //! Alerts as they fired (budget and idle-GPU), with every delivery attempt.
 
+use std::collections::HashMap;
+
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,6 +14,7 @@ use crate::domain::access::{Principal, Role};
 use crate::domain::validation::Violations;
 use crate::domain::values::month_holding;
 use crate::domain::values::{Month, masked_url, masked_urls_in, parse_instant};
+use crate::http::channels::{ChannelDeliveryView, delivery_views};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
@@ -19,6 +22,7 @@ use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
 use crate::http::state::AppState;
 use crate::ledger::alerting::{self, AlertEvent, AlertRow, AttemptRow, BurnView, DeliveryRow};
+use crate::ledger::channels;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -50,6 +54,8 @@ pub struct AlertView {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// Every delivery attempt, oldest first.
     pub deliveries: Vec<DeliveryAttempt>,
+    /// Its delivery to each notification channel that subscribes to it, with their attempts.
+    pub channels: Vec<ChannelDeliveryView>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -114,9 +120,28 @@ pub async fn list_alerts(
         limit + 1,
     )
     .await?;
+    let keys: Vec<(String, Uuid)> = alerts
+        .iter()
+        .map(|a| (a.project_id.clone(), a.id))
+        .collect();
+    let (sent, tries) = channels::deliveries_of(&state.pool, &keys).await?;
+    let mut by_alert: HashMap<(String, Uuid), Vec<ChannelDeliveryView>> = HashMap::new();
+    for delivery in delivery_views(sent, &tries, principal.is_admin()) {
+        let key = (
+            delivery.project.clone().unwrap_or_default(),
+            delivery.message_id,
+        );
+        by_alert.entry(key).or_default().push(delivery);
+    }
     let views = alerts
         .iter()
-        .map(|alert| view(alert, &deliveries, &attempts, principal.is_admin()))
+        .map(|alert| {
+            let mut view = view(alert, &deliveries, &attempts, principal.is_admin())?;
+            view.channels = by_alert
+                .remove(&(alert.project_id.clone(), alert.id))
+                .unwrap_or_default();
+            Ok(view)
+        })
         .collect::<ApiResult<Vec<_>>>()?;
     Ok(axum::Json(Page::from_rows(
         views,
@@ -159,6 +184,7 @@ fn view(
                 duration_ms: a.duration_ms,
             })
             .collect(),
+        channels: Vec::new(),
     })
 }
 

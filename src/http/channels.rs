@@ -26,6 +26,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_channel, list_channels))
         .routes(routes!(delete_channel))
         .routes(routes!(list_channel_deliveries))
+        .routes(routes!(test_channel))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -256,4 +257,60 @@ pub async fn list_channel_deliveries(
         &attempts,
         principal.is_admin(),
     )))
+}
+
+/// What a channel's receiver answered to a test message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChannelTestResult {
+    /// Whether the receiver took it.
+    pub delivered: bool,
+    /// Its HTTP status, or the mail server's reply code, when it answered.
+    pub status_code: Option<i32>,
+    /// The start of what it answered when it took the message.
+    pub answer: Option<String>,
+    /// Why it was not delivered.
+    pub error: Option<String>,
+    pub duration_ms: i64,
+}
+
+/// Send a test message to a channel now (admin or finance) and see what its receiver
+/// answered.
+#[utoipa::path(post, path = "/v1/channels/{id}/test", tag = "channels",
+    params(("id" = Uuid, Path, description = "Channel id")),
+    security(("bearer" = [])),
+    responses(
+        AuthProblems, PathProblems,
+        (status = 200, description = "Sent; whether the receiver took it and what it answered", body = ChannelTestResult),
+        (status = 403, description = "Not finance or admin", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such channel", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn test_channel(
+    State(state): State<AppState>,
+    principal: Principal,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<axum::Json<ChannelTestResult>> {
+    require_finance(&principal)?;
+    let now = state.settings.clock.now();
+    let outcome = channels::test(&state.pool, &state.notifier, id, now).await?;
+    let shown = |text: String| match principal.is_admin() {
+        true => text,
+        false => masked_urls_in(&text),
+    };
+    let duration_ms = i64::try_from(outcome.duration.as_millis()).unwrap_or(i64::MAX);
+    Ok(axum::Json(match outcome.result {
+        Ok(sent) => ChannelTestResult {
+            delivered: true,
+            status_code: sent.status_code,
+            answer: Some(shown(sent.answer)),
+            error: None,
+            duration_ms,
+        },
+        Err(failed) => ChannelTestResult {
+            delivered: false,
+            status_code: failed.status_code,
+            answer: None,
+            error: Some(shown(failed.error)),
+            duration_ms,
+        },
+    }))
 }

@@ -8,6 +8,7 @@ use sqlx::PgPool;
 
 use crate::config::Settings;
 use crate::ledger::instruments;
+use crate::ledger::notify::Notifier;
 use crate::ledger::setup::ClusterStatus;
 
 /// Everything in it is either immutable, in the database, or about this process's own embedded
@@ -19,6 +20,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The embedded cluster this process runs, if it runs one.
     pub embedded_database: Option<ClusterStatus>,
+    /// How a channel's test message leaves.
+    pub notifier: Arc<Notifier>,
 }
 
 impl AppState {
@@ -28,7 +31,14 @@ impl AppState {
             settings: Arc::new(settings),
             metrics: metrics_handle(),
             embedded_database: None,
+            notifier: Arc::new(Notifier::unconfigured()),
         }
+    }
+
+    /// Channels' test messages leave through `notifier` (its mail server and public URL).
+    pub fn with_notifier(mut self, notifier: Arc<Notifier>) -> Self {
+        self.notifier = notifier;
+        self
     }
 
     /// Health and readiness report on the embedded cluster behind the pool.

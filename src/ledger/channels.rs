@@ -513,3 +513,52 @@ pub fn notice_of(event: &AlertEvent) -> Notice {
 fn url_component(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
+
+/// Makes one attempt at the channel message due first, in a transaction that holds it (so
+/// no other replica sends it meanwhile), and records what came of it; `None` when nothing
+/// is due. `attempt` sends it and says what comes next.
+pub async fn deliver_next(
+    pool: &PgPool,
+    attempt: impl AsyncFnOnce(
+        &DueMessage,
+        &Message,
+    ) -> (store::alerts::Attempt, store::alerts::NextStep),
+) -> anyhow::Result<Option<(DueMessage, store::alerts::NextStep)>> {
+    let mut tx = pool.begin().await?;
+    let Some(due) = store::channels::claim_due(&mut tx).await? else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let (made, next) = match serde_json::from_value::<Message>(due.body.clone()) {
+        Ok(message) => attempt(&due, &message).await,
+        Err(error) => (
+            store::alerts::Attempt {
+                attempted_at: Utc::now(),
+                status_code: None,
+                error: Some(format!("the queued message cannot be read: {error}")),
+                duration_ms: 0,
+            },
+            store::alerts::NextStep::GiveUp,
+        ),
+    };
+    store::channels::record_attempt(&mut tx, &due, &made, next).await?;
+    tx.commit().await?;
+    Ok(Some((due, next)))
+}
+
+/// Sends a test message to a channel now, outside the outbox, and says what the receiver
+/// answered.
+pub async fn test(
+    pool: &PgPool,
+    notifier: &crate::ledger::notify::Notifier,
+    id: Uuid,
+    now: DateTime<Utc>,
+) -> LedgerResult<crate::ledger::notify::Outcome> {
+    let channel = get(pool, id).await?;
+    let message = Message {
+        notice: test_notice(&channel, now),
+        event: None,
+        attachment: None,
+    };
+    Ok(notifier.send(&channel, &message).await)
+}

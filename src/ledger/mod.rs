@@ -19,6 +19,8 @@ pub mod focus;
 pub mod import;
 pub mod ingest;
 pub mod instruments;
+pub mod mail;
+pub mod notify;
 pub mod planning;
 pub mod pricing;
 pub mod projects;

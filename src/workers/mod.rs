@@ -5,8 +5,8 @@
 //! email is sent through.
 
 pub mod burn_tick;
+pub mod channels;
 pub mod compaction;
-pub mod mail;
 pub mod reassignment;
 pub mod webhooks;
 

@@ -6,16 +6,14 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use hmac::{Hmac, Mac};
 use rand::Rng;
-use sha2::Sha256;
 use sqlx::PgPool;
 
 use crate::ledger::alerting::{self, Attempt, DueDelivery, NextStep};
 use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
+use crate::ledger::notify;
 
-/// The header carrying `sha256=<hex HMAC-SHA256 of the body>`.
-pub const SIGNATURE_HEADER: &str = "X-Taskledger-Signature";
+pub use crate::ledger::notify::{SIGNATURE_HEADER, sign};
 
 #[derive(Debug, Clone)]
 pub struct DeliveryPolicy {
@@ -53,12 +51,6 @@ impl DeliveryPolicy {
         let half = exponential / 2;
         half + half.mul_f64(rand::thread_rng().r#gen::<f64>())
     }
-}
-
-pub fn sign(secret: &str, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 pub struct Webhooks {
@@ -141,7 +133,7 @@ impl Webhooks {
                 Some(i32::from(response.status().as_u16())),
                 Some(format!("the receiver answered {}", response.status())),
             ),
-            Err(error) => (None, Some(describe(error))),
+            Err(error) => (None, Some(notify::describe(error))),
         };
         let next = if error.is_none() {
             NextStep::Delivered
@@ -195,25 +187,6 @@ impl Webhooks {
             }
         }
     }
-}
-
-/// What went wrong with a request, for the delivery's record, which readers of the project
-/// see: never the receiver's URL, whose path or query often carries a secret.
-fn describe(error: reqwest::Error) -> String {
-    if error.is_timeout() {
-        return "the receiver did not answer in time".to_owned();
-    }
-    if error.is_connect() {
-        return "cannot connect to the receiver".to_owned();
-    }
-    let error = error.without_url();
-    let mut text = format!("request failed: {error}");
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Email over real SMTP: the mailer against aiosmtpd, in plain text, with STARTTLS and with
 //! implicit TLS, with and without AUTH.
 
-use taskledger::workers::mail::{Attachment, Mail, MailError, Mailer};
+use taskledger::ledger::mail::{Attachment, Mail, MailError, Mailer};
 
 use crate::common::smtp::{SmtpMode, SmtpSink};
 

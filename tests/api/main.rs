@@ -6,6 +6,7 @@ mod browser;
 mod burn;
 mod capacity;
 mod capacity_rollup;
+mod channels;
 mod commitments;
 mod common;
 mod contracts;

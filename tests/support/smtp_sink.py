@@ -92,8 +92,10 @@ async def serve(args):
             auth_require_tls=args.mode == "starttls",
         )
 
+    # One sink for every connection, so that messages are numbered across connections.
+    sink = Sink(args.dir)
     server = await loop.create_server(
-        lambda: SMTP(Sink(args.dir), **smtp_options),
+        lambda: SMTP(sink, **smtp_options),
         host="127.0.0.1",
         port=args.port,
         ssl=tls if args.mode == "implicit" else None,

@@ -1,0 +1,132 @@
+//! Delivers queued messages to notification channels: rendered in each channel's format,
+//! retried with exponential back-off and jitter while the receiver is down or busy, given up
+//! at once when it refuses the message itself, and safe with several replicas working the
+//! same outbox.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::ledger::alerting::{Attempt, NextStep};
+use crate::ledger::channels::{self, DueMessage, Message};
+use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
+use crate::ledger::notify::Notifier;
+use crate::workers::webhooks::DeliveryPolicy;
+
+pub struct ChannelDeliveries {
+    pool: PgPool,
+    notifier: Arc<Notifier>,
+    policy: DeliveryPolicy,
+}
+
+impl ChannelDeliveries {
+    pub fn new(pool: PgPool, notifier: Arc<Notifier>, policy: DeliveryPolicy) -> Self {
+        Self {
+            pool,
+            notifier,
+            policy,
+        }
+    }
+
+    /// Works the outbox until nothing is due; returns how many attempts were made.
+    pub async fn deliver_due(&self) -> anyhow::Result<usize> {
+        let mut attempts = 0;
+        while self.deliver_next().await? {
+            attempts += 1;
+        }
+        Ok(attempts)
+    }
+
+    /// Makes one attempt at the message due first; false when nothing is due.
+    async fn deliver_next(&self) -> anyhow::Result<bool> {
+        let Some((due, next)) = channels::deliver_next(&self.pool, async |due, message| {
+            self.attempt(due, message).await
+        })
+        .await?
+        else {
+            return Ok(false);
+        };
+        let result = match next {
+            NextStep::Delivered => "delivered",
+            NextStep::RetryAt(_) => "retry",
+            NextStep::GiveUp => "gave_up",
+        };
+        if next != NextStep::Delivered {
+            metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
+        }
+        if next == NextStep::GiveUp {
+            tracing::warn!(message = %due.message_id, channel = %due.channel.id, "gave up delivering a message to a channel");
+        }
+        metrics::counter!(ALERT_DELIVERIES, "result" => result).increment(1);
+        Ok(true)
+    }
+
+    async fn attempt(&self, due: &DueMessage, message: &Message) -> (Attempt, NextStep) {
+        let outcome = self.notifier.send(&due.channel, message).await;
+        let duration_ms = outcome.duration.as_millis().min(i32::MAX as u128) as i32;
+        let (status_code, error, next) = match outcome.result {
+            Ok(sent) => (sent.status_code, None, NextStep::Delivered),
+            Err(failed) => {
+                let next = match failed.permanent {
+                    true => NextStep::GiveUp,
+                    false => self.retry_or_give_up(due, outcome.attempted_at),
+                };
+                (failed.status_code, Some(failed.error), next)
+            }
+        };
+        (
+            Attempt {
+                attempted_at: outcome.attempted_at,
+                status_code,
+                error,
+                duration_ms,
+            },
+            next,
+        )
+    }
+
+    fn retry_or_give_up(
+        &self,
+        due: &DueMessage,
+        attempted_at: chrono::DateTime<chrono::Utc>,
+    ) -> NextStep {
+        let failed_attempts = u32::try_from(due.attempts + 1).unwrap_or(u32::MAX);
+        let retry_at = attempted_at
+            + chrono::Duration::from_std(self.policy.backoff(failed_attempts))
+                .unwrap_or(chrono::Duration::MAX);
+        let deadline = due.created_at
+            + chrono::Duration::from_std(self.policy.give_up_after)
+                .unwrap_or(chrono::Duration::MAX);
+        if retry_at > deadline {
+            NextStep::GiveUp
+        } else {
+            NextStep::RetryAt(retry_at)
+        }
+    }
+
+    /// Delivers until `shutdown` completes, finishing an attempt under way first.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let more_due = match self.deliver_next().await {
+                Ok(more_due) => more_due,
+                Err(error) => {
+                    tracing::error!(error = ?error, "channel delivery failed; retrying");
+                    false
+                }
+            };
+            let pause = if more_due {
+                Duration::ZERO
+            } else {
+                self.policy.poll_interval
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}
