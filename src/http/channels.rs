@@ -291,7 +291,7 @@ pub async fn test_channel(
 ) -> ApiResult<axum::Json<ChannelTestResult>> {
     require_finance(&principal)?;
     let now = state.settings.clock.now();
-    let outcome = channels::test(&state.pool, &state.notifier, id, now).await?;
+    let outcome = state.notifier.test(&state.pool, id, now).await?;
     let shown = |text: String| match principal.is_admin() {
         true => text,
         false => masked_urls_in(&text),

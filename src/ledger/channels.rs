@@ -545,20 +545,3 @@ pub async fn deliver_next(
     tx.commit().await?;
     Ok(Some((due, next)))
 }
-
-/// Sends a test message to a channel now, outside the outbox, and says what the receiver
-/// answered.
-pub async fn test(
-    pool: &PgPool,
-    notifier: &crate::ledger::notify::Notifier,
-    id: Uuid,
-    now: DateTime<Utc>,
-) -> LedgerResult<crate::ledger::notify::Outcome> {
-    let channel = get(pool, id).await?;
-    let message = Message {
-        notice: test_notice(&channel, now),
-        event: None,
-        attachment: None,
-    };
-    Ok(notifier.send(&channel, &message).await)
-}

@@ -10,7 +10,8 @@ use sha2::Sha256;
 
 use crate::domain::channel::{ChannelKind, address_list};
 use crate::exports::notify::{self, Notice};
-use crate::ledger::channels::{ChannelRow, Message};
+use crate::ledger::LedgerResult;
+use crate::ledger::channels::{self, ChannelRow, Message};
 
 /// The header carrying `sha256=<hex HMAC-SHA256 of the body>`.
 pub const SIGNATURE_HEADER: &str = "X-Taskledger-Signature";
@@ -102,6 +103,23 @@ impl Notifier {
             _ => None,
         };
         notice
+    }
+
+    /// Sends a test message to channel `id` now, outside the outbox, and says what its
+    /// receiver answered.
+    pub async fn test(
+        &self,
+        pool: &sqlx::PgPool,
+        id: uuid::Uuid,
+        now: DateTime<Utc>,
+    ) -> LedgerResult<Outcome> {
+        let channel = channels::get(pool, id).await?;
+        let message = Message {
+            notice: channels::test_notice(&channel, now),
+            event: None,
+            attachment: None,
+        };
+        Ok(self.send(&channel, &message).await)
     }
 
     /// Sends `message` to `channel` once.
