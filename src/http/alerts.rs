@@ -14,7 +14,7 @@ use crate::domain::access::{Principal, Role};
 use crate::domain::validation::Violations;
 use crate::domain::values::month_holding;
 use crate::domain::values::{Month, masked_url, masked_urls_in, parse_instant};
-use crate::http::channels::{ChannelDeliveryView, delivery_views};
+use crate::http::channels::{ChannelDeliveryView, DeliveryAttempt, delivery_views};
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::http::pagination::{Page, PageParams};
@@ -28,17 +28,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_alerts))
         .routes(routes!(get_burn))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DeliveryAttempt {
-    pub attempt: i32,
-    pub attempted_at: DateTime<Utc>,
-    /// The receiver's HTTP status, when it answered.
-    pub status_code: Option<i32>,
-    /// Why the attempt failed; null when it succeeded.
-    pub error: Option<String>,
-    pub duration_ms: i32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

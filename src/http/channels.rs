@@ -163,12 +163,12 @@ pub async fn delete_channel(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// One attempt at a delivery.
+/// One attempt at a delivery, to a project's webhook or to a channel.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ChannelAttemptView {
+pub struct DeliveryAttempt {
     pub attempt: i32,
     pub attempted_at: DateTime<Utc>,
-    /// The receiver's HTTP status or the mail server's reply code, when it answered.
+    /// The receiver's HTTP status, or the mail server's reply code, when it answered.
     pub status_code: Option<i32>,
     /// Why the attempt failed; null when it succeeded.
     pub error: Option<String>,
@@ -191,7 +191,7 @@ pub struct ChannelDeliveryView {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     /// Every attempt, oldest first.
-    pub attempts: Vec<ChannelAttemptView>,
+    pub attempts: Vec<DeliveryAttempt>,
 }
 
 /// The views of deliveries with their attempts; errors are shown with URLs masked to
@@ -211,7 +211,7 @@ pub fn delivery_views(
                         && a.message_id == d.message_id
                         && a.channel_id == d.channel_id
                 })
-                .map(|a| ChannelAttemptView {
+                .map(|a| DeliveryAttempt {
                     attempt: a.attempt,
                     attempted_at: a.attempted_at,
                     status_code: a.status_code,

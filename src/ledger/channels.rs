@@ -124,6 +124,41 @@ pub async fn deliveries_of(
     Ok(store::channels::deliveries_of(pool, alerts).await?)
 }
 
+/// The message for each channel of `channels` that subscribes to messages of `kind` about
+/// `project` (`None`: every project), all with the same body.
+fn addressed(
+    channels: &[ChannelRow],
+    project: Option<&str>,
+    kind: &str,
+    message_id: Uuid,
+    message: impl FnOnce() -> anyhow::Result<Message>,
+) -> anyhow::Result<Vec<store::channels::Outgoing>> {
+    let wanting: Vec<&ChannelRow> = channels
+        .iter()
+        .filter(|c| {
+            subscribes(
+                c.projects.as_deref(),
+                c.alert_kinds.as_deref(),
+                project,
+                kind,
+            )
+        })
+        .collect();
+    if wanting.is_empty() {
+        return Ok(Vec::new());
+    }
+    let body = serde_json::to_value(message()?)?;
+    Ok(wanting
+        .into_iter()
+        .map(|channel| store::channels::Outgoing {
+            project_id: project.unwrap_or_default().to_owned(),
+            message_id,
+            channel_id: channel.id,
+            body: body.clone(),
+        })
+        .collect())
+}
+
 /// Queues fired alerts for every channel that subscribes to them, in the caller's
 /// transaction (the one that fired them).
 pub async fn queue_alerts(conn: &mut PgConnection, events: &[AlertEvent]) -> anyhow::Result<()> {
@@ -134,37 +169,19 @@ pub async fn queue_alerts(conn: &mut PgConnection, events: &[AlertEvent]) -> any
     let mut outgoing = Vec::new();
     for event in events {
         let kind = serde_json::to_value(event.kind)?;
-        let kind = kind.as_str().unwrap_or_default();
-        let wanting: Vec<&ChannelRow> = channels
-            .iter()
-            .filter(|c| {
-                subscribes(
-                    c.projects.as_deref(),
-                    c.alert_kinds.as_deref(),
-                    Some(&event.project),
-                    kind,
-                )
-            })
-            .collect();
-        if wanting.is_empty() {
-            continue;
-        }
-        let message = Message {
-            notice: notice_of(event),
-            event: Some(serde_json::to_value(event)?),
-            attachment: None,
-        };
-        let body = serde_json::to_value(&message)?;
-        outgoing.extend(
-            wanting
-                .into_iter()
-                .map(|channel| store::channels::Outgoing {
-                    project_id: event.project.clone(),
-                    message_id: event.id,
-                    channel_id: channel.id,
-                    body: body.clone(),
-                }),
-        );
+        outgoing.extend(addressed(
+            &channels,
+            Some(&event.project),
+            kind.as_str().unwrap_or_default(),
+            event.id,
+            || {
+                Ok(Message {
+                    notice: notice_of(event),
+                    event: Some(serde_json::to_value(event)?),
+                    attachment: None,
+                })
+            },
+        )?);
     }
     store::channels::enqueue(conn, &outgoing).await?;
     Ok(())
@@ -180,53 +197,32 @@ pub async fn queue_month_close(
     report_csv: &str,
 ) -> anyhow::Result<()> {
     let channels = store::channels::active(conn).await?;
-    let wanting: Vec<&ChannelRow> = channels
-        .iter()
-        .filter(|c| {
-            subscribes(
-                c.projects.as_deref(),
-                c.alert_kinds.as_deref(),
-                None,
-                "month_closed",
-            )
-        })
-        .collect();
-    if wanting.is_empty() {
-        return Ok(());
-    }
     let filename = format!("taskledger-report-{month}.csv");
-    let message = Message {
-        notice: Notice {
-            id: message_id,
-            kind: "month_closed".to_owned(),
-            project: None,
-            title: format!("{} is closed", month_name(month)),
-            summary: format!(
-                "Finance closed {}: its figures are final. The monthly report is attached as {filename}.",
-                month_name(month)
-            ),
-            facts: vec![("Month".to_owned(), month.to_string())],
-            link: Some(format!("/#page=finance&month={month}")),
-            severity: Severity::Info,
-            at: closed_at,
-        },
-        event: None,
-        attachment: Some(Attachment::new(
-            &filename,
-            "text/csv",
-            report_csv.as_bytes(),
-        )),
-    };
-    let body = serde_json::to_value(&message)?;
-    let outgoing: Vec<_> = wanting
-        .into_iter()
-        .map(|channel| store::channels::Outgoing {
-            project_id: String::new(),
-            message_id,
-            channel_id: channel.id,
-            body: body.clone(),
+    let outgoing = addressed(&channels, None, "month_closed", message_id, || {
+        Ok(Message {
+            notice: Notice {
+                id: message_id,
+                kind: "month_closed".to_owned(),
+                project: None,
+                title: format!("{} is closed", month_name(month)),
+                summary: format!(
+                    "Finance closed {}: its figures are final. The monthly report is attached \
+                     as {filename}.",
+                    month_name(month)
+                ),
+                facts: vec![("Month".to_owned(), month.to_string())],
+                link: Some(format!("/#page=finance&month={month}")),
+                severity: Severity::Info,
+                at: closed_at,
+            },
+            event: None,
+            attachment: Some(Attachment::new(
+                &filename,
+                "text/csv",
+                report_csv.as_bytes(),
+            )),
         })
-        .collect();
+    })?;
     store::channels::enqueue(conn, &outgoing).await?;
     Ok(())
 }

@@ -516,11 +516,7 @@ pub async fn record_attempt(
     )
     .execute(&mut *conn)
     .await?;
-    let (state, next_attempt_at) = match next {
-        NextStep::Delivered => ("delivered", None),
-        NextStep::RetryAt(at) => ("pending", Some(at)),
-        NextStep::GiveUp => ("gave_up", None),
-    };
+    let (state, next_attempt_at) = next.stored();
     sqlx::query!(
         "UPDATE alert_deliveries SET attempts = attempts + 1, state = $3, \
              next_attempt_at = COALESCE($4, next_attempt_at), \
@@ -541,6 +537,17 @@ pub enum NextStep {
     Delivered,
     RetryAt(DateTime<Utc>),
     GiveUp,
+}
+
+impl NextStep {
+    /// The state an outbox row is left in, and when its next attempt is due if any.
+    pub fn stored(self) -> (&'static str, Option<DateTime<Utc>>) {
+        match self {
+            NextStep::Delivered => ("delivered", None),
+            NextStep::RetryAt(at) => ("pending", Some(at)),
+            NextStep::GiveUp => ("gave_up", None),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -191,7 +191,6 @@ pub async fn record_attempt(
     attempt: &super::alerts::Attempt,
     next: super::alerts::NextStep,
 ) -> sqlx::Result<()> {
-    use super::alerts::NextStep;
     sqlx::query!(
         "INSERT INTO channel_delivery_attempts \
              (project_id, message_id, channel_id, attempt, attempted_at, status_code, error, \
@@ -208,11 +207,7 @@ pub async fn record_attempt(
     )
     .execute(&mut *conn)
     .await?;
-    let (state, next_attempt_at) = match next {
-        NextStep::Delivered => ("delivered", None),
-        NextStep::RetryAt(at) => ("pending", Some(at)),
-        NextStep::GiveUp => ("gave_up", None),
-    };
+    let (state, next_attempt_at) = next.stored();
     sqlx::query!(
         "UPDATE channel_deliveries SET attempts = attempts + 1, state = $4, \
              next_attempt_at = COALESCE($5, next_attempt_at), \
@@ -279,15 +274,7 @@ pub async fn deliveries_of(
     )
     .fetch_all(pool)
     .await?;
-    let attempts = attempts_of(
-        pool,
-        &deliveries
-            .iter()
-            .map(|d| (d.project_id.clone(), d.message_id, d.channel_id))
-            .collect::<Vec<_>>(),
-    )
-    .await?;
-    Ok((deliveries, attempts))
+    with_attempts(pool, deliveries).await
 }
 
 /// A channel's latest deliveries, newest first, with their attempts.
@@ -309,25 +296,18 @@ pub async fn recent_of_channel(
     )
     .fetch_all(pool)
     .await?;
-    let attempts = attempts_of(
-        pool,
-        &deliveries
-            .iter()
-            .map(|d| (d.project_id.clone(), d.message_id, d.channel_id))
-            .collect::<Vec<_>>(),
-    )
-    .await?;
-    Ok((deliveries, attempts))
+    with_attempts(pool, deliveries).await
 }
 
-async fn attempts_of(
+/// The deliveries with every attempt made at them, in order.
+async fn with_attempts(
     pool: &PgPool,
-    keys: &[(String, Uuid, Uuid)],
-) -> sqlx::Result<Vec<ChannelAttemptRow>> {
-    let projects: Vec<&str> = keys.iter().map(|(p, _, _)| p.as_str()).collect();
-    let messages: Vec<Uuid> = keys.iter().map(|(_, m, _)| *m).collect();
-    let channels: Vec<Uuid> = keys.iter().map(|(_, _, c)| *c).collect();
-    sqlx::query_as!(
+    deliveries: Vec<ChannelDeliveryRow>,
+) -> sqlx::Result<(Vec<ChannelDeliveryRow>, Vec<ChannelAttemptRow>)> {
+    let projects: Vec<&str> = deliveries.iter().map(|d| d.project_id.as_str()).collect();
+    let messages: Vec<Uuid> = deliveries.iter().map(|d| d.message_id).collect();
+    let channels: Vec<Uuid> = deliveries.iter().map(|d| d.channel_id).collect();
+    let attempts = sqlx::query_as!(
         ChannelAttemptRow,
         "SELECT t.project_id, t.message_id, t.channel_id, t.attempt, t.attempted_at, \
                 t.status_code, t.error, t.duration_ms \
@@ -340,5 +320,6 @@ async fn attempts_of(
         &channels,
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    Ok((deliveries, attempts))
 }

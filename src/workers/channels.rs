@@ -5,7 +5,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::PgPool;
 
@@ -13,7 +12,7 @@ use crate::ledger::alerting::{Attempt, NextStep};
 use crate::ledger::channels::{self, DueMessage, Message};
 use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
 use crate::ledger::notify::Notifier;
-use crate::workers::webhooks::DeliveryPolicy;
+use crate::workers::webhooks::{DeliveryPolicy, work_outbox};
 
 pub struct ChannelDeliveries {
     pool: PgPool,
@@ -71,7 +70,11 @@ impl ChannelDeliveries {
             Err(failed) => {
                 let next = match failed.permanent {
                     true => NextStep::GiveUp,
-                    false => self.retry_or_give_up(due, outcome.attempted_at),
+                    false => self.policy.after_failure(
+                        due.attempts,
+                        outcome.attempted_at,
+                        due.created_at,
+                    ),
                 };
                 (failed.status_code, Some(failed.error), next)
             }
@@ -87,46 +90,11 @@ impl ChannelDeliveries {
         )
     }
 
-    fn retry_or_give_up(
-        &self,
-        due: &DueMessage,
-        attempted_at: chrono::DateTime<chrono::Utc>,
-    ) -> NextStep {
-        let failed_attempts = u32::try_from(due.attempts + 1).unwrap_or(u32::MAX);
-        let retry_at = attempted_at
-            + chrono::Duration::from_std(self.policy.backoff(failed_attempts))
-                .unwrap_or(chrono::Duration::MAX);
-        let deadline = due.created_at
-            + chrono::Duration::from_std(self.policy.give_up_after)
-                .unwrap_or(chrono::Duration::MAX);
-        if retry_at > deadline {
-            NextStep::GiveUp
-        } else {
-            NextStep::RetryAt(retry_at)
-        }
-    }
-
     /// Delivers until `shutdown` completes, finishing an attempt under way first.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            let more_due = match self.deliver_next().await {
-                Ok(more_due) => more_due,
-                Err(error) => {
-                    tracing::error!(error = ?error, "channel delivery failed; retrying");
-                    false
-                }
-            };
-            let pause = if more_due {
-                Duration::ZERO
-            } else {
-                self.policy.poll_interval
-            };
-            tokio::select! {
-                biased;
-                () = &mut shutdown => return,
-                () = tokio::time::sleep(pause) => {}
-            }
-        }
+        work_outbox("channel", self.policy.poll_interval, shutdown, || {
+            self.deliver_next()
+        })
+        .await
     }
 }

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use rand::Rng;
 use sqlx::PgPool;
 
@@ -40,6 +40,28 @@ impl Default for DeliveryPolicy {
 }
 
 impl DeliveryPolicy {
+    /// What follows a failed attempt at a message queued at `created_at` that had failed
+    /// `attempts_before` times: another try after the back-off, or giving up once that try
+    /// would come after `give_up_after`.
+    pub fn after_failure(
+        &self,
+        attempts_before: i32,
+        attempted_at: DateTime<Utc>,
+        created_at: DateTime<Utc>,
+    ) -> NextStep {
+        let failed_attempts = u32::try_from(attempts_before + 1).unwrap_or(u32::MAX);
+        let retry_at = attempted_at
+            + chrono::Duration::from_std(self.backoff(failed_attempts))
+                .unwrap_or(chrono::Duration::MAX);
+        let deadline = created_at
+            + chrono::Duration::from_std(self.give_up_after).unwrap_or(chrono::Duration::MAX);
+        if retry_at > deadline {
+            NextStep::GiveUp
+        } else {
+            NextStep::RetryAt(retry_at)
+        }
+    }
+
     /// The wait after `attempts` failed attempts: exponential, capped, with "equal jitter"
     /// (half fixed, half random) so that receivers coming back are not hit by a thundering
     /// herd.
@@ -135,20 +157,11 @@ impl Webhooks {
             ),
             Err(error) => (None, Some(notify::describe(error))),
         };
-        let next = if error.is_none() {
-            NextStep::Delivered
-        } else {
-            let failed_attempts = u32::try_from(delivery.attempts + 1).unwrap_or(u32::MAX);
-            let retry_at = attempted_at
-                + chrono::Duration::from_std(self.policy.backoff(failed_attempts))
-                    .unwrap_or(chrono::Duration::MAX);
-            let deadline = delivery.created_at
-                + chrono::Duration::from_std(self.policy.give_up_after)
-                    .unwrap_or(chrono::Duration::MAX);
-            if retry_at > deadline {
-                NextStep::GiveUp
-            } else {
-                NextStep::RetryAt(retry_at)
+        let next = match error {
+            None => NextStep::Delivered,
+            Some(_) => {
+                self.policy
+                    .after_failure(delivery.attempts, attempted_at, delivery.created_at)
             }
         };
         (
@@ -166,25 +179,42 @@ impl Webhooks {
     /// bounded by the request timeout): stopping halfway would leave a delivery the receiver
     /// got recorded as not made, to be sent again.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            let more_due = match self.deliver_next().await {
-                Ok(more_due) => more_due,
-                Err(error) => {
-                    tracing::error!(error = ?error, "alert delivery failed; retrying");
-                    false
-                }
-            };
-            let pause = if more_due {
-                Duration::ZERO
-            } else {
-                self.policy.poll_interval
-            };
-            tokio::select! {
-                biased;
-                () = &mut shutdown => return,
-                () = tokio::time::sleep(pause) => {}
+        work_outbox("alert", self.policy.poll_interval, shutdown, || {
+            self.deliver_next()
+        })
+        .await
+    }
+}
+
+/// Works an outbox until `shutdown` completes: one attempt after another while something is
+/// due, then a look every `poll_interval`. An attempt under way is finished first.
+pub async fn work_outbox<F, Fut>(
+    what: &'static str,
+    poll_interval: Duration,
+    shutdown: impl Future<Output = ()>,
+    mut deliver_next: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    tokio::pin!(shutdown);
+    loop {
+        let more_due = match deliver_next().await {
+            Ok(more_due) => more_due,
+            Err(error) => {
+                tracing::error!(error = ?error, outbox = what, "delivery failed; retrying");
+                false
             }
+        };
+        let pause = if more_due {
+            Duration::ZERO
+        } else {
+            poll_interval
+        };
+        tokio::select! {
+            biased;
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(pause) => {}
         }
     }
 }
