@@ -90,6 +90,8 @@ async function api(path, options = {}) {
   if (!response.ok) {
     const error = new Error(body && body.detail ? body.detail : `HTTP ${response.status}`);
     error.status = response.status;
+    // A problem+json 422 names each bad field: `[{pointer: "/target", message}]`.
+    error.errors = body && Array.isArray(body.errors) ? body.errors : [];
     throw error;
   }
   return body;
