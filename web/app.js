@@ -4,7 +4,7 @@
 // the API computed, rounded for display; floats only place marks on charts.
 const state = {
   token: null, role: null, projects: [], view: null, generation: 0, shown: null, tasks: null,
-  focusSort: null, charts: [], notice: null,
+  focusSort: null, charts: [], notice: null, channels: new Map(),
 };
 const $ = (id) => document.getElementById(id);
 const PARTS = [
@@ -90,6 +90,8 @@ async function api(path, options = {}) {
   if (!response.ok) {
     const error = new Error(body && body.detail ? body.detail : `HTTP ${response.status}`);
     error.status = response.status;
+    // A problem+json 422 names each bad field: `[{pointer: "/target", message}]`.
+    error.errors = body && Array.isArray(body.errors) ? body.errors : [];
     throw error;
   }
   return body;
@@ -1930,9 +1932,298 @@ async function renderPlanning(view, generation) {
   }
 }
 
+// ---- Channels: where alerts and month closes are sent besides each project's webhook -------
+
+const CHANNEL_KINDS = [
+  ["slack", "Slack"],
+  ["teams", "Microsoft Teams"],
+  ["email", "Email"],
+  ["pagerduty", "PagerDuty"],
+  ["webhook", "Signed webhook"],
+];
+// What a kind's target is, and an example of one.
+const CHANNEL_TARGETS = {
+  slack: ["Incoming-webhook URL", "https://hooks.slack.com/services/…"],
+  teams: ["Incoming-webhook URL", "https://…/workflows/…/triggers/manual/paths/invoke"],
+  email: ["Email addresses (comma-separated)", "finance@example.com, ml-oncall@example.com"],
+  pagerduty: ["Events API URL (optional)", "https://events.pagerduty.com/v2/enqueue"],
+  webhook: ["Incoming-webhook URL", "https://hooks.example.com/taskledger"],
+};
+const CHANNEL_ALERT_KINDS = [
+  ["actual", "Budget spent"],
+  ["forecast", "Budget forecast"],
+  ["idle_gpu", "Idle GPU"],
+  ["zombie_capacity", "Zombie capacity"],
+  ["retry_storm", "Retry storm"],
+  ["efficiency_regression", "Efficiency regression"],
+  ["month_closed", "Month closed"],
+];
+// The form's fields a problem's pointer names (`/projects/2` is the projects field).
+const CHANNEL_FIELDS = ["name", "kind", "target", "routing_key", "projects", "alert_kinds"];
+
+function labelOf(pairs, key) {
+  const found = pairs.find(([k]) => k === key);
+  return found ? found[1] : key;
+}
+
+function channelRow(c) {
+  const projects = c.projects === null ? '<span class="muted">all</span>'
+    : c.projects.map((p) => escapeHtml(p)).join(", ");
+  const kinds = c.alert_kinds === null ? '<span class="muted">all</span>'
+    : c.alert_kinds.map((k) => escapeHtml(labelOf(CHANNEL_ALERT_KINDS, k))).join(", ");
+  const key = c.routing_key ? `<div class="small muted">Routing key <code>${escapeHtml(c.routing_key)}</code></div>` : "";
+  const id = escapeHtml(c.id);
+  return `<tr data-channel="${id}">
+    <th scope="row" class="channel-name">${escapeHtml(c.name)}</th>
+    <td data-label="Kind">${escapeHtml(labelOf(CHANNEL_KINDS, c.kind))}</td>
+    <td class="target" data-label="Target"><code>${escapeHtml(c.target)}</code>${key}</td>
+    <td data-label="Projects">${projects}</td>
+    <td data-label="Alerts">${kinds}</td>
+    <td class="nowrap" data-label="Created (UTC)">${when(c.created_at)}</td>
+    <td class="channel-actions"><div class="buttons">
+      <button type="button" data-channel-test="${id}">Send test</button>
+      <button type="button" data-channel-deliveries="${id}" aria-expanded="false" aria-controls="deliveries-of-${id}">Recent deliveries</button>
+      <button type="button" class="danger" data-channel-delete="${id}">Delete</button></div>
+      <div class="test-result small" id="test-result-${id}" role="status"></div></td></tr>`;
+}
+
+function channelsTable(channels) {
+  if (channels.length === 0) {
+    return `<p class="muted" id="channels-empty">No channels yet: alerts go only to each project's webhook.</p>`;
+  }
+  return `<div class="scroll"><table class="channels">
+    <caption class="sr-only">Every channel, where it sends, and which projects and alerts it receives</caption>
+    <thead><tr><th scope="col">Name</th><th scope="col">Kind</th><th scope="col">Target</th><th scope="col">Projects</th>
+      <th scope="col">Alerts</th><th scope="col">Created (UTC)</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead>
+    <tbody id="channel-rows">${channels.map(channelRow).join("")}</tbody></table></div>`;
+}
+
+function fieldError(field) {
+  return `<p class="field-error" id="channel-${field}-error" hidden></p>`;
+}
+
+function channelForm() {
+  const kinds = CHANNEL_KINDS.map(([value, label]) => `<option value="${value}">${label}</option>`).join("");
+  const [targetLabel, targetExample] = CHANNEL_TARGETS.slack;
+  const projects = state.projects.length === 0
+    ? `<p class="muted small">No project yet: the channel receives every project's alerts.</p>`
+    : `<div class="checks">${state.projects.map((p) => `<label><input type="checkbox" name="projects" value="${escapeHtml(p.id)}">
+        ${escapeHtml(p.name)} <span class="muted">(${escapeHtml(p.id)})</span></label>`).join("")}</div>`;
+  const alertKinds = CHANNEL_ALERT_KINDS.map(([value, label]) =>
+    `<label><input type="checkbox" name="alert_kinds" value="${value}"> ${label}</label>`).join("");
+  return `<section id="channel-add"><h2>Add a channel</h2>
+    <form id="channel-form" class="panel channel-form" novalidate aria-label="Add a channel">
+      <div class="error" id="channel-form-error" role="alert" hidden></div>
+      <div class="field"><label for="channel-name">Name</label>
+        <input id="channel-name" name="name" autocomplete="off" placeholder="ML on-call" aria-describedby="channel-name-error">${fieldError("name")}</div>
+      <div class="field"><label for="channel-kind">Kind</label>
+        <select id="channel-kind" name="kind" aria-describedby="channel-kind-error">${kinds}</select>${fieldError("kind")}</div>
+      <div class="field wide"><label for="channel-target" id="channel-target-label">${targetLabel}</label>
+        <input id="channel-target" name="target" autocomplete="off" placeholder="${escapeHtml(targetExample)}" aria-describedby="channel-target-error">${fieldError("target")}</div>
+      <div class="field" id="channel-routing-key-field" hidden><label for="channel-routing_key">Routing key</label>
+        <input id="channel-routing_key" name="routing_key" autocomplete="off" placeholder="Integration key" aria-describedby="channel-routing_key-error">${fieldError("routing_key")}</div>
+      <fieldset class="field wide" aria-describedby="channel-projects-error"><legend>Projects <span class="muted small">(none checked: every project)</span></legend>
+        ${projects}${fieldError("projects")}</fieldset>
+      <fieldset class="field wide" aria-describedby="channel-alert_kinds-error"><legend>Alerts <span class="muted small">(none checked: every kind)</span></legend>
+        <div class="checks">${alertKinds}</div>${fieldError("alert_kinds")}</fieldset>
+      <div class="field wide"><button class="primary" type="submit" id="channel-submit">Add channel</button></div>
+    </form></section>`;
+}
+
+// The target's label, example and the routing key follow the kind chosen.
+function channelKindChanged() {
+  const kind = $("channel-kind").value;
+  const [label, example] = CHANNEL_TARGETS[kind];
+  $("channel-target-label").textContent = label;
+  $("channel-target").placeholder = example;
+  $("channel-routing-key-field").hidden = kind !== "pagerduty";
+}
+
+function clearChannelErrors() {
+  $("channel-form-error").hidden = true;
+  for (const field of CHANNEL_FIELDS) {
+    const box = $(`channel-${field}-error`);
+    box.hidden = true;
+    box.textContent = "";
+    const input = $(`channel-${field}`);
+    if (input) input.removeAttribute("aria-invalid");
+  }
+}
+
+// Shows each error of a 422 next to the field its pointer names; the others above the form.
+function showChannelErrors(error) {
+  const general = [];
+  const errors = error.errors && error.errors.length ? error.errors : [{ pointer: "", message: error.message }];
+  for (const e of errors) {
+    const field = CHANNEL_FIELDS.find((f) => e.pointer === `/${f}` || e.pointer.startsWith(`/${f}/`));
+    const box = field && $(`channel-${field}-error`);
+    if (!box || (field === "routing_key" && $("channel-routing-key-field").hidden)) {
+      general.push(e.pointer ? `${e.pointer}: ${e.message}` : e.message);
+      continue;
+    }
+    box.textContent = box.textContent ? `${box.textContent}; ${e.message}` : e.message;
+    box.hidden = false;
+    const input = $(`channel-${field}`);
+    if (input) input.setAttribute("aria-invalid", "true");
+  }
+  if (general.length) {
+    $("channel-form-error").textContent = general.join(" ");
+    $("channel-form-error").hidden = false;
+  }
+  const first = $("channel-form").querySelector('[aria-invalid="true"], fieldset:has(.field-error:not([hidden])) input');
+  if (first) first.focus();
+}
+
+async function addChannel(form) {
+  clearChannelErrors();
+  const data = new FormData(form);
+  const kind = String(data.get("kind"));
+  const body = { name: String(data.get("name") || "").trim(), kind };
+  const target = String(data.get("target") || "").trim();
+  if (target) body.target = target;
+  const key = String(data.get("routing_key") || "").trim();
+  if (kind === "pagerduty") body.routing_key = key;
+  const projects = data.getAll("projects").map(String);
+  if (projects.length) body.projects = projects;
+  const alertKinds = data.getAll("alert_kinds").map(String);
+  if (alertKinds.length) body.alert_kinds = alertKinds;
+  const button = $("channel-submit");
+  button.disabled = true;
+  try {
+    const created = await api("/v1/channels", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    form.reset();
+    channelKindChanged();
+    await loadChannels(`Channel ${created.name} added.`);
+  } catch (error) {
+    showChannelErrors(error);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// Reads the channels again and redraws their table; `notice` says what just changed.
+async function loadChannels(notice) {
+  const channels = await api("/v1/channels");
+  state.channels = new Map(channels.map((c) => [c.id, c]));
+  $("channels-list").innerHTML = channelsTable(channels);
+  const box = $("channels-notice");
+  box.textContent = notice || "";
+  box.hidden = !notice;
+  if (notice) announce(notice);
+}
+
+function channelsError(message) {
+  $("channels-error").textContent = message;
+  $("channels-error").hidden = false;
+}
+
+async function testChannel(id) {
+  const result = $(`test-result-${id}`);
+  const button = document.querySelector(`button[data-channel-test="${CSS.escape(id)}"]`);
+  button.disabled = true;
+  result.className = "test-result small";
+  result.textContent = "Sending…";
+  try {
+    const r = await api(`/v1/channels/${encodeURIComponent(id)}/test`, { method: "POST" });
+    const answered = [r.status_code, r.answer].filter((x) => x !== null && x !== undefined && x !== "").join(" ");
+    const took = ` · ${r.duration_ms} ms`;
+    if (r.delivered) {
+      result.className = "test-result small delivered";
+      result.textContent = `Delivered${answered ? ` (${answered.length > 80 ? `${answered.slice(0, 80)}…` : answered})` : ""}${took}`;
+    } else {
+      result.className = "test-result small gave_up";
+      result.textContent = `Not delivered: ${r.error || `status ${r.status_code}`}${took}`;
+    }
+  } catch (error) {
+    result.className = "test-result small gave_up";
+    result.textContent = `Not sent: ${error.message}`;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function deliveryRow(d) {
+  const last = d.attempts.length ? d.attempts[d.attempts.length - 1] : null;
+  const lastText = last === null ? (d.next_attempt_at ? `First try at ${when(d.next_attempt_at)}` : "—")
+    : [last.status_code, last.error].filter((x) => x !== null && x !== undefined).join(" · ") || "—";
+  const next = d.state === "pending" && d.next_attempt_at && last !== null ? `<div class="small muted">next try ${when(d.next_attempt_at)}</div>` : "";
+  return `<tr><td class="nowrap" data-label="When (UTC)">${when(d.created_at)}</td><td data-label="Project">${d.project === null ? "—" : escapeHtml(d.project)}</td>
+    <td data-label="State"><span class="pill ${escapeHtml(d.state)}">${escapeHtml(d.state.replace("_", " "))}</span></td>
+    <td class="num" data-label="Attempts">${d.attempts.length}</td><td class="wrap" data-label="Last status or error">${escapeHtml(lastText)}${next}</td></tr>`;
+}
+
+async function toggleDeliveries(id) {
+  const button = document.querySelector(`button[data-channel-deliveries="${CSS.escape(id)}"]`);
+  const open = $(`deliveries-of-${id}`);
+  if (open) {
+    open.remove();
+    button.setAttribute("aria-expanded", "false");
+    return;
+  }
+  const row = button.closest("tr");
+  const extra = document.createElement("tr");
+  extra.id = `deliveries-of-${id}`;
+  extra.className = "deliveries";
+  extra.innerHTML = `<td colspan="7"><p class="muted small" role="status">Loading the latest deliveries…</p></td>`;
+  row.after(extra);
+  button.setAttribute("aria-expanded", "true");
+  try {
+    const deliveries = await api(`/v1/channels/${encodeURIComponent(id)}/deliveries`);
+    const name = state.channels.has(id) ? state.channels.get(id).name : id;
+    extra.firstElementChild.innerHTML = deliveries.length === 0
+      ? `<p class="muted small">Nothing has been sent to ${escapeHtml(name)} yet (test messages are not kept).</p>`
+      : `<div class="scroll"><table class="deliveries"><caption class="sr-only">The latest deliveries to ${escapeHtml(name)}</caption>
+        <thead><tr><th scope="col">When (UTC)</th><th scope="col">Project</th><th scope="col">State</th>
+          <th scope="col" class="num">Attempts</th><th scope="col">Last status or error</th></tr></thead>
+        <tbody id="delivery-rows-${escapeHtml(id)}">${deliveries.map(deliveryRow).join("")}</tbody></table></div>`;
+  } catch (error) {
+    extra.firstElementChild.innerHTML = `<div class="error" role="alert">${escapeHtml(error.message)}</div>`;
+  }
+}
+
+async function deleteChannel(id) {
+  const channel = state.channels.get(id);
+  const name = channel ? channel.name : id;
+  if (!confirm(`Delete the channel “${name}”? Nothing more is sent to it, and what it still had to deliver is cancelled.`)) return;
+  try {
+    await api(`/v1/channels/${encodeURIComponent(id)}`, { method: "DELETE" });
+    await loadChannels(`Channel ${name} deleted.`);
+  } catch (error) {
+    channelsError(error.message);
+  }
+}
+
+async function renderChannels(view, generation) {
+  destroyCharts();
+  state.shown = null;
+  if (!mayReadReports()) {
+    $("main").innerHTML = `<div class="panel" role="alert"><h2>Channels need a finance or admin token</h2></div>`;
+    document.body.dataset.loaded = "true";
+    return;
+  }
+  $("main").innerHTML = `<p class="muted" role="status">Loading the channels…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    const channels = await api("/v1/channels");
+    if (generation !== state.generation) return;
+    state.channels = new Map(channels.map((c) => [c.id, c]));
+    const masked = state.role === "admin" ? "" : " Targets are shown masked: only an admin token sees them whole.";
+    $("main").innerHTML = pageHead("Channels")
+      + `<p class="muted intro">Slack, Teams, email, PagerDuty and signed webhooks that alerts and month closes are sent to, besides each project's own webhook.${masked}</p>`
+      + `<div class="notice" id="channels-notice" role="status" hidden></div><div class="error" id="channels-error" role="alert" hidden></div>`
+      + `<section id="channels" aria-labelledby="page-title"><div class="panel" id="channels-list">${channelsTable(channels)}</div></section>`
+      + channelForm();
+    pageLoaded("Channels · taskledger");
+  } catch (error) {
+    pageFailed(error, generation);
+  }
+}
+
 // ---- What is shown, read from the URL hash ---------------------------------------------------
 
-const PAGES = ["finance", "fleet", "planning", "project"];
+const PAGES = ["finance", "fleet", "planning", "channels", "project"];
 
 // `#page=finance&month=…`, `#project=…&month=…&sort=…&order=…&status=…` or, for one task,
 // `…&task=…`. Without a page or a project, finance opens on its page and others on a project.
@@ -1958,6 +2249,7 @@ function hashView() {
 
 function hashOf(view) {
   if (view.page === "finance" || view.page === "fleet") return `#${new URLSearchParams({ page: view.page, month: view.month })}`;
+  if (view.page === "channels") return "#page=channels";
   if (view.page === "planning") {
     const params = new URLSearchParams({ page: "planning", month: view.month });
     if (view.model) params.set("model", view.model);
@@ -1982,10 +2274,12 @@ function showNav(view) {
   if (mayReadReports()) links.push(["finance", "Finance", hashOf({ ...view, page: "finance" })]);
   if (mayReadReports()) links.push(["fleet", "Fleet", hashOf({ ...view, page: "fleet" })]);
   if (mayReadReports()) links.push(["planning", "Planning", hashOf({ ...view, page: "planning" })]);
+  if (mayReadReports()) links.push(["channels", "Channels", hashOf({ ...view, page: "channels" })]);
   if (state.projects.length) links.push(["project", "Project", hashOf({ ...view, page: "project", task: null })]);
   $("nav").innerHTML = links.map(([page, label, href]) =>
     `<a href="${escapeHtml(href)}"${view.page === page ? ' aria-current="page"' : ""}>${label}</a>`).join("");
   $("project-picker").hidden = view.page !== "project" || state.projects.length === 0;
+  $("month").closest("label").hidden = view.page === "channels";
 }
 
 async function route() {
@@ -2005,6 +2299,8 @@ async function route() {
     await renderFleet(view, state.generation);
   } else if (view.page === "planning") {
     await renderPlanning(view, state.generation);
+  } else if (view.page === "channels") {
+    await renderChannels(view, state.generation);
   } else if (view.task !== null) {
     destroyCharts();
     await renderTask(view, state.generation);
@@ -2040,6 +2336,12 @@ document.addEventListener("click", (event) => {
     $("close-month").focus();
   } else if (event.target.closest("#close-confirm")) {
     closeMonth();
+  } else if (event.target.closest("button[data-channel-test]")) {
+    testChannel(event.target.closest("button[data-channel-test]").dataset.channelTest);
+  } else if (event.target.closest("button[data-channel-deliveries]")) {
+    toggleDeliveries(event.target.closest("button[data-channel-deliveries]").dataset.channelDeliveries);
+  } else if (event.target.closest("button[data-channel-delete]")) {
+    deleteChannel(event.target.closest("button[data-channel-delete]").dataset.channelDelete);
   } else if (event.target.closest("#plan-reset")) {
     go({ ...state.view, prices: {} });
   } else if (event.target.closest("#download-csv")) {
@@ -2049,6 +2351,11 @@ document.addEventListener("click", (event) => {
   }
 });
 document.addEventListener("submit", (event) => {
+  if (event.target.id === "channel-form") {
+    event.preventDefault();
+    addChannel(event.target);
+    return;
+  }
   if (event.target.id !== "plan-form") return;
   event.preventDefault();
   const form = new FormData(event.target);
@@ -2057,6 +2364,7 @@ document.addEventListener("submit", (event) => {
 });
 document.addEventListener("change", (event) => {
   if (event.target.id === "task-status") go({ ...state.view, status: event.target.value });
+  if (event.target.id === "channel-kind") channelKindChanged();
 });
 
 const fragment = new URLSearchParams(location.hash.slice(1));

@@ -51,7 +51,8 @@ async fn channel(app: &TestApp, body: Value) -> Value {
     response.json()
 }
 
-async fn project(app: &TestApp, id: &str) -> taskledger::store::projects::ProjectRow {
+/// Creates a project with a monthly budget of 1000 USD.
+pub(crate) async fn project(app: &TestApp, id: &str) -> taskledger::store::projects::ProjectRow {
     let response = app
         .post(
             "/v1/projects",
@@ -67,7 +68,11 @@ async fn project(app: &TestApp, id: &str) -> taskledger::store::projects::Projec
 }
 
 /// Fires the budget alerts a spend reaches in November 2026, as of the 2nd.
-async fn fire(app: &TestApp, project: &taskledger::store::projects::ProjectRow, spend: i64) {
+pub(crate) async fn fire(
+    app: &TestApp,
+    project: &taskledger::store::projects::ProjectRow,
+    spend: i64,
+) {
     let month = Month::parse("2026-11").unwrap();
     let as_of = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
     let b = burn::burn(

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use rust_decimal::{Decimal, RoundingStrategy};
@@ -10,9 +11,12 @@ use serde_json::{Value, json};
 
 use taskledger::config::{Clock, Settings};
 use taskledger::ledger::demo::{self, Loaded};
+use taskledger::ledger::notify::Notifier;
+use taskledger::workers::channels::ChannelDeliveries;
 
 use crate::browser::Browser;
 use crate::common::TestApp;
+use crate::common::receivers::{Platform, Receiver};
 use crate::fixtures::{
     contract, record, worked_example, worked_example_contracts, worked_example_records,
 };
@@ -1852,4 +1856,279 @@ async fn the_project_page_lists_the_workloads_regressed_now() {
     }
 
     screenshot_vision_november(&app, at, 1000, "#efficiency", "regressions.png").await;
+}
+
+/// Sets the value of the form control `selector` picks as typing or choosing would, with the
+/// events a person's input fires.
+fn fill(browser: &mut Browser, selector: &str, value: &str) {
+    let selector = serde_json::to_string(selector).unwrap();
+    let value = serde_json::to_string(value).unwrap();
+    browser.eval(&format!(
+        "(() => {{ const e = document.querySelector({selector}); e.focus(); e.value = {value};
+           e.dispatchEvent(new Event('input', {{bubbles: true}}));
+           e.dispatchEvent(new Event('change', {{bubbles: true}})); }})()"
+    ));
+}
+
+/// The text of the element with this id as the page shows it now.
+fn shown_text(browser: &mut Browser, id: &str) -> String {
+    browser
+        .eval(&format!("document.getElementById('{id}').textContent"))
+        .as_str()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test]
+async fn the_channels_page_lists_adds_tests_and_deletes_channels() {
+    let app = TestApp::spawn().await;
+    let vision = crate::channels::project(&app, "vision").await;
+    let slack = Receiver::start(Platform::Slack).await;
+    let created = app
+        .post(
+            "/v1/channels",
+            &app.admin,
+            json!({"name": "ML <b>on-call</b>", "kind": "slack", "target": slack.url(),
+                   "projects": ["vision"]}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
+    let slack_id = created.json()["id"].as_str().unwrap().to_owned();
+    // Two budget alerts reach the channel, so that it has deliveries to show.
+    crate::channels::fire(&app, &vision, 850).await;
+    let worker = ChannelDeliveries::new(
+        app.pool.clone(),
+        Arc::new(Notifier::unconfigured()),
+        crate::alerts::quick_policy(),
+    );
+    assert_eq!(worker.deliver_due().await.unwrap(), 2);
+    assert_eq!(slack.received().len(), 2);
+
+    let finance = app.token("finance", &[]).await;
+    let reader = app.token("reader", &["vision"]).await;
+    let admin = app.admin.clone();
+    let served = app.serve().await;
+    let origin = served.url();
+    let at = |token: &str| format!("{origin}/#token={token}&page=channels");
+    let (admin_url, finance_url, reader_url) = (at(&admin), at(&finance), at(&reader));
+    let id = slack_id.clone();
+    let received_before_test = slack.received().len();
+
+    // The browser runs on a blocking thread while the server and the receiver answer it here.
+    let browser_run = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        let mut doms = Vec::new();
+        let mut overflows = Vec::new();
+        browser.open(&admin_url);
+        doms.push(browser.dom());
+
+        browser.click(&format!(r#"button[data-channel-test="{id}"]"#));
+        browser.wait_for(&format!(
+            "!['', 'Sending…'].includes(document.getElementById('test-result-{id}').textContent)"
+        ));
+        let test_result = shown_text(&mut browser, &format!("test-result-{id}"));
+
+        browser.click(&format!(r#"button[data-channel-deliveries="{id}"]"#));
+        browser.wait_for(&format!("document.getElementById('delivery-rows-{id}')"));
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("channels-1280.png"));
+        browser.click(&format!(r#"button[data-channel-deliveries="{id}"]"#));
+        browser.wait_for(&format!("!document.getElementById('deliveries-of-{id}')"));
+
+        // A second channel through the form: email, to finance, for closed months only.
+        fill(&mut browser, "#channel-kind", "email");
+        let email_label = shown_text(&mut browser, "channel-target-label");
+        fill(&mut browser, "#channel-name", "Finance mail");
+        fill(&mut browser, "#channel-target", "finance@example.com");
+        browser.click(r#"input[name="alert_kinds"][value="month_closed"]"#);
+        browser.click("#channel-submit");
+        browser.wait_for("document.querySelectorAll('#channel-rows tr').length === 2");
+        doms.push(browser.dom());
+
+        // A bad form: each error the API names is shown by its field, and nothing is added.
+        fill(&mut browser, "#channel-name", "");
+        fill(&mut browser, "#channel-kind", "email");
+        fill(&mut browser, "#channel-target", "finance at example.com");
+        browser.click("#channel-submit");
+        browser.wait_for("!document.getElementById('channel-target-error').hidden");
+        let target_error = shown_text(&mut browser, "channel-target-error");
+        let name_error = shown_text(&mut browser, "channel-name-error");
+        let target_invalid =
+            browser.eval("document.getElementById('channel-target').getAttribute('aria-invalid')");
+        doms.push(browser.dom());
+        browser.screenshot_of("#channel-add", &screenshot_path("channels-form-errors.png"));
+
+        browser.resize(390, 844);
+        browser.open(&admin_url);
+        browser.click(&format!(r#"button[data-channel-deliveries="{id}"]"#));
+        browser.wait_for(&format!("document.getElementById('delivery-rows-{id}')"));
+        overflows.push(("channels at 390 px".to_owned(), overflow(&mut browser)));
+        browser.screenshot(&screenshot_path("channels-390.png"));
+        browser.resize(1280, 900);
+
+        // Finance sees the channels with their targets masked.
+        browser.open(&finance_url);
+        doms.push(browser.dom());
+        browser.screenshot(&screenshot_path("channels-finance.png"));
+
+        // A reader has no channels page and no link to one.
+        browser.open(&reader_url);
+        doms.push(browser.dom());
+
+        // Deleting asks first, then the channel is gone from the table.
+        browser.open(&admin_url);
+        browser.eval("window.confirm = (message) => { window.asked = message; return true; }");
+        browser.click(&format!(r#"button[data-channel-delete="{id}"]"#));
+        browser.wait_for("document.querySelectorAll('#channel-rows tr').length === 1");
+        let asked = browser.eval("window.asked");
+        doms.push(browser.dom());
+        browser.click("#channel-rows button[data-channel-delete]");
+        browser.wait_for("document.getElementById('channels-empty')");
+        doms.push(browser.dom());
+        let seen = Seen {
+            doms,
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: overflows,
+        };
+        (
+            seen,
+            test_result,
+            email_label,
+            target_error,
+            name_error,
+            target_invalid,
+            asked,
+        )
+    });
+    let (seen, test_result, email_label, target_error, name_error, target_invalid, asked) =
+        browser_run.await.unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    let [
+        listed,
+        deliveries,
+        added,
+        bad_form,
+        finance_view,
+        reader_view,
+        deleted,
+        none,
+    ] = &seen.doms[..]
+    else {
+        panic!("{} pages", seen.doms.len())
+    };
+
+    // The channel as the API has it; its name is shown as text, not markup.
+    let rows = table_rows(listed, "channel-rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0][..5],
+        [
+            "ML <b>on-call</b>",
+            "Slack",
+            slack.url().as_str(),
+            "vision",
+            "all"
+        ]
+    );
+    assert_eq!(
+        rows[0][5],
+        created.json()["created_at"].as_str().unwrap()[..16].replace('T', " ")
+    );
+    assert!(listed.contains("ML &lt;b&gt;on-call&lt;/b&gt;"));
+    assert!(!listed.contains("<b>on-call</b>"));
+    assert!(rows[0][6].contains("Send test") && rows[0][6].contains("Delete"));
+    assert!(
+        listed.contains(">Channels</a>"),
+        "a channels link for an admin"
+    );
+
+    // The test message reached the receiver, once, and the page says what it answered.
+    assert!(
+        test_result.starts_with("Delivered (200 ok)"),
+        "{test_result}"
+    );
+    assert_eq!(slack.received().len(), received_before_test + 1);
+    assert!(
+        slack.received().last().unwrap().json()["text"]
+            .as_str()
+            .unwrap()
+            .contains("Test message")
+    );
+
+    // Its latest deliveries: the two budget alerts, delivered at the first attempt.
+    let delivered = table_rows(deliveries, &format!("delivery-rows-{slack_id}"));
+    assert_eq!(delivered.len(), 2, "{delivered:?}");
+    for row in &delivered {
+        assert_eq!(row[1..], ["vision", "delivered", "1", "200"]);
+    }
+
+    // The form's channel is in the table as the API answered it.
+    assert_eq!(email_label, "Email addresses (comma-separated)");
+    let rows = table_rows(added, "channel-rows");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        rows[1][..5],
+        [
+            "Finance mail",
+            "Email",
+            "finance@example.com",
+            "all",
+            "Month closed"
+        ]
+    );
+    assert!(text(added).contains("Channel Finance mail added."));
+
+    // The bad form's errors are the API's, next to their fields.
+    assert!(
+        target_error.contains("`finance at example.com` is not an email address"),
+        "{target_error}"
+    );
+    assert!(!name_error.is_empty(), "the empty name is named too");
+    assert_eq!(target_invalid, json!("true"));
+    assert_eq!(table_rows(bad_form, "channel-rows").len(), 2);
+
+    // Finance sees where a channel sends, not the secret in its URL or the addresses.
+    let rows = table_rows(finance_view, "channel-rows");
+    let host = slack
+        .url()
+        .split('/')
+        .nth(2)
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(rows[0][2], format!("http://{host}/…"));
+    assert_eq!(rows[1][2], "…@example.com");
+    let secret_path = &slack.url()[slack.url().find("/services/").unwrap()..];
+    assert!(
+        !finance_view.contains(secret_path),
+        "the webhook's path is secret"
+    );
+    assert!(!finance_view.contains("finance@example.com"));
+    assert!(text(finance_view).contains("only an admin token sees them whole"));
+
+    assert!(
+        !reader_view.contains(">Channels</a>"),
+        "no channels link for a reader"
+    );
+    assert!(text(reader_view).contains("Channels need a finance or admin token"));
+    assert!(!reader_view.contains("channel-rows"));
+
+    // The deleted channel is gone; the other stays.
+    assert!(
+        asked.as_str().unwrap().contains("ML <b>on-call</b>"),
+        "{asked}"
+    );
+    let rows = table_rows(deleted, "channel-rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0][0], "Finance mail");
+    assert!(text(deleted).contains("Channel ML <b>on-call</b> deleted."));
+    assert!(text(none).contains("No channels yet: alerts go only to each project's webhook."));
+    let left = app.get("/v1/channels", &app.admin).await.json();
+    assert_eq!(left, json!([]));
 }
