@@ -7,7 +7,7 @@
 //! it sends, so a retry says the same. A channel deleted stops at once: its pending
 //! messages are cancelled in the transaction that deletes it, and the worker only claims
 //! messages of channels not deleted, so one queued by a transaction that raced the delete is
-//! never sent either.
+//! never sent either (and is cancelled when the worker next finds nothing due).
 
 use base64::Engine;
 use chrono::{DateTime, Utc};
@@ -512,7 +512,9 @@ fn url_component(text: &str) -> String {
 
 /// Makes one attempt at the channel message due first, in a transaction that holds it (so
 /// no other replica sends it meanwhile), and records what came of it; `None` when nothing
-/// is due. `attempt` sends it and says what comes next.
+/// is due, after cancelling what deleted channels still had pending (messages queued by a
+/// transaction that raced the delete, which the claim skips). `attempt` sends it and says
+/// what comes next.
 pub async fn deliver_next(
     pool: &PgPool,
     attempt: impl AsyncFnOnce(
@@ -523,6 +525,7 @@ pub async fn deliver_next(
     let mut tx = pool.begin().await?;
     let Some(due) = store::channels::claim_due(&mut tx).await? else {
         tx.rollback().await?;
+        store::channels::cancel_for_deleted(&mut *pool.acquire().await?).await?;
         return Ok(None);
     };
     let (made, next) = match serde_json::from_value::<Message>(due.body.clone()) {

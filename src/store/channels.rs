@@ -138,6 +138,19 @@ pub async fn enqueue(conn: &mut PgConnection, outgoing: &[Outgoing]) -> sqlx::Re
     Ok(())
 }
 
+/// Cancels the pending messages of deleted channels: those a transaction queued while it
+/// raced the channel's delete (which cancelled the ones committed before it).
+pub async fn cancel_for_deleted(conn: &mut PgConnection) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        "UPDATE channel_deliveries d SET state = 'cancelled', finished_at = now() \
+         FROM channels c \
+         WHERE c.id = d.channel_id AND c.deleted_at IS NOT NULL AND d.state = 'pending'"
+    )
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
 /// A queued message claimed for an attempt, with the channel it goes to.
 #[derive(Debug, Clone)]
 pub struct DueMessage {

@@ -520,3 +520,61 @@ async fn a_test_message_reports_what_the_receiver_answered() {
         "a test message is not queued"
     );
 }
+
+#[tokio::test]
+async fn alerts_fired_while_a_channel_is_deleted_never_reach_it() {
+    let app = TestApp::spawn().await;
+    let doomed = Receiver::start(Platform::Slack).await;
+    let kept = Receiver::start(Platform::Slack).await;
+    let gone = channel(
+        &app,
+        json!({"name": "Gone", "kind": "slack", "target": doomed.url()}),
+    )
+    .await;
+    channel(
+        &app,
+        json!({"name": "Kept", "kind": "slack", "target": kept.url()}),
+    )
+    .await;
+    let mut projects = Vec::new();
+    for i in 0..8 {
+        projects.push(project(&app, &format!("p{i}")).await);
+    }
+    // Eight projects fire their alerts while the channel is deleted: whichever transactions
+    // read the channel before the delete committed queue a message for it, and none is sent.
+    let firing: Vec<_> = projects
+        .iter()
+        .map(|p| {
+            let app = &app;
+            async move { fire(app, p, 850).await }
+        })
+        .collect();
+    let path = format!("/v1/channels/{}", gone["id"].as_str().unwrap());
+    let (_, deleted) = tokio::join!(
+        futures::future::join_all(firing),
+        app.delete(&path, &app.admin)
+    );
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+
+    let worker = ChannelDeliveries::new(app.pool.clone(), notifier(None), quick_policy());
+    worker.deliver_due().await.unwrap();
+    assert_eq!(
+        doomed.received().len(),
+        0,
+        "nothing leaves for a deleted channel"
+    );
+    assert_eq!(
+        kept.received().len(),
+        16,
+        "two alerts for each of eight projects"
+    );
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM channel_deliveries WHERE state = 'pending'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        pending, 0,
+        "what was queued for it was cancelled or never claimed"
+    );
+}
