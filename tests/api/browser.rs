@@ -297,8 +297,20 @@ impl Browser {
     pub fn downloaded(&mut self, name: &str) -> Vec<u8> {
         let path = self.downloads.path().join(name);
         let started = Instant::now();
-        // Chromium writes to a temporary name and renames the file when it is complete.
-        while !path.exists() {
+        // Chromium writes to a temporary `.crdownload` name and renames it over the file
+        // when it is complete; it may create the file empty first, as a placeholder.
+        let in_progress = |dir: &std::path::Path| {
+            std::fs::read_dir(dir).unwrap().any(|entry| {
+                entry
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".crdownload")
+            })
+        };
+        // Every file the tests download has content, so an empty one is the placeholder.
+        let complete = |path: &std::path::Path| path.metadata().is_ok_and(|m| m.len() > 0);
+        while !complete(&path) || in_progress(self.downloads.path()) {
             assert!(
                 started.elapsed() < LOAD_TIMEOUT,
                 "{name} was not downloaded"
