@@ -1006,6 +1006,32 @@ pub fn records_with_flops(from: &str, to: &str) -> String {
     )
 }
 
+/// Whether any record of the scope with FLOPs may have segments in `[from, to)`, read from
+/// the partial index of such records alone: most periods have none, and then the join of
+/// their segments is not run at all.
+async fn any_flops(
+    conn: &mut PgConnection,
+    scope: Scope<'_>,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> sqlx::Result<bool> {
+    let project = match scope {
+        Scope::Project(project, _) => Some(project.to_string()),
+        Scope::EveryProject => None,
+    };
+    sqlx::query_scalar!(
+        "SELECT EXISTS (SELECT 1 FROM job_records \
+                        WHERE peak_flops IS NOT NULL \
+                          AND ($1::text IS NULL OR project_id = $1) \
+                          AND ended_at >= $2::timestamptz AND started_at < $3::timestamptz + interval '1 hour') \
+                AS \"any!\"",
+        project,
+        from,
+        to,
+    )
+    .fetch_one(conn)
+    .await
+}
+
 /// The model FLOPs of the scope's segments over `[from, to)` by group, for MFU.
 pub async fn mfu_sums(
     conn: &mut PgConnection,
@@ -1013,6 +1039,9 @@ pub async fn mfu_sums(
     (from, to): (DateTime<Utc>, DateTime<Utc>),
     tz: Tz,
 ) -> sqlx::Result<Vec<MfuRow>> {
+    if !any_flops(conn, scope, (from, to)).await? {
+        return Ok(Vec::new());
+    }
     let mut binder = Binder::new();
     let grouping = scope.grouping();
     let projects = scope.projects(&mut binder);
