@@ -10,9 +10,8 @@ use sqlx::PgPool;
 
 use crate::ledger::alerting::{Attempt, NextStep};
 use crate::ledger::channels::{self, DueMessage, Message};
-use crate::ledger::instruments::{ALERT_DELIVERIES, ALERT_DELIVERY_FAILURES};
 use crate::ledger::notify::Notifier;
-use crate::workers::webhooks::{DeliveryPolicy, work_outbox};
+use crate::workers::webhooks::{DeliveryPolicy, count_attempt, work_outbox};
 
 pub struct ChannelDeliveries {
     pool: PgPool,
@@ -47,18 +46,10 @@ impl ChannelDeliveries {
         else {
             return Ok(false);
         };
-        let result = match next {
-            NextStep::Delivered => "delivered",
-            NextStep::RetryAt(_) => "retry",
-            NextStep::GiveUp => "gave_up",
-        };
-        if next != NextStep::Delivered {
-            metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
-        }
         if next == NextStep::GiveUp {
             tracing::warn!(message = %due.message_id, channel = %due.channel.id, "gave up delivering a message to a channel");
         }
-        metrics::counter!(ALERT_DELIVERIES, "result" => result).increment(1);
+        count_attempt(next);
         Ok(true)
     }
 

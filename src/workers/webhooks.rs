@@ -113,21 +113,10 @@ impl Webhooks {
         else {
             return Ok(false);
         };
-        if next != NextStep::Delivered {
-            metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
+        if next == NextStep::GiveUp {
+            tracing::warn!(alert = %delivery.alert_id, url = %delivery.url, "gave up delivering an alert");
         }
-        match next {
-            NextStep::Delivered => {
-                metrics::counter!(ALERT_DELIVERIES, "result" => "delivered").increment(1)
-            }
-            NextStep::RetryAt(_) => {
-                metrics::counter!(ALERT_DELIVERIES, "result" => "retry").increment(1)
-            }
-            NextStep::GiveUp => {
-                tracing::warn!(alert = %delivery.alert_id, url = %delivery.url, "gave up delivering an alert");
-                metrics::counter!(ALERT_DELIVERIES, "result" => "gave_up").increment(1)
-            }
-        }
+        count_attempt(next);
         Ok(true)
     }
 
@@ -184,6 +173,20 @@ impl Webhooks {
         })
         .await
     }
+}
+
+/// Counts an attempt in `taskledger_alert_deliveries_total` by what came of it, and a failed
+/// one in `taskledger_alert_delivery_failures_total`.
+pub fn count_attempt(next: NextStep) {
+    let result = match next {
+        NextStep::Delivered => "delivered",
+        NextStep::RetryAt(_) => "retry",
+        NextStep::GiveUp => "gave_up",
+    };
+    if next != NextStep::Delivered {
+        metrics::counter!(ALERT_DELIVERY_FAILURES).increment(1);
+    }
+    metrics::counter!(ALERT_DELIVERIES, "result" => result).increment(1);
 }
 
 /// Works an outbox until `shutdown` completes: one attempt after another while something is

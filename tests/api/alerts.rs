@@ -42,7 +42,7 @@ async fn project_with_webhook(app: &TestApp, url: &str) -> taskledger::store::pr
 }
 
 /// Fires the alerts a spend reaches in November 2026, as of the 2nd (no forecast yet).
-async fn fire(
+pub(crate) async fn fire(
     app: &TestApp,
     project: &taskledger::store::projects::ProjectRow,
     spend: i64,

@@ -7,18 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
-use chrono::{TimeZone, Utc};
-use rust_decimal::Decimal;
 use serde_json::{Value, json};
 
 use taskledger::config::{Clock, Settings};
-use taskledger::domain::burn;
-use taskledger::domain::values::Month;
 use taskledger::ledger::mail::Mailer;
 use taskledger::ledger::notify::Notifier;
 use taskledger::workers::channels::ChannelDeliveries;
 
-use crate::alerts::quick_policy;
+use crate::alerts::{fire, quick_policy};
 use crate::common::TestApp;
 use crate::common::receivers::{Platform, Receiver};
 use crate::common::smtp::{SmtpMode, SmtpSink};
@@ -65,27 +61,6 @@ pub(crate) async fn project(app: &TestApp, id: &str) -> taskledger::store::proje
         .await
         .unwrap()
         .unwrap()
-}
-
-/// Fires the budget alerts a spend reaches in November 2026, as of the 2nd.
-pub(crate) async fn fire(
-    app: &TestApp,
-    project: &taskledger::store::projects::ProjectRow,
-    spend: i64,
-) {
-    let month = Month::parse("2026-11").unwrap();
-    let as_of = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
-    let b = burn::burn(
-        Decimal::from(spend),
-        Some(Decimal::from(1000)),
-        month.first_day(),
-        as_of,
-        chrono_tz::UTC,
-    );
-    let reached = burn::alerts_reached(&b, &project.alert_thresholds);
-    taskledger::ledger::alerting::fire_reached(&app.pool, project, month, &b, &reached, as_of)
-        .await
-        .unwrap();
 }
 
 async fn alerts(app: &TestApp, project: &str) -> Vec<Value> {

@@ -1897,7 +1897,7 @@ async fn the_channels_page_lists_adds_tests_and_deletes_channels() {
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
     let slack_id = created.json()["id"].as_str().unwrap().to_owned();
     // Two budget alerts reach the channel, so that it has deliveries to show.
-    crate::channels::fire(&app, &vision, 850).await;
+    crate::alerts::fire(&app, &vision, 850).await;
     let worker = ChannelDeliveries::new(
         app.pool.clone(),
         Arc::new(Notifier::unconfigured()),
