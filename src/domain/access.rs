@@ -54,10 +54,90 @@ impl TryFrom<String> for Role {
     }
 }
 
-/// The caller of one request, as its token says.
+/// Who made a change: an API token, a person signed in through the identity provider, or the
+/// service itself (the bootstrap admin token, scheduled work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    Token,
+    User,
+    System,
+}
+
+impl ActorKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ActorKind::Token => "token",
+            ActorKind::User => "user",
+            ActorKind::System => "system",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "token" => Some(ActorKind::Token),
+            "user" => Some(ActorKind::User),
+            "system" => Some(ActorKind::System),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<String> for ActorKind {
+    type Error = String;
+
+    fn try_from(raw: String) -> Result<Self, String> {
+        ActorKind::parse(&raw).ok_or_else(|| format!("`{raw}` is not an actor kind"))
+    }
+}
+
+/// The actor of a change: a token's id and name, a user's subject and display name, or
+/// `system` and what part of the service acted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Actor {
+    pub kind: ActorKind,
+    pub id: String,
+    pub name: String,
+}
+
+impl Actor {
+    pub fn token(id: uuid::Uuid, name: &str) -> Self {
+        Self {
+            kind: ActorKind::Token,
+            id: id.to_string(),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn user(subject: &str, name: &str) -> Self {
+        Self {
+            kind: ActorKind::User,
+            id: subject.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn system(what: &str) -> Self {
+        Self {
+            kind: ActorKind::System,
+            id: what.to_owned(),
+            name: what.to_owned(),
+        }
+    }
+
+    /// The token behind this actor, when it is one.
+    pub fn token_id(&self) -> Option<uuid::Uuid> {
+        match self.kind {
+            ActorKind::Token => self.id.parse().ok(),
+            ActorKind::User | ActorKind::System => None,
+        }
+    }
+}
+
+/// The caller of one request: who it is, and the role and projects its token or sign-in gives.
 #[derive(Debug, Clone)]
 pub struct Principal {
-    pub token_id: uuid::Uuid,
+    pub actor: Actor,
     pub role: Role,
     pub projects: Vec<String>,
 }
@@ -127,7 +207,7 @@ mod tests {
 
     fn principal(role: Role, projects: &[&str]) -> Principal {
         Principal {
-            token_id: uuid::Uuid::nil(),
+            actor: Actor::token(uuid::Uuid::nil(), "test"),
             role,
             projects: projects.iter().map(|p| p.to_string()).collect(),
         }

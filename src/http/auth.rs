@@ -5,7 +5,7 @@ use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 
-use crate::domain::access::{Principal, hash_secret};
+use crate::domain::access::{Actor, Principal, hash_secret};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 
@@ -29,7 +29,7 @@ impl FromRequestParts<AppState> for Principal {
             .await?
             .ok_or(ApiError::Unauthorized)?;
         Ok(Principal {
-            token_id: token.id,
+            actor: Actor::token(token.id, &token.name),
             role: token.role,
             projects: token.projects,
         })

@@ -762,7 +762,12 @@ pub async fn put_job_record(
     }
     violations.into_result()?;
     let record = JobRecord::parse(&body, "", state.settings.record_rules())?;
-    let corrected =
-        records::correct(&state.pool, record, principal.token_id, &state.settings).await?;
+    let corrected = records::correct(
+        &state.pool,
+        record,
+        principal.actor.token_id(),
+        &state.settings,
+    )
+    .await?;
     Ok(axum::Json(corrected.into()))
 }

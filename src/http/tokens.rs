@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
-use crate::domain::access::{Principal, Role};
+use crate::domain::access::{Actor, Principal, Role};
 use crate::http::auth::require_admin;
 use crate::http::error::{ApiError, ApiResult, Problem};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
@@ -29,7 +29,11 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// The token a request was made with, as a client needs it to know what it may do.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CurrentToken {
-    pub id: Uuid,
+    /// The token's id; absent for a person signed in through the identity provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<Uuid>,
+    /// Who is calling: the token, or the signed-in person.
+    pub actor: Actor,
     pub role: Role,
     /// The projects a `reader` or `ingest` token acts on; empty for the others, which act on
     /// every project.
@@ -125,7 +129,8 @@ pub async fn list_tokens(
     ))]
 pub async fn get_current_token(principal: Principal) -> axum::Json<CurrentToken> {
     axum::Json(CurrentToken {
-        id: principal.token_id,
+        id: principal.actor.token_id(),
+        actor: principal.actor,
         role: principal.role,
         projects: principal.projects,
     })

@@ -43,7 +43,7 @@ pub async fn record_with_history(pool: &PgPool, key: &RecordKey) -> LedgerResult
 pub async fn correct(
     pool: &PgPool,
     record: JobRecord,
-    changed_by: Uuid,
+    changed_by: Option<Uuid>,
     settings: &Settings,
 ) -> LedgerResult<RecordHistory> {
     let key = record.key.clone();

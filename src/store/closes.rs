@@ -27,7 +27,7 @@ pub async fn close(
     conn: &mut PgConnection,
     month: NaiveDate,
     closed_at: DateTime<Utc>,
-    closed_by: Uuid,
+    closed_by: Option<Uuid>,
     report_json: &str,
 ) -> sqlx::Result<bool> {
     let result = sqlx::query!(

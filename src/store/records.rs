@@ -578,7 +578,7 @@ pub async fn replace(
     conn: &mut PgConnection,
     previous: &RecordRow,
     record: &JobRecord,
-    changed_by: Uuid,
+    changed_by: Option<Uuid>,
 ) -> sqlx::Result<()> {
     sqlx::query!(
         "INSERT INTO job_record_versions \

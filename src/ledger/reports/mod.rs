@@ -84,7 +84,7 @@ pub async fn report(
 pub async fn close(
     pool: &PgPool,
     month: Month,
-    closed_by: Uuid,
+    closed_by: Option<Uuid>,
     settings: &Settings,
 ) -> LedgerResult<String> {
     let now = settings.clock.now();
