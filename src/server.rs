@@ -28,6 +28,7 @@ use crate::domain::values::parse_day_or_instant;
 use crate::http::state::AppState;
 use crate::ledger::mail::Mailer;
 use crate::ledger::notify::Notifier;
+use crate::ledger::signin::{OidcConfig, SignIn};
 use crate::ledger::sources::SourceSummary;
 use crate::ledger::{demo, setup, tokens};
 use crate::sources::batch::SourceBatch;
@@ -706,6 +707,23 @@ fn notifier_from_env(webhook_secret: &str) -> anyhow::Result<Notifier> {
     )
 }
 
+/// Sign-in through the identity provider of `TASKLEDGER_OIDC_*`, when it is configured.
+fn signin_from_env() -> anyhow::Result<Option<Arc<SignIn>>> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    match OidcConfig::from_env(var)? {
+        None => Ok(None),
+        Some(config) => {
+            tracing::info!(
+                issuer = %config.issuer.as_str(),
+                client_id = %config.client_id,
+                role_claim = %config.role_claim,
+                "people sign in through this identity provider"
+            );
+            Ok(Some(Arc::new(SignIn::new(config)?)))
+        }
+    }
+}
+
 /// Serves the API next to the background workers until SIGINT or SIGTERM; `ready` gets the
 /// address once it listens.
 async fn run_service(
@@ -719,7 +737,8 @@ async fn run_service(
     let notifier = Arc::new(notifier_from_env(&secret)?);
     let state = AppState::new(database.pool.clone(), settings)
         .with_embedded_database(database.embedded_status())
-        .with_notifier(notifier.clone());
+        .with_notifier(notifier.clone())
+        .with_signin(signin_from_env()?);
     let webhooks =
         workers::webhooks::Webhooks::new(database.pool.clone(), secret, Default::default())?;
     let channel_deliveries = workers::channels::ChannelDeliveries::new(

@@ -23,6 +23,7 @@ pub mod regression;
 pub mod reservation_plan;
 pub mod rightsizing;
 pub mod route;
+pub mod signin;
 pub mod summary;
 pub mod task;
 pub mod tco;

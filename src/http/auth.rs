@@ -1,5 +1,6 @@
-//! The bearer-token extractor: every `/v1` handler takes a `Principal`, so no route can forget
-//! authentication.
+//! The caller extractor: every `/v1` handler takes a `Principal`, so no route can forget
+//! authentication. A bearer token wins; without one, a signed-in person's session cookie is
+//! read, and a write made with it must carry the session's CSRF token.
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
@@ -7,13 +8,14 @@ use axum::http::request::Parts;
 
 use crate::domain::access::{Actor, Principal, hash_secret};
 use crate::http::error::ApiError;
+use crate::http::signin::{SESSION_COOKIE, cookie_value, require_csrf};
 use crate::http::state::AppState;
 
 impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let secret = parts
+        let bearer = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
@@ -23,8 +25,10 @@ impl FromRequestParts<AppState> for Principal {
                     .or_else(|| value.strip_prefix("bearer "))
             })
             .map(str::trim)
-            .filter(|secret| !secret.is_empty())
-            .ok_or(ApiError::Unauthorized)?;
+            .filter(|secret| !secret.is_empty());
+        let Some(secret) = bearer else {
+            return signed_in(parts, state).await;
+        };
         let token = crate::ledger::tokens::find_active(&state.pool, &hash_secret(secret))
             .await?
             .ok_or(ApiError::Unauthorized)?;
@@ -34,6 +38,24 @@ impl FromRequestParts<AppState> for Principal {
             projects: token.projects,
         })
     }
+}
+
+/// The person whose session cookie came with the request.
+async fn signed_in(parts: &Parts, state: &AppState) -> Result<Principal, ApiError> {
+    let (Some(signin), Some(secret)) = (
+        state.signin.as_deref(),
+        cookie_value(&parts.headers, SESSION_COOKIE),
+    ) else {
+        return Err(ApiError::Unauthorized);
+    };
+    let session = signin
+        .session(&state.pool, &secret)
+        .await?
+        .ok_or(ApiError::Unauthorized)?;
+    if !parts.method.is_safe() {
+        require_csrf(&parts.headers, &session.csrf_token)?;
+    }
+    Ok(session.principal)
 }
 
 /// The 404 a caller gets for a project it may not see, identical to one that does not exist.

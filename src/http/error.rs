@@ -49,6 +49,9 @@ pub enum ApiError {
     Timeout,
     #[error("the service is not ready: {0}")]
     Unavailable(String),
+    /// A service this one depends on (the identity provider) could not be asked.
+    #[error("{0}")]
+    BadGateway(String),
     #[error(transparent)]
     Internal(anyhow::Error),
 }
@@ -71,6 +74,7 @@ impl ApiError {
             Self::Validation(_) | Self::ValidationOf(..) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -88,6 +92,7 @@ impl ApiError {
             Self::Validation(_) | Self::ValidationOf(..) => "validation-error",
             Self::Timeout => "timeout",
             Self::Unavailable(_) => "unavailable",
+            Self::BadGateway(_) => "bad-gateway",
             Self::Internal(_) => "internal-error",
         }
     }

@@ -29,6 +29,7 @@ pub mod records;
 pub mod reports;
 pub mod rightsizing;
 pub mod routes;
+pub mod signin;
 pub mod state;
 pub mod tasks;
 pub mod tokens;
@@ -72,6 +73,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "channels", description = "Where alerts and month closes are sent: Slack, Microsoft Teams, email, PagerDuty, signed webhooks"),
         (name = "routes", description = "Budgets and retry caps on a label value of a project's records (a route), and their burn"),
         (name = "reports", description = "Monthly reports and month close, for finance"),
+        (name = "sign-in", description = "People sign in through the organisation's OpenID Connect provider; the session cookie then stands for a bearer token, and its writes carry `X-CSRF-Token`"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
@@ -113,6 +115,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(gpu_models::router())
         .merge(efficiency::router())
         .merge(exports::router())
+        .merge(signin::router())
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `api/openapi.json`.

@@ -10,6 +10,7 @@ use crate::config::Settings;
 use crate::ledger::instruments;
 use crate::ledger::notify::Notifier;
 use crate::ledger::setup::ClusterStatus;
+use crate::ledger::signin::SignIn;
 
 /// Everything in it is either immutable, in the database, or about this process's own embedded
 /// cluster, so any number of replicas can serve the same database.
@@ -22,6 +23,8 @@ pub struct AppState {
     pub embedded_database: Option<ClusterStatus>,
     /// How a channel's test message leaves.
     pub notifier: Arc<Notifier>,
+    /// Sign-in through the organisation's identity provider, when it is configured.
+    pub signin: Option<Arc<SignIn>>,
 }
 
 impl AppState {
@@ -32,12 +35,19 @@ impl AppState {
             metrics: metrics_handle(),
             embedded_database: None,
             notifier: Arc::new(Notifier::unconfigured()),
+            signin: None,
         }
     }
 
     /// Channels' test messages leave through `notifier` (its mail server and public URL).
     pub fn with_notifier(mut self, notifier: Arc<Notifier>) -> Self {
         self.notifier = notifier;
+        self
+    }
+
+    /// People sign in through `signin` as well as with tokens.
+    pub fn with_signin(mut self, signin: Option<Arc<SignIn>>) -> Self {
+        self.signin = signin;
         self
     }
 

@@ -32,6 +32,7 @@ pub mod rightsizing;
 pub mod routes;
 pub mod sacct_import;
 pub mod setup;
+pub mod signin;
 pub mod sources;
 pub mod tasks;
 pub mod tick;

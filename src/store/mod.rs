@@ -25,6 +25,7 @@ pub mod rightsizing;
 pub mod rollups;
 pub mod routes;
 pub mod settings;
+pub mod signin;
 pub mod tasks;
 pub mod tokens;
 

@@ -36,6 +36,7 @@ mod reports;
 mod rightsizing;
 mod rollups;
 mod routes;
+mod signin;
 mod slurm;
 #[path = "../support/mod.rs"]
 mod support;

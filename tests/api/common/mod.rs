@@ -2,6 +2,7 @@
 //! PostgreSQL — the server of `DATABASE_URL` when set, else an embedded cluster started once
 //! for the whole test process — and drives the real router.
 
+pub mod issuer;
 pub mod smtp;
 
 use std::str::FromStr;
@@ -481,12 +482,15 @@ impl TestApp {
 
     /// Serves the app with `settings`, such as the fixed clock its data was made for.
     pub async fn serve_with(&self, settings: Settings) -> Served {
-        let server = taskledger::server::Application::bind(
-            self.state(settings),
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .await
-        .unwrap();
+        self.serve_state(self.state(settings), "127.0.0.1:0".parse().unwrap())
+            .await
+    }
+
+    /// Serves `state` (this app's pool, and whatever it is configured with) at `address`.
+    pub async fn serve_state(&self, state: AppState, address: std::net::SocketAddr) -> Served {
+        let server = taskledger::server::Application::bind(state, address)
+            .await
+            .unwrap();
         let address = server.local_addr();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.serve_until(async {
