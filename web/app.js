@@ -1,9 +1,10 @@
 "use strict";
 // The dashboard: a finance page (every project of a month), a project page and a task page,
-// all read from the API with the token the user pasted. Every amount shown is a decimal string
+// all read from the API as the person signed in through the organisation's identity provider
+// (a session cookie; writes carry its CSRF token) or with the token the user pasted. Every amount shown is a decimal string
 // the API computed, rounded for display; floats only place marks on charts.
 const state = {
-  token: null, role: null, projects: [], view: null, generation: 0, shown: null, tasks: null,
+  token: null, session: null, signInAvailable: false, role: null, projects: [], view: null, generation: 0, shown: null, tasks: null,
   focusSort: null, charts: [], notice: null, channels: new Map(),
 };
 const $ = (id) => document.getElementById(id);
@@ -84,8 +85,17 @@ function share(part, total) {
   return t > 0 ? Math.max(0, Number(part) / t * 100) : 0;
 }
 
+// How a request proves who makes it: the session cookie goes by itself, and a write made with
+// it carries the session's CSRF token; a pasted token goes as a bearer token.
+function credentials(method) {
+  if (state.session) {
+    return method && method.toUpperCase() !== "GET" ? { "X-CSRF-Token": state.session.csrf_token } : {};
+  }
+  return { Authorization: `Bearer ${state.token}` };
+}
+
 async function api(path, options = {}) {
-  const response = await fetch(path, { ...options, headers: { Authorization: `Bearer ${state.token}`, ...(options.headers || {}) } });
+  const response = await fetch(path, { ...options, credentials: "same-origin", headers: { ...credentials(options.method), ...(options.headers || {}) } });
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const error = new Error(body && body.detail ? body.detail : `HTTP ${response.status}`);
@@ -99,7 +109,7 @@ async function api(path, options = {}) {
 
 // Fetches a file the API serves to a token holder and hands it to the browser as a download.
 async function download(path, fallbackName) {
-  const response = await fetch(path, { headers: { Authorization: `Bearer ${state.token}` } });
+  const response = await fetch(path, { credentials: "same-origin", headers: credentials("GET") });
   if (!response.ok) {
     const body = await response.json().catch(() => null);
     throw new Error(body && body.detail ? body.detail : `HTTP ${response.status}`);
@@ -123,11 +133,16 @@ function announce(text) {
 function showLogin(message) {
   $("nav").innerHTML = "";
   $("who").textContent = "";
+  $("logout").hidden = true;
+  const returnTo = encodeURIComponent(`/${location.hash}`);
   $("main").innerHTML = `
     <div class="panel login">
       <h2>Sign in</h2>
-      <p class="muted">Paste an API token (admin, finance or a reader of your project).</p>
       ${message ? `<div class="error" role="alert">${escapeHtml(message)}</div>` : ""}
+      ${state.signInAvailable ? `
+      <p><a class="button primary" id="sso" href="/auth/login?return_to=${returnTo}">Sign in with your organisation</a></p>
+      <p class="muted">Or, for scripts and service accounts, paste an API token.</p>` : `
+      <p class="muted">Paste an API token (admin, finance or a reader of your project).</p>`}
       <form id="login-form"><label for="token" class="sr-only">Token</label>
       <input id="token" type="password" autocomplete="off" placeholder="tl_…">
       <button class="primary" type="submit">Open dashboard</button></form>
@@ -138,7 +153,7 @@ function showLogin(message) {
     localStorage.setItem("taskledger.token", state.token);
     start();
   });
-  $("token").focus();
+  (state.signInAvailable ? $("sso") : $("token")).focus();
 }
 
 function currentMonth() {
@@ -153,7 +168,9 @@ function mayReadReports() {
 }
 
 async function start() {
-  $("main").innerHTML = `<p class="muted" role="status">Checking the token…</p>`;
+  $("main").innerHTML = `<p class="muted" role="status">${state.session ? "Opening…" : "Checking the token…"}</p>`;
+  $("logout").hidden = false;
+  $("logout").textContent = state.session ? "Sign out" : "Change token";
   try {
     const token = await api("/v1/tokens/current");
     state.role = token.role;
@@ -170,10 +187,14 @@ async function start() {
     state.projects = page.items;
   } catch (error) {
     localStorage.removeItem("taskledger.token");
-    showLogin(error.status === 401 ? "That token is not valid (or was revoked)." : error.message);
+    const expired = state.session ? "Your session has ended; sign in again." : "That token is not valid (or was revoked).";
+    state.session = null;
+    showLogin(error.status === 401 ? expired : error.message);
     return;
   }
-  $("who").textContent = `${ROLE_LABELS[state.role] || state.role} token`;
+  $("who").textContent = state.session
+    ? `${state.session.actor.name} · ${ROLE_LABELS[state.role] || state.role}`
+    : `${ROLE_LABELS[state.role] || state.role} token`;
   $("project").innerHTML = state.projects.map((p) =>
     `<option value="${escapeHtml(p.id)}">${escapeHtml(p.name)} (${escapeHtml(p.id)})</option>`).join("");
   if (state.projects.length === 0 && !mayReadReports()) {
@@ -183,7 +204,11 @@ async function start() {
   route();
 }
 
-function signOut() {
+async function signOut() {
+  if (state.session) {
+    await fetch("/auth/logout", { method: "POST", credentials: "same-origin", headers: credentials("POST") }).catch(() => null);
+    state.session = null;
+  }
   localStorage.removeItem("taskledger.token");
   state.token = null;
   state.role = null;
@@ -2373,5 +2398,26 @@ if (fragment.get("token")) {
   fragment.delete("token");
   history.replaceState(null, "", `#${fragment.toString()}`);
 }
-state.token = localStorage.getItem("taskledger.token");
-if (state.token) start(); else showLogin();
+const signInError = fragment.get("signin_error");
+if (signInError) {
+  fragment.delete("signin_error");
+  history.replaceState(null, "", fragment.toString() ? `#${fragment.toString()}` : location.pathname);
+}
+
+// A session made through the identity provider wins over a stored token, which is then
+// forgotten: a signed-in browser keeps no secret where scripts can read it.
+async function boot() {
+  const answer = await fetch("/auth/session", { credentials: "same-origin" })
+    .then((response) => (response.ok ? response.json() : null))
+    .catch(() => null);
+  state.signInAvailable = Boolean(answer && answer.sign_in_available);
+  if (answer && answer.session) {
+    state.session = answer.session;
+    localStorage.removeItem("taskledger.token");
+    start();
+    return;
+  }
+  state.token = localStorage.getItem("taskledger.token");
+  if (state.token && !signInError) start(); else showLogin(signInError);
+}
+boot();

@@ -583,7 +583,7 @@ async fn dashboard_screenshots() {
 }
 
 /// Where the browser tests leave their screenshots, to be looked at: `target/screenshots/`.
-fn screenshot_path(name: &str) -> PathBuf {
+pub fn screenshot_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/screenshots")
         .join(name)
@@ -1860,7 +1860,7 @@ async fn the_project_page_lists_the_workloads_regressed_now() {
 
 /// Sets the value of the form control `selector` picks as typing or choosing would, with the
 /// events a person's input fires.
-fn fill(browser: &mut Browser, selector: &str, value: &str) {
+pub fn fill(browser: &mut Browser, selector: &str, value: &str) {
     let selector = serde_json::to_string(selector).unwrap();
     let value = serde_json::to_string(value).unwrap();
     browser.eval(&format!(
@@ -1871,7 +1871,7 @@ fn fill(browser: &mut Browser, selector: &str, value: &str) {
 }
 
 /// The text of the element with this id as the page shows it now.
-fn shown_text(browser: &mut Browser, id: &str) -> String {
+pub fn shown_text(browser: &mut Browser, id: &str) -> String {
     browser
         .eval(&format!("document.getElementById('{id}').textContent"))
         .as_str()

@@ -37,6 +37,7 @@ mod rightsizing;
 mod rollups;
 mod routes;
 mod signin;
+mod signin_browser;
 mod slurm;
 #[path = "../support/mod.rs"]
 mod support;

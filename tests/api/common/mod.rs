@@ -3,6 +3,7 @@
 //! for the whole test process — and drives the real router.
 
 pub mod issuer;
+pub mod oidc_provider;
 pub mod smtp;
 
 use std::str::FromStr;
