@@ -119,7 +119,7 @@ pub async fn sign_in_callback(
     let secure = signin.secure_cookies();
     let clear_attempt = cookie(ATTEMPT_COOKIE, "", "/auth", Some(0), secure);
     let outcome = match (&params.error, &params.code, &params.state) {
-        (Some(error), _, _) => Err(SignInFailure::Refused(format!(
+        (Some(error), _, _) => Err(signin.refused_by_provider(format!(
             "the identity provider did not sign you in ({error}{})",
             params
                 .error_description
@@ -137,7 +137,7 @@ pub async fn sign_in_callback(
                 )
                 .await
         }
-        _ => Err(SignInFailure::Refused(
+        _ => Err(signin.refused_by_provider(
             "the identity provider sent the browser back without a code and state".to_owned(),
         )),
     };

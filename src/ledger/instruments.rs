@@ -34,9 +34,10 @@ pub const DB_POOL_CONNECTIONS: &str = "taskledger_db_pool_connections";
 pub const DB_POOL_MAX: &str = "taskledger_db_pool_max_connections";
 pub const DB_POOL_TIMEOUTS: &str = "taskledger_db_pool_acquire_timeouts_total";
 pub const BACKGROUND_RUNS: &str = "taskledger_background_runs_total";
+pub const SIGN_INS: &str = "taskledger_sign_ins_total";
 
 /// Every metric: name, unit, kind and help text.
-pub const ALL: [Metric; 19] = [
+pub const ALL: [Metric; 20] = [
     Metric::counter(
         HTTP_REQUESTS,
         "HTTP requests answered, by route template, method and status",
@@ -110,6 +111,11 @@ pub const ALL: [Metric; 19] = [
         BACKGROUND_RUNS,
         "Turns of this process at a periodic job (compaction, burn_tick), by outcome: ran, \
          locked (another replica was running it), not_due (another replica ran it lately)",
+    ),
+    Metric::counter(
+        SIGN_INS,
+        "Sign-ins through the identity provider that came back, by outcome: signed_in, \
+         refused (a check failed or no role is mapped), provider_unreachable",
     ),
 ];
 

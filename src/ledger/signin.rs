@@ -34,6 +34,7 @@ use crate::domain::access::{Actor, Principal, Role, hash_secret};
 use crate::domain::signin::{RoleMap, SessionPolicy, claim_values, return_to};
 use crate::ledger::LedgerResult;
 use crate::ledger::error::LedgerError;
+use crate::ledger::instruments;
 use crate::store;
 use crate::store::signin::{Attempt, SessionRow};
 
@@ -292,6 +293,30 @@ impl SignIn {
     /// its cookie) and still pending; the code is exchanged with the PKCE verifier; the ID
     /// token must verify; the role claim must map to a role.
     pub async fn finish(
+        &self,
+        pool: &PgPool,
+        code: &str,
+        state: &str,
+        browser_state: Option<&str>,
+    ) -> Result<SignedIn, SignInFailure> {
+        let outcome = self.exchange(pool, code, state, browser_state).await;
+        let label = match &outcome {
+            Ok(_) => "signed_in",
+            Err(SignInFailure::Refused(_)) => "refused",
+            Err(SignInFailure::ProviderUnreachable(_)) => "provider_unreachable",
+            Err(SignInFailure::Ledger(_)) => return outcome,
+        };
+        metrics::counter!(instruments::SIGN_INS, "outcome" => label).increment(1);
+        outcome
+    }
+
+    /// A refusal the provider reported itself (`error=` on the callback), counted as one.
+    pub fn refused_by_provider(&self, reason: String) -> SignInFailure {
+        metrics::counter!(instruments::SIGN_INS, "outcome" => "refused").increment(1);
+        SignInFailure::Refused(reason)
+    }
+
+    async fn exchange(
         &self,
         pool: &PgPool,
         code: &str,

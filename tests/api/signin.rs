@@ -259,6 +259,22 @@ async fn id_tokens_that_fail_a_check_are_refused_and_make_no_session() {
         );
     }
     assert_eq!(signin.sessions_stored().await, 0);
+    let metrics = signin
+        .http
+        .get(signin.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let refused: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("taskledger_sign_ins_total{outcome=\"refused\"} "))
+        .expect("refused sign-ins are counted")
+        .parse()
+        .unwrap();
+    assert!(refused >= 6.0, "{refused}");
     signin.issuer.flaw(Flaw::None);
     assert!(
         signin.sign_in().await.is_ok(),
