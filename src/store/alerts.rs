@@ -473,17 +473,39 @@ pub struct DueDelivery {
     pub created_at: DateTime<Utc>,
 }
 
-/// Claims one due delivery for the caller's transaction. `SKIP LOCKED` lets several
-/// replicas work the outbox at once without ever sending the same alert together.
+/// How many of the earliest due deliveries a claim considers.
+pub const CLAIM_CANDIDATES: i64 = 16;
+
+/// Claims one due delivery for the caller's transaction. The earliest due deliveries are
+/// read without a lock, then locked one at a time by their key with `SKIP LOCKED`: several
+/// replicas work the outbox at once without ever sending the same alert together, and each
+/// lock names its project, so it stays on one shard when the table is distributed by project.
 pub async fn claim_due(conn: &mut PgConnection) -> sqlx::Result<Option<DueDelivery>> {
-    sqlx::query_as!(
-        DueDelivery,
-        "SELECT project_id, alert_id, url, body, attempts, created_at FROM alert_deliveries \
+    let candidates = sqlx::query!(
+        "SELECT project_id, alert_id FROM alert_deliveries \
          WHERE state = 'pending' AND next_attempt_at <= now() \
-         ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+         ORDER BY next_attempt_at, project_id, alert_id LIMIT $1",
+        CLAIM_CANDIDATES,
     )
-    .fetch_optional(conn)
-    .await
+    .fetch_all(&mut *conn)
+    .await?;
+    for candidate in candidates {
+        let claimed = sqlx::query_as!(
+            DueDelivery,
+            "SELECT project_id, alert_id, url, body, attempts, created_at FROM alert_deliveries \
+             WHERE project_id = $1 AND alert_id = $2 \
+               AND state = 'pending' AND next_attempt_at <= now() \
+             FOR UPDATE SKIP LOCKED",
+            candidate.project_id,
+            candidate.alert_id,
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        if claimed.is_some() {
+            return Ok(claimed);
+        }
+    }
+    Ok(None)
 }
 
 /// The result of one attempt.

@@ -162,39 +162,58 @@ pub struct DueMessage {
     pub channel: ChannelRow,
 }
 
-/// Claims one due message of a channel not deleted, for the caller's transaction; `SKIP
-/// LOCKED` lets several replicas work the outbox without sending a message twice at once.
+/// Claims one due message of a channel not deleted, for the caller's transaction, the way
+/// `alerts::claim_due` claims a webhook delivery: the earliest due messages are read without
+/// a lock, then locked one at a time by their key with `SKIP LOCKED`, so several replicas
+/// work the outbox without sending a message twice at once, and each lock stays on the
+/// project's shard when the table is distributed.
 pub async fn claim_due(conn: &mut PgConnection) -> sqlx::Result<Option<DueMessage>> {
-    let row = sqlx::query!(
-        "SELECT d.project_id, d.message_id, d.body, d.attempts, d.created_at, \
-                c.id, c.name, c.kind, c.target, c.routing_key, c.projects, c.alert_kinds, \
-                c.created_at AS channel_created_at \
+    let candidates = sqlx::query!(
+        "SELECT d.project_id, d.message_id, d.channel_id \
          FROM channel_deliveries d JOIN channels c ON c.id = d.channel_id \
          WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND c.deleted_at IS NULL \
-         ORDER BY d.next_attempt_at LIMIT 1 FOR UPDATE OF d SKIP LOCKED"
+         ORDER BY d.next_attempt_at, d.project_id, d.message_id, d.channel_id LIMIT $1",
+        super::alerts::CLAIM_CANDIDATES,
     )
-    .fetch_optional(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    row.map(|r| {
-        Ok(DueMessage {
-            project_id: r.project_id,
-            message_id: r.message_id,
-            body: r.body,
-            attempts: r.attempts,
-            created_at: r.created_at,
-            channel: ChannelRow {
-                id: r.id,
-                name: r.name,
-                kind: super::decoded("kind", r.kind)?,
-                target: r.target,
-                routing_key: r.routing_key,
-                projects: r.projects,
-                alert_kinds: r.alert_kinds,
-                created_at: r.channel_created_at,
-            },
-        })
-    })
-    .transpose()
+    for candidate in candidates {
+        let Some(row) = sqlx::query!(
+            "SELECT project_id, message_id, body, attempts, created_at FROM channel_deliveries \
+             WHERE project_id = $1 AND message_id = $2 AND channel_id = $3 \
+               AND state = 'pending' AND next_attempt_at <= now() \
+             FOR UPDATE SKIP LOCKED",
+            candidate.project_id,
+            candidate.message_id,
+            candidate.channel_id,
+        )
+        .fetch_optional(&mut *conn)
+        .await?
+        else {
+            continue;
+        };
+        // A channel deleted since the candidates were read is skipped; its delete cancels
+        // the message once this transaction lets go of it.
+        let Some(channel) = with_channel_columns!(
+            "SELECT ",
+            " FROM channels WHERE id = $1 AND deleted_at IS NULL",
+            candidate.channel_id
+        )
+        .fetch_optional(&mut *conn)
+        .await?
+        else {
+            continue;
+        };
+        return Ok(Some(DueMessage {
+            project_id: row.project_id,
+            message_id: row.message_id,
+            body: row.body,
+            attempts: row.attempts,
+            created_at: row.created_at,
+            channel,
+        }));
+    }
+    Ok(None)
 }
 
 /// Records an attempt at a claimed message and what comes next.

@@ -553,3 +553,31 @@ async fn alerts_fired_while_a_channel_is_deleted_never_reach_it() {
         "what was queued for it was cancelled or never claimed"
     );
 }
+
+#[tokio::test]
+async fn two_replicas_never_send_the_same_message() {
+    let app = TestApp::spawn().await;
+    let slack = Receiver::start(Platform::Slack).await;
+    channel(
+        &app,
+        json!({"name": "Everything", "kind": "slack", "target": slack.url()}),
+    )
+    .await;
+    for i in 0..12 {
+        let project = project(&app, &format!("p{i}")).await;
+        fire(&app, &project, 850).await;
+    }
+    let replicas: Vec<_> = (0..2)
+        .map(|_| ChannelDeliveries::new(app.pool.clone(), notifier(None), quick_policy()))
+        .collect();
+    let (a, b) = tokio::join!(replicas[0].deliver_due(), replicas[1].deliver_due());
+    assert_eq!(
+        a.unwrap() + b.unwrap(),
+        24,
+        "two alerts for each of twelve projects"
+    );
+    let bodies: Vec<Vec<u8>> = slack.received().into_iter().map(|r| r.body).collect();
+    let unique: std::collections::BTreeSet<&Vec<u8>> = bodies.iter().collect();
+    assert_eq!(bodies.len(), 24);
+    assert_eq!(unique.len(), 24, "no message was sent twice");
+}
