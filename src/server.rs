@@ -229,6 +229,7 @@ async fn import_bills(
             bill,
             pool.as_deref(),
             config.timezone,
+            &crate::domain::access::Actor::system("cli"),
         )
         .await
         {
