@@ -953,3 +953,109 @@ async fn canonical_json_survives_a_jsonb_round_trip() {
         assert_eq!(canonical_json(&back), text);
     }
 }
+
+/// The auditor's script of `docs/operations.md`, as written there.
+fn auditor_script() -> String {
+    let guide = include_str!("../../docs/operations.md");
+    let start = guide
+        .find("<!-- audit-recipe -->")
+        .expect("the recipe's start marker");
+    let end = guide
+        .find("<!-- /audit-recipe -->")
+        .expect("the recipe's end marker");
+    let block = &guide[start..end];
+    let code = block.split("```python\n").nth(1).expect("a python block");
+    code.split("```").next().unwrap().to_owned()
+}
+
+/// Runs the auditor's script on `csv`; its exit status and what it printed.
+fn run_auditor_script(csv: &[u8]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("verify-audit.py");
+    std::fs::write(&script, auditor_script()).unwrap();
+    let dump = dir.path().join("audit.csv");
+    std::fs::write(&dump, csv).unwrap();
+    let output = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&dump)
+        .output()
+        .expect("python3 runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), said.trim().to_owned())
+}
+
+/// `csv` with its rows changed by `change` (rows without the header).
+fn edited_csv(csv: &[u8], change: impl FnOnce(&mut Vec<Vec<String>>)) -> Vec<u8> {
+    let mut reader = csv::Reader::from_reader(csv);
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_owned)
+        .collect();
+    let mut rows: Vec<Vec<String>> = reader
+        .records()
+        .map(|r| r.unwrap().iter().map(str::to_owned).collect())
+        .collect();
+    change(&mut rows);
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    writer.write_record(&header).unwrap();
+    for row in rows {
+        writer.write_record(&row).unwrap();
+    }
+    writer.into_inner().unwrap()
+}
+
+#[tokio::test]
+async fn the_operations_guides_script_verifies_an_export_and_names_tampering() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let named = ok(app
+        .post(
+            "/v1/tokens",
+            &app.admin,
+            json!({"role": "finance", "name": "'=SUM(A1) ünïcödé, \"quoted\""}),
+        )
+        .await);
+    let finance = named["token"].as_str().unwrap().to_owned();
+    let id = contract("H100", "on_demand", "2.50").create(&app).await;
+    for price in ["2.60", "2.70"] {
+        let path = format!("/v1/contracts/{id}");
+        ok(app
+            .patch(&path, &finance, json!({"price_per_gpu_hour": price}))
+            .await);
+    }
+    let log = entries(&app, "", &app.admin).await;
+    let csv = app.get("/v1/audit?format=csv", &app.admin).await;
+    assert_eq!(csv.status, StatusCode::OK, "{}", csv.text());
+
+    let (intact, said) = run_auditor_script(&csv.body);
+    assert!(intact, "{said}");
+    let last = log.last().unwrap()["hash"].as_str().unwrap();
+    assert_eq!(
+        said,
+        format!("{} entries, chain intact, last hash {last}", log.len())
+    );
+
+    // The third entry's `after` lowered: named at its seq.
+    let edited = edited_csv(&csv.body, |rows| {
+        rows[2][9] = rows[2][9].replace("2.5", "0.01");
+    });
+    let (intact, said) = run_auditor_script(&edited);
+    assert!(!intact);
+    assert_eq!(
+        said,
+        "seq 3 is not what was recorded: its hash does not match"
+    );
+    // The second entry removed: named as missing.
+    let removed = edited_csv(&csv.body, |rows| {
+        rows.remove(1);
+    });
+    let (intact, said) = run_auditor_script(&removed);
+    assert!(!intact);
+    assert_eq!(said, "seq 2 is missing");
+}
