@@ -322,9 +322,15 @@ fn main() {
         let parsed = taskledger::sources::focus::parse_bill(&bill).unwrap();
         let read = started.elapsed();
         let rows = parsed.rows.len();
-        let (receipt, _) = taskledger::ledger::bills::post_bill(&pool, parsed, None, tz)
-            .await
-            .unwrap();
+        let (receipt, _) = taskledger::ledger::bills::post_bill(
+            &pool,
+            parsed,
+            None,
+            tz,
+            &taskledger::domain::access::Actor::system("benchmark"),
+        )
+        .await
+        .unwrap();
         println!(
             "a bill of {rows} rows ({:.1} MB): read {:.0} ms, stored {:.0} ms in all, \
              {} rows on nodes",

@@ -425,7 +425,7 @@ async fn migrated_database(
     let pool =
         support::create_migrated_database(|database| cluster.url(database), name, pool_size).await;
     store::projects::insert(
-        &pool,
+        &mut pool.acquire().await.expect("a connection"),
         &taskledger::domain::project::NewProject {
             id: PROJECT.to_owned(),
             name: "Ingest benchmark".to_owned(),

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Clock, Settings};
-use crate::domain::access::Role;
+use crate::domain::access::{Actor, Role};
 use crate::domain::figures::Grouping;
 use crate::domain::reservation_plan::PlanRequest;
 use crate::domain::validation::FieldError;
@@ -735,7 +735,7 @@ async fn create_token(
 ) -> anyhow::Result<CreatedToken> {
     let request = TokenRequest::parse(role, projects, name)
         .map_err(|v| anyhow::anyhow!("{}", describe(v.into_vec())))?;
-    tokens::issue(&database.pool, request)
+    tokens::issue(&database.pool, request, &Actor::system("cli"))
         .await
         .map_err(|error| match error {
             LedgerError::Invalid(errors) => anyhow::anyhow!("{}", describe(errors)),

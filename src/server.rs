@@ -230,6 +230,7 @@ async fn import_bills(
             bill,
             pool.as_deref(),
             config.timezone,
+            &crate::domain::access::Actor::system("cli"),
         )
         .await
         {

@@ -1336,7 +1336,7 @@ async function renderProject(view, generation) {
       api(`${base}/routes/${encodeURIComponent(r.label_key)}/${encodeURIComponent(r.label_value)}/burn?month=${month}`).catch(() => null)));
     if (generation !== state.generation) return;
     $("main").innerHTML = pageHead(`${escapeHtml(projectName(project))} <span class="muted">· ${escapeHtml(month)}</span>`)
-      + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
+      + projectTabs(view) + cards(cost, burn) + burnChart(burn, month) + breakdown(cost)
       + teamPanel(byTeam, cost.currency) + dailyChart(days, month, cost.currency)
       + comparisonPanel(byModel, cost.currency)
       + utilisationPanel(cost) + efficiencyPanel(changes, month, regressions, alertList) + energyPanel(cost)
@@ -2246,9 +2246,176 @@ async function renderChannels(view, generation) {
   }
 }
 
+// ---- History: what the audit log holds of one project or contract ------------------------
+
+// Fields every change moves, which say nothing about what was changed.
+const UNTOLD_FIELDS = ["updated_at"];
+const ACTIONS = { create: "Created", update: "Changed", delete: "Deleted", revoke: "Revoked", replace: "Replaced", close: "Closed", correct: "Corrected", import: "Imported" };
+
+// Every entry of one entity, newest first.
+async function auditOf(entity, id) {
+  const entries = [];
+  let cursor = null;
+  do {
+    const query = new URLSearchParams({ entity, entity_id: id, limit: "1000" });
+    if (cursor) query.set("cursor", cursor);
+    const page = await api(`/v1/audit?${query}`);
+    entries.push(...page.items);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return entries.reverse();
+}
+
+function fieldLabel(key) {
+  return key.replace(/_/g, " ").replace(/\bgpus?\b/g, (g) => g.toUpperCase()).replace("GPU hour", "GPU-hour");
+}
+
+// `YYYY-MM-DD HH:MM:SS` in UTC: changes made within a minute of each other stay apart.
+function whenExact(iso) {
+  return new Date(iso).toISOString().slice(0, 19).replace("T", " ");
+}
+
+function auditValue(value) {
+  if (value === null || value === undefined) return '<span class="muted">none</span>';
+  if (typeof value === "object") return `<code>${escapeHtml(JSON.stringify(value))}</code>`;
+  if (typeof value === "string" && /^\d{4}-\d{2}-\d{2}T[\d:.]+Z$/.test(value)) return `${when(value)} <span class="muted small">UTC</span>`;
+  return escapeHtml(String(value));
+}
+
+// What an entry changed: each field whose value moved, before → after; a created entity's
+// fields as it was created.
+function auditChange(entry) {
+  const before = entry.before || {};
+  const after = entry.after || {};
+  if (entry.after === null) return '<span class="muted">The whole entity, as it was, is kept in the log.</span>';
+  const created = entry.before === null;
+  const keys = [...new Set([...Object.keys(before), ...Object.keys(after)])]
+    .filter((k) => !UNTOLD_FIELDS.includes(k) && !["id", "created_at"].includes(k))
+    .filter((k) => (created ? after[k] !== null : JSON.stringify(before[k]) !== JSON.stringify(after[k])));
+  if (keys.length === 0) return '<span class="muted">No field changed.</span>';
+  const items = keys.map((k) => created
+    ? `<li data-field="${escapeHtml(k)}"><span class="field">${escapeHtml(fieldLabel(k))}</span> ${auditValue(after[k])}</li>`
+    : `<li data-field="${escapeHtml(k)}"><span class="field">${escapeHtml(fieldLabel(k))}</span> <del>${auditValue(before[k])}</del> <span aria-hidden="true">→</span><span class="sr-only">to</span> <ins>${auditValue(after[k])}</ins></li>`);
+  return `<ul class="changes">${items.join("")}</ul>`;
+}
+
+function historyPanel(entries, what) {
+  const intro = `<p class="muted small">Every change to this ${what} through the service, newest first, from the audit log: who made it and what moved. Each entry is chained to the one before by its hash, so a change made behind the service's back is found by <code>GET /v1/audit/verify</code>.</p>`;
+  if (entries.length === 0) return `<section id="history" aria-labelledby="history-title"><h2 id="history-title">History</h2><div class="panel">${intro}<p class="muted" id="history-empty">No change to this ${what} is recorded.</p></div></section>`;
+  const rows = entries.map((e) => `<tr data-seq="${e.seq}">
+      <td data-label="When" class="nowrap"><time datetime="${escapeHtml(e.at)}">${whenExact(e.at)}</time> <span class="muted small">UTC</span></td>
+      <td data-label="Who">${escapeHtml(e.actor.name)}<div class="muted small">${escapeHtml(e.actor.kind)}</div></td>
+      <td data-label="Action">${escapeHtml(ACTIONS[e.action] || e.action)}</td>
+      <td data-label="What changed" class="wrap">${auditChange(e)}</td></tr>`).join("");
+  return `<section id="history" aria-labelledby="history-title"><h2 id="history-title">History</h2><div class="panel">${intro}
+    <div class="scroll"><table class="history"><caption class="sr-only">Changes to this ${what}, newest first</caption>
+    <thead><tr><th scope="col">When</th><th scope="col">Who</th><th scope="col">Action</th><th scope="col">What changed</th></tr></thead>
+    <tbody id="history-rows">${rows}</tbody></table></div></div></section>`;
+}
+
+// The tabs of a page with a history: `views` are [tab, label, href].
+function tabs(label, views, current) {
+  return `<nav class="tabs" aria-label="${escapeHtml(label)}">${views.map(([tab, text, href]) =>
+    `<a href="${escapeHtml(href)}" id="tab-${tab || "main"}"${tab === current ? ' aria-current="page"' : ""}>${text}</a>`).join("")}</nav>`;
+}
+
+function projectTabs(view) {
+  if (!mayReadReports()) return "";
+  return tabs("Project views", [
+    ["", "Overview", hashOf({ ...view, tab: "", task: null })],
+    ["history", "History", hashOf({ ...view, tab: "history", task: null })],
+  ], view.tab);
+}
+
+async function renderProjectHistory(view, generation) {
+  const { project } = view;
+  destroyCharts();
+  state.shown = null;
+  $("main").innerHTML = `<p class="muted" role="status">Loading the history of ${escapeHtml(project)}…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    const entries = await auditOf("project", project);
+    if (generation !== state.generation) return;
+    $("main").innerHTML = pageHead(escapeHtml(projectName(project))) + projectTabs(view) + historyPanel(entries, "project");
+    pageLoaded(`${projectName(project)} history · taskledger`);
+  } catch (error) {
+    pageFailed(error, generation);
+  }
+}
+
+// ---- Contracts: their terms and history (finance and admin) -------------------------------
+
+function contractRow(view, c) {
+  const href = hashOf({ ...view, page: "contracts", contract: c.id, tab: "" });
+  return `<tr><th scope="row"><a href="${escapeHtml(href)}">${escapeHtml(c.name)}</a></th>
+    <td data-label="GPU model">${escapeHtml(c.gpu_model)}</td>
+    <td data-label="Billing mode">${escapeHtml(c.billing_mode.replace("_", "-"))}</td>
+    <td data-label="Price" class="num">${price(c.price_per_gpu_hour)} ${escapeHtml(c.currency)}/GPU-h</td>
+    <td data-label="Valid">${when(c.valid_from)} – ${c.valid_until ? when(c.valid_until) : "open"}</td>
+    <td data-label="Project">${c.project ? escapeHtml(c.project) : '<span class="muted">all</span>'}</td></tr>`;
+}
+
+function contractTerms(c) {
+  const terms = [
+    ["GPU model", escapeHtml(c.gpu_model)],
+    ["Billing mode", escapeHtml(c.billing_mode.replace("_", "-"))],
+    ["Price", `${price(c.price_per_gpu_hour)} ${escapeHtml(c.currency)} per GPU-hour`],
+    ["Valid", `${when(c.valid_from)} – ${c.valid_until ? when(c.valid_until) : "open-ended"} UTC`],
+    ["Project", c.project ? escapeHtml(c.project) : "every project"],
+    ["Provider", c.provider ? escapeHtml(c.provider) : "any"],
+    ["Region", c.region ? escapeHtml(c.region) : "any"],
+    ["Committed GPUs", c.committed_gpus ? escapeHtml(c.committed_gpus) : "none"],
+  ];
+  return `<section id="terms"><h2>Terms</h2><div class="panel"><dl class="terms">${terms.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("")}</dl></div></section>`;
+}
+
+async function renderContracts(view, generation) {
+  destroyCharts();
+  state.shown = null;
+  if (!mayReadReports()) {
+    $("main").innerHTML = `<div class="panel" role="alert"><h2>Contracts need a finance or admin token</h2></div>`;
+    document.body.dataset.loaded = "true";
+    return;
+  }
+  $("main").innerHTML = `<p class="muted" role="status">Loading the contracts…</p>`;
+  $("main").setAttribute("aria-busy", "true");
+  try {
+    if (view.contract) {
+      const id = view.contract;
+      const [contract, entries] = await Promise.all([
+        api(`/v1/contracts/${encodeURIComponent(id)}`),
+        view.tab === "history" ? auditOf("contract", id) : null,
+      ]);
+      if (generation !== state.generation) return;
+      const views = [
+        ["", "Terms", hashOf({ ...view, tab: "" })],
+        ["history", "History", hashOf({ ...view, tab: "history" })],
+      ];
+      const back = `<a href="${escapeHtml(hashOf({ ...view, contract: null, tab: "" }))}" class="back">← All contracts</a>`;
+      $("main").innerHTML = back + pageHead(escapeHtml(contract.name))
+        + tabs("Contract views", views, view.tab)
+        + (view.tab === "history" ? historyPanel(entries, "contract") : contractTerms(contract));
+      pageLoaded(`${contract.name}${view.tab === "history" ? " history" : ""} · taskledger`);
+      return;
+    }
+    const page = await api("/v1/contracts?limit=1000");
+    if (generation !== state.generation) return;
+    const rows = page.items.map((c) => contractRow(view, c)).join("");
+    $("main").innerHTML = pageHead("Contracts")
+      + `<p class="muted intro">What each GPU-hour is priced at. Open a contract to see its terms and every change made to it.</p>`
+      + `<section id="contracts" aria-labelledby="page-title"><div class="panel">${rows ? `<div class="scroll"><table class="contracts">
+        <caption class="sr-only">Every contract</caption>
+        <thead><tr><th scope="col">Name</th><th scope="col">GPU model</th><th scope="col">Billing mode</th><th scope="col" class="num">Price</th><th scope="col">Valid (UTC)</th><th scope="col">Project</th></tr></thead>
+        <tbody id="contract-rows">${rows}</tbody></table></div>` : '<p class="muted" id="contracts-empty">No contract yet.</p>'}</div></section>`;
+    pageLoaded("Contracts · taskledger");
+  } catch (error) {
+    pageFailed(error, generation);
+  }
+}
+
 // ---- What is shown, read from the URL hash ---------------------------------------------------
 
-const PAGES = ["finance", "fleet", "planning", "channels", "project"];
+const PAGES = ["finance", "fleet", "planning", "channels", "contracts", "project"];
 
 // `#page=finance&month=…`, `#project=…&month=…&sort=…&order=…&status=…` or, for one task,
 // `…&task=…`. Without a page or a project, finance opens on its page and others on a project.
@@ -2266,7 +2433,9 @@ function hashView() {
     sort: TASK_SORTS.includes(params.get("sort")) ? params.get("sort") : "cost",
     order: params.get("order") === "asc" ? "asc" : "desc",
     status: STATUSES.includes(params.get("status")) ? params.get("status") : "",
-    task: page === "project" ? params.get("task") : null,
+    task: page === "project" && params.get("tab") !== "history" ? params.get("task") : null,
+    contract: page === "contracts" ? params.get("contract") : null,
+    tab: ["project", "contracts"].includes(page) && params.get("tab") === "history" ? "history" : "",
     model: params.get("model") || "",
     prices: Object.fromEntries(PLAN_PRICES.map(([key]) => [key, /^\d+(\.\d+)?$/.test(params.get(key) || "") ? params.get(key) : ""])),
   };
@@ -2275,6 +2444,12 @@ function hashView() {
 function hashOf(view) {
   if (view.page === "finance" || view.page === "fleet") return `#${new URLSearchParams({ page: view.page, month: view.month })}`;
   if (view.page === "channels") return "#page=channels";
+  if (view.page === "contracts") {
+    const params = new URLSearchParams({ page: "contracts" });
+    if (view.contract) params.set("contract", view.contract);
+    if (view.contract && view.tab) params.set("tab", view.tab);
+    return `#${params}`;
+  }
   if (view.page === "planning") {
     const params = new URLSearchParams({ page: "planning", month: view.month });
     if (view.model) params.set("model", view.model);
@@ -2286,6 +2461,7 @@ function hashOf(view) {
   if (view.order !== "desc") params.set("order", view.order);
   if (view.status) params.set("status", view.status);
   if (view.task !== null && view.task !== undefined) params.set("task", view.task);
+  if (view.tab) params.set("tab", view.tab);
   return `#${params}`;
 }
 
@@ -2300,18 +2476,20 @@ function showNav(view) {
   if (mayReadReports()) links.push(["fleet", "Fleet", hashOf({ ...view, page: "fleet" })]);
   if (mayReadReports()) links.push(["planning", "Planning", hashOf({ ...view, page: "planning" })]);
   if (mayReadReports()) links.push(["channels", "Channels", hashOf({ ...view, page: "channels" })]);
-  if (state.projects.length) links.push(["project", "Project", hashOf({ ...view, page: "project", task: null })]);
+  if (mayReadReports()) links.push(["contracts", "Contracts", hashOf({ ...view, page: "contracts", contract: null, tab: "" })]);
+  if (state.projects.length) links.push(["project", "Project", hashOf({ ...view, page: "project", task: null, tab: "" })]);
   $("nav").innerHTML = links.map(([page, label, href]) =>
     `<a href="${escapeHtml(href)}"${view.page === page ? ' aria-current="page"' : ""}>${label}</a>`).join("");
   $("project-picker").hidden = view.page !== "project" || state.projects.length === 0;
-  $("month").closest("label").hidden = view.page === "channels";
+  $("month").closest("label").hidden = view.page === "channels" || view.page === "contracts" || view.tab === "history";
 }
 
 async function route() {
   const view = hashView();
   const canonical = hashOf(view);
   if (location.hash !== canonical) history.replaceState(null, "", canonical);
-  const pageChanged = state.view !== null && (state.view.page !== view.page || state.view.task !== view.task);
+  const pageChanged = state.view !== null && (state.view.page !== view.page || state.view.task !== view.task
+    || state.view.tab !== view.tab || state.view.contract !== view.contract);
   if (view.project) $("project").value = view.project;
   $("month").value = view.month;
   state.view = view;
@@ -2326,6 +2504,10 @@ async function route() {
     await renderPlanning(view, state.generation);
   } else if (view.page === "channels") {
     await renderChannels(view, state.generation);
+  } else if (view.page === "contracts") {
+    await renderContracts(view, state.generation);
+  } else if (view.tab === "history") {
+    await renderProjectHistory(view, state.generation);
   } else if (view.task !== null) {
     destroyCharts();
     await renderTask(view, state.generation);

@@ -19,6 +19,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::config::Settings;
+use crate::domain::access::Actor;
 use crate::domain::capacity::parse_intervals;
 use crate::domain::record::RecordRules;
 use crate::domain::validation::FieldError;
@@ -388,7 +389,8 @@ async fn store_capacity(
         Err(violations) => return Ok(Err(Refused::Fields(violations.into_vec()))),
     };
     let nodes: Vec<String> = parsed.iter().map(|i| i.node.clone()).collect();
-    match capacity::post_capacity(pool, parsed, replace, settings.timezone).await {
+    let actor = Actor::system("collector");
+    match capacity::post_capacity(pool, parsed, replace, settings.timezone, &actor).await {
         Ok(receipt) => {
             zombies::judge(pool, Some(nodes), settings).await?;
             Ok(Ok(receipt))

@@ -1,6 +1,7 @@
 //! The domain: validated values, access rules and the cost model, free of I/O.
 
 pub mod access;
+pub mod audit;
 pub mod bill;
 pub mod billed;
 pub mod burn;

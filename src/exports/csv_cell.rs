@@ -18,9 +18,37 @@ pub fn text_cell(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// `text` as a cell that also reads back exactly: a leading `'` is added where [`text_cell`]
+/// adds one and where the text itself starts with `'`, so removing one leading `'` from a
+/// cell that has one always gives the text back (what an audit log's CSV needs to be
+/// re-hashed from its cells).
+pub fn reversible_text_cell(text: &str) -> Cow<'_, str> {
+    if text.starts_with('\'') {
+        Cow::Owned(format!("'{text}"))
+    } else {
+        text_cell(text)
+    }
+}
+
+/// The text a [`reversible_text_cell`] was made from.
+pub fn read_reversible_cell(cell: &str) -> &str {
+    cell.strip_prefix('\'').unwrap_or(cell)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn reversible_cells_read_back_and_never_open_a_formula(text in "\\PC{0,8}", lead in "[=+\\-@'\t\rab ]{0,2}") {
+            let text = format!("{lead}{text}");
+            let cell = reversible_text_cell(&text);
+            prop_assert_eq!(read_reversible_cell(&cell), text.as_str());
+            prop_assert!(!cell.starts_with(FORMULA_TRIGGERS));
+        }
+    }
 
     #[test]
     fn formula_openers_are_neutralised() {

@@ -106,8 +106,14 @@ pub async fn post_bill(
         }
     })?;
     let bill = parse_bill(&text)?;
-    let (receipt, nodes) =
-        bills::post_bill(&state.pool, bill, pool.as_deref(), state.settings.timezone).await?;
+    let (receipt, nodes) = bills::post_bill(
+        &state.pool,
+        bill,
+        pool.as_deref(),
+        state.settings.timezone,
+        &principal.actor,
+    )
+    .await?;
     if !nodes.is_empty()
         && let Err(error) = zombies::judge(&state.pool, Some(nodes), &state.settings).await
     {

@@ -82,7 +82,7 @@ pub async fn put_pool(
     let (Some(id), Some(settings)) = (id, settings) else {
         unreachable!("both parsed or were reported")
     };
-    let (view, created) = ledger::put_pool(&state.pool, &id, &settings).await?;
+    let (view, created) = ledger::put_pool(&state.pool, &id, &settings, &principal.actor).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -234,8 +234,14 @@ async fn store_capacity(
     let intervals = parse_intervals(body, state.settings.clock.now())?;
     may_post(state, principal, &intervals).await?;
     let nodes: Vec<String> = intervals.iter().map(|i| i.node.clone()).collect();
-    let receipt =
-        ledger::post_capacity(&state.pool, intervals, replace, state.settings.timezone).await?;
+    let receipt = ledger::post_capacity(
+        &state.pool,
+        intervals,
+        replace,
+        state.settings.timezone,
+        &principal.actor,
+    )
+    .await?;
     // New capacity may show a node idle for long enough: judge its nodes now.
     if let Err(error) = zombies::judge(&state.pool, Some(nodes), &state.settings).await {
         tracing::warn!(error = %error, "judging zombie capacity failed; the timer retries");

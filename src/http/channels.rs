@@ -113,6 +113,7 @@ pub async fn create_channel(
             projects: body.projects.as_deref(),
             alert_kinds: body.alert_kinds.as_deref(),
         },
+        &principal.actor,
     )
     .await?;
     Ok((
@@ -159,7 +160,7 @@ pub async fn delete_channel(
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
     require_finance(&principal)?;
-    channels::delete(&state.pool, id).await?;
+    channels::delete(&state.pool, id, &principal.actor).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

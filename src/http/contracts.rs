@@ -333,8 +333,15 @@ pub async fn create_contract(
     }
     .parse();
     let project = project.as_ref().map(ProjectId::as_str);
-    let row =
-        pricing::create_contract(&state.pool, fields, violations, project, &state.settings).await?;
+    let row = pricing::create_contract(
+        &state.pool,
+        fields,
+        violations,
+        project,
+        &principal.actor,
+        &state.settings,
+    )
+    .await?;
     Ok((StatusCode::CREATED, axum::Json(row.into())))
 }
 
@@ -414,7 +421,9 @@ pub async fn update_contract(
     require_finance(&principal)?;
     let uuid = contract_id(&id)?;
     let change = |old: &ContractFields| body.change().apply(old);
-    let row = pricing::update_contract(&state.pool, uuid, change, &state.settings).await?;
+    let row =
+        pricing::update_contract(&state.pool, uuid, change, &principal.actor, &state.settings)
+            .await?;
     Ok(axum::Json(row.into()))
 }
 
@@ -435,6 +444,6 @@ pub async fn delete_contract(
 ) -> ApiResult<StatusCode> {
     require_finance(&principal)?;
     let uuid = contract_id(&id)?;
-    pricing::delete_contract(&state.pool, uuid, &state.settings).await?;
+    pricing::delete_contract(&state.pool, uuid, &principal.actor, &state.settings).await?;
     Ok(StatusCode::NO_CONTENT)
 }

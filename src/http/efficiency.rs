@@ -221,6 +221,14 @@ pub async fn put_regressions(
     let rule = rule.expect("parsed or reported");
     let enabled = body.enabled.unwrap_or(true);
     Ok(axum::Json(
-        regressions::put_rule(&state.pool, &project, enabled, rule, &state.settings).await?,
+        regressions::put_rule(
+            &state.pool,
+            &project,
+            enabled,
+            rule,
+            &principal.actor,
+            &state.settings,
+        )
+        .await?,
     ))
 }

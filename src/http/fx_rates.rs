@@ -103,7 +103,8 @@ pub async fn put_fx_rate(
     let (Some(key), Some(rate)) = (key, rate) else {
         unreachable!("both parsed or were reported")
     };
-    let row = pricing::put_fx_rate(&state.pool, key, rate, &state.settings).await?;
+    let row =
+        pricing::put_fx_rate(&state.pool, key, rate, &principal.actor, &state.settings).await?;
     Ok(axum::Json(row.into()))
 }
 
@@ -133,7 +134,7 @@ pub async fn delete_fx_rate(
     let Some(key) = rate_key(&mut violations, &path).filter(|_| violations.is_empty()) else {
         return Err(not_found());
     };
-    pricing::delete_fx_rate(&state.pool, key, &state.settings).await?;
+    pricing::delete_fx_rate(&state.pool, key, &principal.actor, &state.settings).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

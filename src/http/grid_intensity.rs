@@ -104,8 +104,13 @@ pub async fn put_grid_intensity(
     let Some(month) = month else {
         unreachable!("the month parsed or was reported")
     };
-    let row =
-        carbon::put_grid_intensity(&state.pool, (month, &path.1), intensity.normalize()).await?;
+    let row = carbon::put_grid_intensity(
+        &state.pool,
+        (month, &path.1),
+        intensity.normalize(),
+        &principal.actor,
+    )
+    .await?;
     Ok(axum::Json(row.into()))
 }
 
@@ -136,7 +141,7 @@ pub async fn delete_grid_intensity(
             path.0, path.1
         )));
     };
-    carbon::delete_grid_intensity(&state.pool, (month, &path.1)).await?;
+    carbon::delete_grid_intensity(&state.pool, (month, &path.1), &principal.actor).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

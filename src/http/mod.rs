@@ -4,6 +4,7 @@
 //! problem documents in `error`.
 
 pub mod alerts;
+pub mod audit;
 pub mod auth;
 pub mod bills;
 pub mod capacity;
@@ -73,6 +74,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
         (name = "channels", description = "Where alerts and month closes are sent: Slack, Microsoft Teams, email, PagerDuty, signed webhooks"),
         (name = "routes", description = "Budgets and retry caps on a label value of a project's records (a route), and their burn"),
         (name = "reports", description = "Monthly reports and month close, for finance"),
+        (name = "audit", description = "Every change made through the service, who made it, before and after, in a hash chain an auditor can check"),
         (name = "sign-in", description = "People sign in through the organisation's OpenID Connect provider; the session cookie then stands for a bearer token, and its writes carry `X-CSRF-Token`"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
@@ -115,6 +117,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(gpu_models::router())
         .merge(efficiency::router())
         .merge(exports::router())
+        .merge(audit::router())
         .merge(signin::router())
 }
 

@@ -167,7 +167,7 @@ pub async fn create_project(
         idle_gpu_min_gpu_hours: body.idle_gpu_min_gpu_hours,
     }
     .parse()?;
-    let row = projects::create(&state.pool, &project)
+    let row = projects::create(&state.pool, &project, &principal.actor)
         .await?
         .ok_or_else(|| {
             ApiError::Conflict(
@@ -268,9 +268,15 @@ pub async fn update_project(
         idle_gpu_min_gpu_hours: body.idle_gpu_min_gpu_hours,
     }
     .parse()?;
-    let row = projects::update(&state.pool, &id, &changes, &state.settings)
-        .await?
-        .ok_or_else(|| project_not_found(&id))?;
+    let row = projects::update(
+        &state.pool,
+        &id,
+        &changes,
+        &principal.actor,
+        &state.settings,
+    )
+    .await?
+    .ok_or_else(|| project_not_found(&id))?;
     Ok(axum::Json(row.into()))
 }
 
@@ -328,7 +334,16 @@ pub async fn put_budget(
     let (Some(month), Some(amount)) = (month, amount) else {
         unreachable!("both parsed or were reported")
     };
-    let row = projects::put_budget(&state.pool, &id, month, amount, &state.settings).await?;
+    let row = projects::put_budget(
+        &state.pool,
+        &id,
+        month,
+        amount,
+        &principal.actor,
+        &state.settings,
+    )
+    .await?
+    .ok_or_else(|| project_not_found(&id))?;
     Ok(axum::Json(budget_view(row, &project.currency)))
 }
 

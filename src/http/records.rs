@@ -762,12 +762,7 @@ pub async fn put_job_record(
     }
     violations.into_result()?;
     let record = JobRecord::parse(&body, "", state.settings.record_rules())?;
-    let corrected = records::correct(
-        &state.pool,
-        record,
-        principal.actor.token_id(),
-        &state.settings,
-    )
-    .await?;
+    let corrected =
+        records::correct(&state.pool, record, &principal.actor, &state.settings).await?;
     Ok(axum::Json(corrected.into()))
 }

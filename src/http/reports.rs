@@ -170,12 +170,6 @@ pub async fn close_month(
         },
         &headers,
     )?;
-    let json = reports::close(
-        &state.pool,
-        month,
-        principal.actor.token_id(),
-        &state.settings,
-    )
-    .await?;
+    let json = reports::close(&state.pool, month, &principal.actor, &state.settings).await?;
     respond(json, csv, month)
 }

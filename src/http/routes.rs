@@ -178,7 +178,15 @@ pub async fn put_route(
     let (Some(label), Some(limits)) = (label, limits) else {
         unreachable!("both parsed or were reported")
     };
-    let row = routes::put(&state.pool, &project, &label, &limits, &state.settings).await?;
+    let row = routes::put(
+        &state.pool,
+        &project,
+        &label,
+        &limits,
+        &principal.actor,
+        &state.settings,
+    )
+    .await?;
     Ok(axum::Json(route_view(row, &project.currency)))
 }
 
@@ -205,7 +213,7 @@ pub async fn delete_route(
     let project = readable_project(&state, &principal, &id).await?;
     require_finance(&principal)?;
     let label = route_label(&key, &value)?;
-    match routes::delete(&state.pool, &project.id, &label).await? {
+    match routes::delete(&state.pool, &project, &label, &principal.actor).await? {
         true => Ok(StatusCode::NO_CONTENT),
         false => Err(route_not_found(&label)),
     }

@@ -90,7 +90,7 @@ pub async fn create_token(
         body.projects.as_deref().unwrap_or_default(),
         &body.name,
     )?;
-    let created = tokens::issue(&state.pool, request).await?;
+    let created = tokens::issue(&state.pool, request, &principal.actor).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
@@ -152,7 +152,7 @@ pub async fn delete_token(
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<StatusCode> {
     require_admin(&principal)?;
-    if tokens::revoke(&state.pool, id).await? {
+    if tokens::revoke(&state.pool, id, &principal.actor).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::NotFound(format!("no active token with id {id}")))

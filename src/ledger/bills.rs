@@ -21,6 +21,8 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::bill::{self, Bill, BillRow, Statement};
 use crate::domain::billed::{BilledPrice, RunId, RunPart, runs_of};
 use crate::domain::capacity::{
@@ -34,7 +36,7 @@ use crate::domain::validation::FieldError;
 use crate::domain::values::Month;
 use crate::domain::what_if::WhatIf;
 use crate::ledger::capacity::CapacityWindow;
-use crate::ledger::{LedgerError, LedgerResult, capacity_rollup};
+use crate::ledger::{LedgerError, LedgerResult, audit, capacity_rollup};
 use crate::store;
 
 /// How long a GPU instance the bill shows and no collector reported sits idle before it is
@@ -96,12 +98,15 @@ pub struct CreatedCapacity {
 }
 
 /// Stores a parsed bill. GPU instance rows whose resource names no known node become
-/// capacity of `pool` (by default `billed-<provider>`, created when missing).
+/// capacity of `pool` (by default `billed-<provider>`, created when missing). The audit log
+/// keeps the receipt, a summary of what the bill stored, replaced and created, not its rows;
+/// a duplicate changes nothing and is not recorded.
 pub async fn post_bill(
     pool: &PgPool,
     bill: Bill,
     capacity_pool: Option<&str>,
     tz: Tz,
+    actor: &Actor,
 ) -> LedgerResult<(BillReceipt, Vec<String>)> {
     let mut by_statement: BTreeMap<Statement, Vec<&BillRow>> = BTreeMap::new();
     for row in &bill.rows {
@@ -299,6 +304,14 @@ pub async fn post_bill(
     }
     receipt.matched_rows = count_matched(&mut tx, &bill.rows).await?;
     receipt.unmatched_rows = receipt.rows - receipt.matched_rows;
+    let change = Change::new(
+        "bill",
+        receipt.bill_id.to_string(),
+        "import",
+        None,
+        Some(audit::snapshot(&receipt)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
     tx.commit().await?;
     Ok((receipt, created_nodes))
 }

@@ -19,6 +19,8 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::billed::{BilledCapacity, BilledPrice, ChargedRun, bill_capacity};
 use crate::domain::capacity::{
     CapacityInterval, CapacitySeconds, PoolSettings, PriceBook, ShareIdle, allocate,
@@ -32,7 +34,7 @@ use crate::domain::record::format_time;
 use crate::domain::validation::FieldError;
 use crate::domain::values::Month;
 use crate::domain::what_if::{Override, WhatIf};
-use crate::ledger::{LedgerError, LedgerResult, capacity_rollup};
+use crate::ledger::{LedgerError, LedgerResult, audit, capacity_rollup};
 use crate::store;
 use crate::store::capacity::{IntervalsOf, NodeSpan, PoolRow};
 use crate::store::fx_rates::RateTable;
@@ -74,15 +76,49 @@ pub async fn put_pool(
     pool: &PgPool,
     id: &str,
     settings: &PoolSettings,
+    actor: &Actor,
 ) -> LedgerResult<(PoolView, bool)> {
-    let mut conn = pool.acquire().await?;
-    match store::capacity::put_pool(&mut conn, id, settings).await {
-        Ok((row, created)) => Ok((row.into(), created)),
+    let mut tx = pool.begin().await?;
+    let before = store::capacity::get_pool_for_update(&mut tx, id).await?;
+    let (view, created) = match store::capacity::put_pool(&mut tx, id, settings).await {
+        Ok((row, created)) => (PoolView::from(row), created),
         Err(error) if store::is_constraint_violation(&error, store::capacity::OWNER_CONSTRAINT) => {
-            Err(LedgerError::invalid("/owner_project", "no such project"))
+            return Err(LedgerError::invalid("/owner_project", "no such project"));
         }
-        Err(error) => Err(error.into()),
-    }
+        Err(error) => return Err(error.into()),
+    };
+    let change = Change::new(
+        "pool",
+        id,
+        if created { "create" } else { "update" },
+        before.map(|row| audit::snapshot(&PoolView::from(row))),
+        Some(audit::snapshot(&view)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
+    tx.commit().await?;
+    Ok((view, created))
+}
+
+/// An interval as the audit log keeps it: as it was posted.
+pub fn interval_snapshot(interval: &CapacityInterval) -> serde_json::Value {
+    serde_json::json!({
+        "node": interval.node,
+        "pool": interval.pool,
+        "gpu_model": interval.gpu_model,
+        "gpus": interval.gpus,
+        "billing_mode": interval.billing_mode.as_str(),
+        "provider": interval.provider,
+        "region": interval.region,
+        "labels": interval.labels,
+        "from": interval.from,
+        "until": interval.until,
+        "state": interval.state.as_str(),
+    })
+}
+
+/// The key an interval is stored and audited under: its node and start.
+fn interval_id(node: &str, from: DateTime<Utc>) -> String {
+    format!("{node}@{}", format_time(from))
 }
 
 pub async fn get_pool(pool: &PgPool, id: &str) -> LedgerResult<PoolView> {
@@ -143,6 +179,7 @@ pub async fn post_capacity(
     intervals: Vec<CapacityInterval>,
     replace: bool,
     tz: Tz,
+    actor: &Actor,
 ) -> LedgerResult<CapacityReceipt> {
     let mut tx = pool.begin().await?;
     let ids: Vec<String> = intervals
@@ -243,6 +280,31 @@ pub async fn post_capacity(
         }
     }
     if !to_store.is_empty() {
+        let keys: Vec<(String, DateTime<Utc>)> =
+            to_store.iter().map(|i| (i.node.clone(), i.from)).collect();
+        let replaced: HashMap<(String, DateTime<Utc>), CapacityInterval> =
+            store::capacity::stored_under(&mut tx, &keys)
+                .await?
+                .into_iter()
+                .map(|stored| ((stored.node.clone(), stored.from), stored))
+                .collect();
+        let changes: Vec<Change> = to_store
+            .iter()
+            .map(|interval| {
+                let before = replaced.get(&(interval.node.clone(), interval.from));
+                Change::new(
+                    "capacity_interval",
+                    interval_id(&interval.node, interval.from),
+                    if before.is_some() {
+                        "replace"
+                    } else {
+                        "create"
+                    },
+                    before.map(interval_snapshot),
+                    Some(interval_snapshot(interval)),
+                )
+            })
+            .collect();
         store::capacity::upsert(&mut tx, &to_store, &to_hash, None).await?;
         // The days the stored intervals cover, and those of the intervals they replaced.
         let spans: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = to_store
@@ -251,6 +313,7 @@ pub async fn post_capacity(
             .chain(replaced_spans)
             .collect();
         capacity_rollup::refresh_spans(&mut tx, spans, tz).await?;
+        audit::record(&mut tx, actor, changes).await?;
     }
     tx.commit().await?;
     Ok(receipt)

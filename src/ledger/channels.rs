@@ -17,11 +17,13 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::domain::channel::{ChannelFields, subscribes};
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
+use crate::domain::channel::{ChannelFields, masked_target, subscribes};
 use crate::domain::values::{Month, round_money};
 use crate::exports::notify::{Notice, Severity};
 use crate::ledger::alert_event::{AlertEvent, AlertEventKind, RetryStormTrigger};
-use crate::ledger::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult, audit};
 use crate::store;
 pub use crate::store::channels::{ChannelAttemptRow, ChannelDeliveryRow, ChannelRow, DueMessage};
 
@@ -57,8 +59,38 @@ pub struct Message {
     pub attachment: Option<Attachment>,
 }
 
+/// A channel as the audit log keeps it: as finance sees it, its target and routing key
+/// masked, since they are secrets.
+fn snapshot(row: &ChannelRow) -> Value {
+    let key_tail = |key: &String| {
+        let tail: String = key
+            .chars()
+            .rev()
+            .take(4)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        format!("…{tail}")
+    };
+    serde_json::json!({
+        "id": row.id,
+        "name": row.name,
+        "kind": row.kind.as_str(),
+        "target": masked_target(row.kind, &row.target),
+        "routing_key": row.routing_key.as_ref().map(key_tail),
+        "projects": row.projects,
+        "alert_kinds": row.alert_kinds,
+        "created_at": row.created_at,
+    })
+}
+
 /// Creates a channel; every project it names must exist.
-pub async fn create(pool: &PgPool, fields: ChannelFields<'_>) -> LedgerResult<ChannelRow> {
+pub async fn create(
+    pool: &PgPool,
+    fields: ChannelFields<'_>,
+    actor: &Actor,
+) -> LedgerResult<ChannelRow> {
     let channel = fields.parse()?;
     if let Some(projects) = &channel.projects {
         let existing = store::projects::existing_ids(pool, projects).await?;
@@ -79,7 +111,18 @@ pub async fn create(pool: &PgPool, fields: ChannelFields<'_>) -> LedgerResult<Ch
             return Err(LedgerError::Invalid(missing));
         }
     }
-    Ok(store::channels::insert(pool, &channel).await?)
+    let mut tx = pool.begin().await?;
+    let row = store::channels::insert(&mut tx, &channel).await?;
+    let change = Change::new(
+        "channel",
+        row.id.to_string(),
+        "create",
+        None,
+        Some(snapshot(&row)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
+    tx.commit().await?;
+    Ok(row)
 }
 
 /// Every channel not deleted, oldest first.
@@ -100,11 +143,21 @@ fn not_found(id: Uuid) -> LedgerError {
 }
 
 /// Deletes a channel: nothing more is sent to it from the moment this commits.
-pub async fn delete(pool: &PgPool, id: Uuid) -> LedgerResult<()> {
-    match store::channels::delete(pool, id).await? {
-        true => Ok(()),
-        false => Err(not_found(id)),
-    }
+pub async fn delete(pool: &PgPool, id: Uuid, actor: &Actor) -> LedgerResult<()> {
+    let mut tx = pool.begin().await?;
+    let Some(before) = store::channels::delete(&mut tx, id).await? else {
+        return Err(not_found(id));
+    };
+    let change = Change::new(
+        "channel",
+        id.to_string(),
+        "delete",
+        Some(snapshot(&before)),
+        None,
+    );
+    audit::record_one(&mut tx, actor, change).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// A channel's latest deliveries with their attempts, newest first.

@@ -9,7 +9,7 @@ use rust_decimal::Decimal;
 use sqlx::PgPool;
 
 use crate::config::{Clock, Settings};
-use crate::domain::access::Role;
+use crate::domain::access::{Actor, Role};
 use crate::domain::capacity::{PoolSettings, ShareIdle, parse_intervals};
 use crate::domain::idle;
 use crate::domain::project::NewProject;
@@ -17,11 +17,17 @@ use crate::domain::validation::Violations;
 use crate::domain::values::Currency;
 use crate::ledger::sources::{self, SourceSummary};
 use crate::ledger::tokens::{self, CreatedToken, TokenRequest};
-use crate::ledger::{LedgerError, LedgerResult, alerting, capacity, carbon, pricing, zombies};
+use crate::ledger::{
+    LedgerError, LedgerResult, alerting, capacity, carbon, pricing, projects, zombies,
+};
 use crate::sources::batch::SourceBatch;
 use crate::sources::demo::{self, DemoProject, PROJECTS, Window};
-use crate::store;
 use crate::store::contracts::ContractFields;
+
+/// Who the audit log says made the demo's changes.
+fn actor() -> Actor {
+    Actor::system("demo")
+}
 
 /// The thresholds of every demo project, the API's default.
 const THRESHOLDS: [i32; 3] = [50, 80, 100];
@@ -87,6 +93,7 @@ pub async fn load(
             pool,
             (rate.month, usd, currency(rate.to)?),
             rate.rate,
+            &actor(),
             settings,
         )
         .await?;
@@ -96,6 +103,7 @@ pub async fn load(
             pool,
             (month, demo::OWNED_REGION),
             Decimal::from(demo::OWNED_REGION_G_CO2E_PER_KWH),
+            &actor(),
         )
         .await?;
     }
@@ -116,7 +124,15 @@ pub async fn load(
             committed_gpus: contract.committed_gpus,
             tco: contract.tco.clone(),
         };
-        pricing::create_contract(pool, Some(fields), Violations::default(), None, settings).await?;
+        pricing::create_contract(
+            pool,
+            Some(fields),
+            Violations::default(),
+            None,
+            &actor(),
+            settings,
+        )
+        .await?;
     }
     for demo_pool in &data.pools {
         let rule = PoolSettings {
@@ -125,10 +141,10 @@ pub async fn load(
             share_idle: ShareIdle::Pool,
             zombie_after_minutes: Some(demo::ZOMBIE_AFTER_MINUTES),
         };
-        capacity::put_pool(pool, &demo_pool.id, &rule).await?;
+        capacity::put_pool(pool, &demo_pool.id, &rule, &actor()).await?;
     }
     let intervals = parse_intervals(&data.capacity, settings.clock.now())?;
-    capacity::post_capacity(pool, intervals, false, settings.timezone).await?;
+    capacity::post_capacity(pool, intervals, false, settings.timezone, &actor()).await?;
     let mut records = SourceSummary::of(&data.batch);
     for post in &data.posts {
         let batch = SourceBatch {
@@ -183,7 +199,7 @@ async fn create_project(pool: &PgPool, project: &DemoProject, budget: Decimal) -
         idle_gpu_threshold: Some(idle::DEFAULT_THRESHOLD),
         idle_gpu_min_gpu_hours: idle::DEFAULT_MIN_GPU_HOURS,
     };
-    match store::projects::insert(pool, &new).await? {
+    match projects::create(pool, &new, &actor()).await? {
         Some(_) => Ok(()),
         None => Err(LedgerError::conflict(format!(
             "project `{}` exists already: the demo loads into an empty database",
@@ -196,7 +212,7 @@ async fn issue_tokens(pool: &PgPool) -> LedgerResult<DemoTokens> {
     let readers: Vec<String> = READER_PROJECTS.iter().map(|&p| p.to_owned()).collect();
     let issue = |role: Role, projects: Vec<String>, name: &'static str| async move {
         let request = TokenRequest::parse(role, &projects, name)?;
-        tokens::issue(pool, request).await
+        tokens::issue(pool, request, &actor()).await
     };
     Ok(DemoTokens {
         admin: issue(Role::Admin, Vec::new(), "demo admin").await?,

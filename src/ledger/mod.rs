@@ -5,6 +5,7 @@
 
 pub mod alert_event;
 pub mod alerting;
+pub mod audit;
 pub mod bills;
 pub mod capacity;
 pub mod capacity_rollup;

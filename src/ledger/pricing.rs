@@ -10,19 +10,65 @@
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
+use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::rating::{BillingMode, FxRates};
 use crate::domain::validation::{FieldError, Violations};
 use crate::domain::values::{Currency, Month};
-use crate::ledger::{LedgerError, LedgerResult, alerting, rating};
+use crate::ledger::{LedgerError, LedgerResult, alerting, audit, rating};
 use crate::store;
 use crate::store::contracts::OVERLAP_CONSTRAINT;
 pub use crate::store::contracts::{ContractFields, ContractRow};
 pub use crate::store::fx_rates::FxRateRow;
 use crate::store::rating::{KindSpan, ReratingJob};
+
+/// A contract as the audit log keeps it: its terms as the API shows them.
+fn contract_snapshot(row: &ContractRow) -> Value {
+    let terms = row.fields();
+    let first = terms.phases()[0].parts.total().normalize();
+    json!({
+        "id": row.id,
+        "name": row.name,
+        "gpu_model": row.gpu_model,
+        "billing_mode": row.billing_mode.as_str(),
+        "price_per_gpu_hour": first,
+        "tco": terms.tco.as_ref().map(|tco| json!({
+            "purchase_price_per_gpu": tco.purchase_price_per_gpu.normalize(),
+            "salvage_value_per_gpu": tco.salvage_value_per_gpu.normalize(),
+            "life_months": tco.life_months,
+            "in_service_from": tco.in_service_from,
+            "power_kw_per_gpu": tco.power_kw_per_gpu.normalize(),
+            "electricity_price_per_kwh": tco.electricity_price_per_kwh.normalize(),
+            "pue": tco.pue.normalize(),
+            "other_per_gpu_month": tco.other_per_gpu_month.normalize(),
+        })),
+        "depreciated_from": terms.depreciated_from(),
+        "currency": row.currency,
+        "valid_from": row.valid_from,
+        "valid_until": row.valid_until,
+        "project": row.project_id,
+        "provider": row.provider,
+        "region": row.region,
+        "committed_gpus": row.committed_gpus.map(|gpus| gpus.normalize()),
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    })
+}
+
+fn fx_rate_snapshot(row: &FxRateRow) -> Value {
+    json!({
+        "month": Month::from_first_day(row.month).to_string(),
+        "from": row.from_currency,
+        "to": row.to_currency,
+        "rate": row.rate.normalize(),
+        "updated_at": row.updated_at,
+    })
+}
 
 /// The records a contract with these terms could price over `span`.
 fn priced_by(fields: &ContractFields, span: (DateTime<Utc>, Option<DateTime<Utc>>)) -> KindSpan {
@@ -153,6 +199,7 @@ pub async fn create_contract(
     fields: Option<ContractFields>,
     mut violations: Violations,
     project: Option<&str>,
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<ContractRow> {
     if let Some(project) = project
@@ -174,6 +221,14 @@ pub async fn create_contract(
         &priced_by(&fields, (fields.valid_from, fields.valid_until)),
     )
     .await?;
+    let change = Change::new(
+        "contract",
+        row.id.to_string(),
+        "create",
+        None,
+        Some(contract_snapshot(&row)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
     commit_and_reassign(tx, pool, vec![job], settings).await?;
     Ok(row)
 }
@@ -184,13 +239,14 @@ pub async fn update_contract(
     pool: &PgPool,
     id: Uuid,
     change: impl FnOnce(&ContractFields) -> (ContractFields, Violations),
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<ContractRow> {
     let mut tx = pool.begin().await?;
-    let old = store::contracts::get(&mut tx, id, true)
+    let before = store::contracts::get(&mut tx, id, true)
         .await?
-        .ok_or_else(|| contract_not_found(id))?
-        .fields();
+        .ok_or_else(|| contract_not_found(id))?;
+    let old = before.fields();
     let (new, mut violations) = change(&old);
     check_consistency(&mut violations, &new);
     violations.into_result()?;
@@ -214,22 +270,43 @@ pub async fn update_contract(
         }
     }
     let row = store_contract(&mut tx, pool, &new, Some(id)).await?;
+    let change = Change::new(
+        "contract",
+        id.to_string(),
+        "update",
+        Some(contract_snapshot(&before)),
+        Some(contract_snapshot(&row)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
     commit_and_reassign(tx, pool, jobs, settings).await?;
     Ok(row)
 }
 
 /// Deletes a contract; what it priced is re-rated (and may become unrated).
-pub async fn delete_contract(pool: &PgPool, id: Uuid, settings: &Settings) -> LedgerResult<()> {
+pub async fn delete_contract(
+    pool: &PgPool,
+    id: Uuid,
+    actor: &Actor,
+    settings: &Settings,
+) -> LedgerResult<()> {
     let mut tx = pool.begin().await?;
-    let old = store::contracts::get(&mut tx, id, true)
+    let before = store::contracts::get(&mut tx, id, true)
         .await?
-        .ok_or_else(|| contract_not_found(id))?
-        .fields();
+        .ok_or_else(|| contract_not_found(id))?;
+    let old = before.fields();
     rating::change_contract_sets(&mut tx, [(old.gpu_model.clone(), old.billing_mode)]).await?;
     store::contracts::delete(&mut tx, id).await?;
     let job =
         rating::owe_reassignment(&mut tx, &priced_by(&old, (old.valid_from, old.valid_until)))
             .await?;
+    let change = Change::new(
+        "contract",
+        id.to_string(),
+        "delete",
+        Some(contract_snapshot(&before)),
+        None,
+    );
+    audit::record_one(&mut tx, actor, change).await?;
     commit_and_reassign(tx, pool, vec![job], settings).await
 }
 
@@ -239,11 +316,31 @@ pub async fn put_fx_rate(
     pool: &PgPool,
     (month, from, to): (Month, Currency, Currency),
     rate: Decimal,
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<FxRateRow> {
     let mut tx = pool.begin().await?;
-    let row =
-        store::fx_rates::put(&mut tx, month.first_day(), from.code(), to.code(), rate).await?;
+    let (day, from, to) = (month.first_day(), from.code(), to.code());
+    // A new rate is inserted alone; an existing one is locked first, so `before` is the rate
+    // this change replaces.
+    let (before, row) = match store::fx_rates::insert_new(&mut tx, day, from, to, rate).await? {
+        Some(row) => (None, row),
+        None => {
+            let before = store::fx_rates::get_for_update(&mut tx, day, from, to).await?;
+            (
+                before,
+                store::fx_rates::put(&mut tx, day, from, to, rate).await?,
+            )
+        }
+    };
+    let change = Change::new(
+        "fx_rate",
+        format!("{month}/{from}/{to}"),
+        if before.is_some() { "update" } else { "create" },
+        before.as_ref().map(fx_rate_snapshot),
+        Some(fx_rate_snapshot(&row)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
     commit_and_reassign(tx, pool, Vec::new(), settings).await?;
     Ok(row)
 }
@@ -252,14 +349,25 @@ pub async fn put_fx_rate(
 pub async fn delete_fx_rate(
     pool: &PgPool,
     (month, from, to): (Month, Currency, Currency),
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<()> {
     let mut tx = pool.begin().await?;
-    if !store::fx_rates::delete(&mut tx, month.first_day(), from.code(), to.code()).await? {
+    let Some(before) =
+        store::fx_rates::delete(&mut tx, month.first_day(), from.code(), to.code()).await?
+    else {
         return Err(LedgerError::NotFound(format!(
             "no FX rate {month}/{from}/{to}"
         )));
-    }
+    };
+    let change = Change::new(
+        "fx_rate",
+        format!("{month}/{from}/{to}"),
+        "delete",
+        Some(fx_rate_snapshot(&before)),
+        None,
+    );
+    audit::record_one(&mut tx, actor, change).await?;
     commit_and_reassign(tx, pool, Vec::new(), settings).await
 }
 

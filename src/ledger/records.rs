@@ -4,15 +4,16 @@
 use std::collections::BTreeSet;
 
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::record::{JobRecord, RecordKey};
 use crate::domain::values::Month;
 use crate::domain::values::months_between;
 use crate::ledger::alerting;
 use crate::ledger::instruments::{Rating, RatingCause};
-use crate::ledger::{LedgerError, LedgerResult, capacity_rollup, rating};
+use crate::ledger::{LedgerError, LedgerResult, audit, capacity_rollup, rating};
 use crate::store;
 pub use crate::store::records::{RecordFilter, RecordRow, VersionRow};
 
@@ -39,11 +40,12 @@ pub async fn record_with_history(pool: &PgPool, key: &RecordKey) -> LedgerResult
 /// history (with who replaced it), re-rates the record's task and judges the record for idle
 /// GPUs in the same transaction (a correction that makes it idle fires the task's alert if
 /// none fired yet), and re-evaluates the budget burn of every month the old or new record
-/// touches. An identical record changes nothing.
+/// touches. An identical record changes nothing. The audit log keeps the record's content
+/// before and after, as its canonical form.
 pub async fn correct(
     pool: &PgPool,
     record: JobRecord,
-    changed_by: Option<Uuid>,
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<RecordHistory> {
     let key = record.key.clone();
@@ -55,12 +57,20 @@ pub async fn correct(
         .ok_or_else(|| no_record(&key))?;
     let changed = previous.to_record().content_hash() != record.content_hash();
     if changed {
-        store::records::replace(&mut tx, &previous, &record, changed_by).await?;
+        store::records::replace(&mut tx, &previous, &record, actor.token_id()).await?;
         let rating = Rating::start(RatingCause::Correction);
         let touched = rating::rate_records(&mut tx, std::slice::from_ref(&key), tz, false).await?;
         capacity_rollup::refresh_rated(&mut tx, touched, tz).await?;
         rating.finished(1);
         alerting::fire_idle_gpu(&mut tx, &[&record], settings.clock.now(), tz).await?;
+        let change = Change::new(
+            "job_record",
+            key.to_string(),
+            "correct",
+            Some(previous.to_record().canonical_json()),
+            Some(record.canonical_json()),
+        );
+        audit::record_one(&mut tx, actor, change).await?;
     }
     tx.commit().await?;
     if changed {

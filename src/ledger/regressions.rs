@@ -18,13 +18,15 @@ use sqlx::PgPool;
 use utoipa::ToSchema;
 
 use crate::config::Settings;
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::figures::FigureSums;
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
 use crate::domain::regression::{self, DEFAULT_RULE, DayCost, RegressionRule, Verdict};
-use crate::ledger::LedgerResult;
 use crate::ledger::alerting::{self, AlertRow, RegressionAlert};
 use crate::ledger::efficiency::FactorsView;
 use crate::ledger::instruments;
+use crate::ledger::{LedgerResult, audit};
 use crate::store;
 use crate::store::projects::ProjectRow;
 use crate::store::regressions::{Judged, NewRegressionAlert, RuleRow, TargetRow};
@@ -119,7 +121,7 @@ fn target_rule(target: &TargetRow) -> RegressionRule {
 
 /// A project's rule and its workloads' states.
 pub async fn status(pool: &PgPool, project: &ProjectRow) -> LedgerResult<RegressionsView> {
-    let stored = store::regressions::rule(pool, &project.id).await?;
+    let stored = store::regressions::rule(&mut *pool.acquire().await?, &project.id).await?;
     let (enabled, rule) = rule_of(stored.as_ref());
     let states = store::regressions::states(pool, &project.id).await?;
     Ok(RegressionsView {
@@ -151,16 +153,36 @@ pub async fn status(pool: &PgPool, project: &ProjectRow) -> LedgerResult<Regress
     })
 }
 
-/// Sets a project's rule and judges its workloads under it at once.
+/// A project's rule as the audit log keeps it: as the API shows it.
+fn rule_snapshot(row: &RuleRow) -> serde_json::Value {
+    serde_json::json!({
+        "project": row.project_id,
+        "enabled": row.enabled,
+        "threshold": row.threshold.normalize(),
+        "min_extra_cost": row.min_extra_cost.normalize(),
+        "window_days": row.window_days,
+        "baseline_days": row.baseline_days,
+        "min_records": row.min_records,
+        "updated_at": row.updated_at,
+    })
+}
+
+/// Sets a project's rule and judges its workloads under it at once. Changes of a project's
+/// rule are ordered by the project's row lock, so `before` is the rule this one replaces
+/// (none while the defaults applied).
 pub async fn put_rule(
     pool: &PgPool,
     project: &ProjectRow,
     enabled: bool,
     rule: RegressionRule,
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<RegressionsView> {
-    store::regressions::put_rule(
-        pool,
+    let mut tx = pool.begin().await?;
+    store::projects::get_for_change(&mut tx, &project.id).await?;
+    let before = store::regressions::rule(&mut tx, &project.id).await?;
+    let after = store::regressions::put_rule(
+        &mut tx,
         &RuleRow {
             project_id: project.id.clone(),
             enabled,
@@ -173,6 +195,15 @@ pub async fn put_rule(
         },
     )
     .await?;
+    let change = Change::new(
+        "efficiency_regression_rule",
+        &project.id,
+        if before.is_some() { "update" } else { "create" },
+        before.as_ref().map(rule_snapshot),
+        Some(rule_snapshot(&after)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
+    tx.commit().await?;
     if let Err(error) = judge(pool, Some(&project.id), settings).await {
         tracing::error!(project = %project.id, error = ?error, "judging efficiency regressions failed");
     }

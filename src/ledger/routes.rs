@@ -5,34 +5,61 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use serde::Serialize;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 use utoipa::ToSchema;
 
 use crate::config::Settings;
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::burn::{AlertKind, FORECAST_THRESHOLD};
 use crate::domain::route::{RouteLabel, RouteLimits, RouteRef};
 use crate::domain::values::Month;
 use crate::domain::values::month_holding;
-use crate::ledger::LedgerResult;
 use crate::ledger::alerting::{ThresholdView, evaluate_route, route_burn};
+use crate::ledger::{LedgerResult, audit};
 use crate::store;
 use crate::store::projects::ProjectRow;
 use crate::store::routes::RoutePut;
 pub use crate::store::routes::RouteRow;
 
+/// A route as the audit log keeps it: as the API shows it.
+fn snapshot(row: &RouteRow, currency: &str) -> Value {
+    json!({
+        "project": row.project_id,
+        "label_key": row.label_key,
+        "label_value": row.label_value,
+        "currency": currency,
+        "monthly_budget": row.monthly_budget.map(|b| b.normalize()),
+        "max_attempts_per_task": row.max_attempts_per_task,
+        "max_failed_spend_per_hour": row.max_failed_spend_per_hour.map(|c| c.normalize()),
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    })
+}
+
+fn route_id(row: &RouteRow) -> String {
+    format!("{}/{}/{}", row.project_id, row.label_key, row.label_value)
+}
+
 /// Sets a route's limits (those left out are cleared) and judges the current month under
 /// them at once, so a cap set below what already happened fires without waiting for the
-/// next record.
+/// next record. Changes of a project's routes are ordered by the project's row lock, so
+/// `before` is the route this change replaces.
 pub async fn put(
     pool: &PgPool,
     project: &ProjectRow,
     label: &RouteLabel,
     limits: &RouteLimits,
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<RouteRow> {
     let now = settings.clock.now();
+    let mut tx = pool.begin().await?;
+    store::projects::get_for_change(&mut tx, &project.id).await?;
+    let before = store::routes::get(&mut tx, &project.id, label.key(), label.value()).await?;
     let row = store::routes::put(
-        pool,
+        &mut tx,
         &RoutePut {
             project_id: &project.id,
             label_key: label.key(),
@@ -44,6 +71,15 @@ pub async fn put(
         },
     )
     .await?;
+    let change = Change::new(
+        "route",
+        route_id(&row),
+        if before.is_some() { "update" } else { "create" },
+        before.as_ref().map(|b| snapshot(b, &project.currency)),
+        Some(snapshot(&row, &project.currency)),
+    );
+    audit::record_one(&mut tx, actor, change).await?;
+    tx.commit().await?;
     let month = month_holding(now, settings.timezone);
     if let Err(error) = evaluate_route(pool, project, &row, month, settings).await {
         tracing::error!(project = %project.id, route = %row.label_value, error = ?error, "evaluating a route failed");
@@ -56,7 +92,8 @@ pub async fn get(
     project: &str,
     label: &RouteLabel,
 ) -> LedgerResult<Option<RouteRow>> {
-    Ok(store::routes::get(pool, project, label.key(), label.value()).await?)
+    let mut conn = pool.acquire().await?;
+    Ok(store::routes::get(&mut conn, project, label.key(), label.value()).await?)
 }
 
 pub async fn list(pool: &PgPool, project: &str) -> LedgerResult<Vec<RouteRow>> {
@@ -64,8 +101,28 @@ pub async fn list(pool: &PgPool, project: &str) -> LedgerResult<Vec<RouteRow>> {
 }
 
 /// Deletes a route; false when there was none. Alerts it fired stay.
-pub async fn delete(pool: &PgPool, project: &str, label: &RouteLabel) -> LedgerResult<bool> {
-    Ok(store::routes::delete(pool, project, label.key(), label.value()).await?)
+pub async fn delete(
+    pool: &PgPool,
+    project: &ProjectRow,
+    label: &RouteLabel,
+    actor: &Actor,
+) -> LedgerResult<bool> {
+    let mut tx = pool.begin().await?;
+    let Some(before) =
+        store::routes::delete(&mut tx, &project.id, label.key(), label.value()).await?
+    else {
+        return Ok(false);
+    };
+    let change = Change::new(
+        "route",
+        route_id(&before),
+        "delete",
+        Some(snapshot(&before, &project.currency)),
+        None,
+    );
+    audit::record_one(&mut tx, actor, change).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// A route's burn: a project's burn ([`crate::ledger::alerting::BurnView`]) restricted to the

@@ -2,14 +2,16 @@
 //! and the admin token that lets the first person in.
 
 use serde::Serialize;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::domain::access::{Role, generate_secret, hash_secret, normalize_scope};
+use crate::domain::access::{Actor, Role, generate_secret, hash_secret, normalize_scope};
+use crate::domain::audit::Change;
 use crate::domain::validation::Violations;
 use crate::domain::values::{self, ProjectId};
-use crate::ledger::LedgerResult;
+use crate::ledger::{LedgerResult, audit};
 use crate::store;
 use crate::store::tokens::BootstrapToken;
 pub use crate::store::tokens::TokenRow;
@@ -70,7 +72,47 @@ impl TokenRequest {
 }
 
 /// Stores a new token and returns it with its secret.
-pub async fn issue(pool: &PgPool, request: TokenRequest) -> LedgerResult<CreatedToken> {
+/// A token as the audit log keeps it: as `GET /v1/tokens` lists it, never its secret or hash.
+fn snapshot(row: &TokenRow) -> Value {
+    json!({
+        "id": row.id,
+        "name": row.name,
+        "role": row.role.as_str(),
+        "projects": row.projects,
+        "created_at": row.created_at,
+        "revoked_at": row.revoked_at,
+    })
+}
+
+fn created(row: &TokenRow) -> Change {
+    Change::new(
+        "token",
+        row.id.to_string(),
+        "create",
+        None,
+        Some(snapshot(row)),
+    )
+}
+
+fn revoked(row: &TokenRow) -> Change {
+    let before = TokenRow {
+        revoked_at: None,
+        ..row.clone()
+    };
+    Change::new(
+        "token",
+        row.id.to_string(),
+        "revoke",
+        Some(snapshot(&before)),
+        Some(snapshot(row)),
+    )
+}
+
+pub async fn issue(
+    pool: &PgPool,
+    request: TokenRequest,
+    actor: &Actor,
+) -> LedgerResult<CreatedToken> {
     let existing = store::projects::existing_ids(pool, &request.projects).await?;
     let mut violations = Violations::default();
     for (index, project) in request.projects.iter().enumerate() {
@@ -83,14 +125,17 @@ pub async fn issue(pool: &PgPool, request: TokenRequest) -> LedgerResult<Created
     }
     violations.into_result()?;
     let secret = generate_secret();
+    let mut tx = pool.begin().await?;
     let row = store::tokens::insert(
-        pool,
+        &mut tx,
         &request.name,
         request.role,
         &request.projects,
         &hash_secret(&secret),
     )
     .await?;
+    audit::record_one(&mut tx, actor, created(&row)).await?;
+    tx.commit().await?;
     Ok(CreatedToken {
         id: row.id,
         token: secret,
@@ -114,28 +159,42 @@ pub enum Bootstrap {
 
 /// The admin token of `TASKLEDGER_BOOTSTRAP_TOKEN` (`configured`), or else a first admin
 /// token when the database has no token at all. A revoked bootstrap token stays revoked; a
-/// new secret replaces the previous one.
+/// new secret replaces the previous one. What it creates or revokes is recorded as the
+/// service's own change.
 pub async fn bootstrap_admin(pool: &PgPool, configured: Option<&str>) -> LedgerResult<Bootstrap> {
-    match configured {
-        Some(secret) => Ok(
-            match store::tokens::install_bootstrap(pool, &hash_secret(secret)).await? {
+    let actor = Actor::system("bootstrap");
+    let mut tx = pool.begin().await?;
+    let outcome = match configured {
+        Some(secret) => {
+            let install = store::tokens::install_bootstrap(&mut tx, &hash_secret(secret)).await?;
+            let changes = install
+                .revoked
+                .iter()
+                .map(revoked)
+                .chain(install.created.iter().map(created))
+                .collect();
+            audit::record(&mut tx, &actor, changes).await?;
+            match install.outcome {
                 BootstrapToken::Active => Bootstrap::Configured,
                 BootstrapToken::Revoked => Bootstrap::ConfiguredButRevoked,
-            },
-        ),
+            }
+        }
         None => {
             let secret = generate_secret();
-            Ok(
-                match store::tokens::create_first_admin(pool, &hash_secret(&secret)).await? {
-                    Some(token) => Bootstrap::FirstAdmin {
+            match store::tokens::create_first_admin(&mut tx, &hash_secret(&secret)).await? {
+                Some(token) => {
+                    audit::record_one(&mut tx, &actor, created(&token)).await?;
+                    Bootstrap::FirstAdmin {
                         id: token.id,
                         secret,
-                    },
-                    None => Bootstrap::Existing,
-                },
-            )
+                    }
+                }
+                None => Bootstrap::Existing,
+            }
         }
-    }
+    };
+    tx.commit().await?;
+    Ok(outcome)
 }
 
 /// Tokens in id order after `after`.
@@ -144,8 +203,14 @@ pub async fn list(pool: &PgPool, after: Option<Uuid>, limit: i64) -> LedgerResul
 }
 
 /// Revokes an active token; `false` when there is none with that id.
-pub async fn revoke(pool: &PgPool, id: Uuid) -> LedgerResult<bool> {
-    Ok(store::tokens::revoke(pool, id).await?)
+pub async fn revoke(pool: &PgPool, id: Uuid, actor: &Actor) -> LedgerResult<bool> {
+    let mut tx = pool.begin().await?;
+    let Some(row) = store::tokens::revoke(&mut tx, id).await? else {
+        return Ok(false);
+    };
+    audit::record_one(&mut tx, actor, revoked(&row)).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// The active token whose secret hashes to `secret_sha256`.

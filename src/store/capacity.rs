@@ -364,6 +364,38 @@ macro_rules! select_intervals {
     };
 }
 
+/// The intervals stored under these `(node, from)` keys.
+pub async fn stored_under(
+    conn: &mut PgConnection,
+    keys: &[(String, DateTime<Utc>)],
+) -> sqlx::Result<Vec<CapacityInterval>> {
+    let nodes: Vec<&str> = keys.iter().map(|(node, _)| node.as_str()).collect();
+    let froms: Vec<DateTime<Utc>> = keys.iter().map(|(_, from)| *from).collect();
+    select_intervals!(
+        "(node, from_at) IN (SELECT * FROM UNNEST($1::text[], $2::timestamptz[]))",
+        &nodes as &[&str],
+        &froms,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// A pool, its row locked until the transaction ends.
+pub async fn get_pool_for_update(
+    conn: &mut PgConnection,
+    id: &str,
+) -> sqlx::Result<Option<PoolRow>> {
+    with_pool_columns!(
+        PoolRecord,
+        "SELECT ",
+        " FROM pools WHERE id = $1 FOR UPDATE",
+        id
+    )
+    .try_map(PoolRow::try_from)
+    .fetch_optional(conn)
+    .await
+}
+
 /// Which intervals to read.
 #[derive(Debug, Clone, Copy)]
 pub enum IntervalsOf<'a> {

@@ -44,7 +44,7 @@ macro_rules! with_channel_columns {
     };
 }
 
-pub async fn insert(pool: &PgPool, channel: &NewChannel) -> sqlx::Result<ChannelRow> {
+pub async fn insert(conn: &mut PgConnection, channel: &NewChannel) -> sqlx::Result<ChannelRow> {
     with_channel_columns!(
         "INSERT INTO channels (id, name, kind, target, routing_key, projects, alert_kinds) \
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ",
@@ -57,7 +57,7 @@ pub async fn insert(pool: &PgPool, channel: &NewChannel) -> sqlx::Result<Channel
         channel.projects.as_deref(),
         channel.alert_kinds.as_deref(),
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
 }
 
@@ -82,26 +82,24 @@ pub async fn get(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<ChannelRow>> {
     .await
 }
 
-/// Marks a channel deleted and cancels what it still had to deliver, in one transaction;
-/// false when there was no such channel.
-pub async fn delete(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    let mut tx = pool.begin().await?;
-    let deleted = sqlx::query!(
-        "UPDATE channels SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL",
+/// Marks a channel deleted and cancels what it still had to deliver (call it in a
+/// transaction); the channel as it was, `None` when there was no such channel.
+pub async fn delete(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<ChannelRow>> {
+    let deleted = with_channel_columns!(
+        "UPDATE channels SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL \
+         RETURNING ",
+        "",
         id
     )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
+    .fetch_optional(&mut *conn)
+    .await?;
     sqlx::query!(
         "UPDATE channel_deliveries SET state = 'cancelled', finished_at = now() \
          WHERE channel_id = $1 AND state = 'pending'",
         id
     )
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
-    tx.commit().await?;
     Ok(deleted)
 }
 

@@ -17,6 +17,47 @@ pub struct FxRateRow {
     pub updated_at: DateTime<Utc>,
 }
 
+/// Stores a rate where the month and pair has none; `None` when it has one.
+pub async fn insert_new(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    from: &str,
+    to: &str,
+    rate: Decimal,
+) -> sqlx::Result<Option<FxRateRow>> {
+    sqlx::query_as!(
+        FxRateRow,
+        "INSERT INTO fx_rates (month, from_currency, to_currency, rate) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (month, from_currency, to_currency) DO NOTHING \
+         RETURNING month, from_currency, to_currency, rate, updated_at",
+        month,
+        from,
+        to,
+        rate,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// The rate of a month and pair, locked until the transaction ends.
+pub async fn get_for_update(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    from: &str,
+    to: &str,
+) -> sqlx::Result<Option<FxRateRow>> {
+    sqlx::query_as!(
+        FxRateRow,
+        "SELECT month, from_currency, to_currency, rate, updated_at FROM fx_rates \
+         WHERE month = $1 AND from_currency = $2 AND to_currency = $3 FOR UPDATE",
+        month,
+        from,
+        to,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
 pub async fn put(
     conn: &mut PgConnection,
     month: NaiveDate,
@@ -58,22 +99,23 @@ pub async fn exists(
     .await
 }
 
-/// Deletes one rate; whether it existed.
+/// Deletes one rate; the rate deleted, when there was one.
 pub async fn delete(
     conn: &mut PgConnection,
     month: NaiveDate,
     from: &str,
     to: &str,
-) -> sqlx::Result<bool> {
-    sqlx::query!(
-        "DELETE FROM fx_rates WHERE month = $1 AND from_currency = $2 AND to_currency = $3",
+) -> sqlx::Result<Option<FxRateRow>> {
+    sqlx::query_as!(
+        FxRateRow,
+        "DELETE FROM fx_rates WHERE month = $1 AND from_currency = $2 AND to_currency = $3 \
+         RETURNING month, from_currency, to_currency, rate, updated_at",
         month,
         from,
         to,
     )
-    .execute(conn)
+    .fetch_optional(conn)
     .await
-    .map(|done| done.rows_affected() > 0)
 }
 
 /// Rates in `(month, from, to)` order after `after`.

@@ -12,6 +12,43 @@ pub struct GridIntensityRow {
     pub updated_at: DateTime<Utc>,
 }
 
+/// Stores the intensity of a month and region that has none; `None` when it has one.
+pub async fn insert_new(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    region: &str,
+    g_co2e_per_kwh: Decimal,
+) -> sqlx::Result<Option<GridIntensityRow>> {
+    sqlx::query_as!(
+        GridIntensityRow,
+        "INSERT INTO grid_intensity (month, region, g_co2e_per_kwh) VALUES ($1, $2, $3) \
+         ON CONFLICT (month, region) DO NOTHING \
+         RETURNING month, region, g_co2e_per_kwh, updated_at",
+        month,
+        region,
+        g_co2e_per_kwh,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
+/// The intensity of a month and region, locked until the transaction ends.
+pub async fn get_for_update(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    region: &str,
+) -> sqlx::Result<Option<GridIntensityRow>> {
+    sqlx::query_as!(
+        GridIntensityRow,
+        "SELECT month, region, g_co2e_per_kwh, updated_at FROM grid_intensity \
+         WHERE month = $1 AND region = $2 FOR UPDATE",
+        month,
+        region,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
 /// Sets the intensity of one month and region.
 pub async fn put(
     conn: &mut PgConnection,
@@ -33,16 +70,21 @@ pub async fn put(
     .await
 }
 
-/// Deletes the intensity of one month and region; whether it existed.
-pub async fn delete(conn: &mut PgConnection, month: NaiveDate, region: &str) -> sqlx::Result<bool> {
-    sqlx::query!(
-        "DELETE FROM grid_intensity WHERE month = $1 AND region = $2",
+/// Deletes the intensity of one month and region; the one deleted, when there was one.
+pub async fn delete(
+    conn: &mut PgConnection,
+    month: NaiveDate,
+    region: &str,
+) -> sqlx::Result<Option<GridIntensityRow>> {
+    sqlx::query_as!(
+        GridIntensityRow,
+        "DELETE FROM grid_intensity WHERE month = $1 AND region = $2 \
+         RETURNING month, region, g_co2e_per_kwh, updated_at",
         month,
         region,
     )
-    .execute(conn)
+    .fetch_optional(conn)
     .await
-    .map(|done| done.rows_affected() > 0)
 }
 
 /// Intensities in `(month, region)` order after `after`.

@@ -2,6 +2,7 @@
 //! nothing else speaks SQL.
 
 pub mod alerts;
+pub mod audit;
 pub mod bills;
 pub mod binder;
 pub mod capacity;

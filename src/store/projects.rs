@@ -25,7 +25,10 @@ pub struct ProjectRow {
 }
 
 /// Inserts a project; `None` when the id is taken.
-pub async fn insert(pool: &PgPool, project: &NewProject) -> sqlx::Result<Option<ProjectRow>> {
+pub async fn insert(
+    conn: &mut PgConnection,
+    project: &NewProject,
+) -> sqlx::Result<Option<ProjectRow>> {
     sqlx::query_as!(
         ProjectRow,
         "INSERT INTO projects (id, name, team, currency, default_monthly_budget, \
@@ -46,7 +49,7 @@ pub async fn insert(pool: &PgPool, project: &NewProject) -> sqlx::Result<Option<
         project.idle_gpu_threshold,
         project.idle_gpu_min_gpu_hours,
     )
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await
 }
 
@@ -60,6 +63,21 @@ pub async fn get(pool: &PgPool, id: &str) -> sqlx::Result<Option<ProjectRow>> {
         id,
     )
     .fetch_optional(pool)
+    .await
+}
+
+/// A project, its row locked against other changes (not against the records and rows that
+/// refer to it) until the transaction ends.
+pub async fn get_for_change(conn: &mut PgConnection, id: &str) -> sqlx::Result<Option<ProjectRow>> {
+    sqlx::query_as!(
+        ProjectRow,
+        "SELECT id, name, team, currency, default_monthly_budget, alert_thresholds, \
+                webhook_url, idle_gpu_threshold, idle_gpu_min_gpu_hours, created_at, \
+                updated_at \
+         FROM projects WHERE id = $1 FOR NO KEY UPDATE",
+        id,
+    )
+    .fetch_optional(conn)
     .await
 }
 
@@ -94,7 +112,7 @@ pub async fn list(
 }
 
 pub async fn update(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     id: &str,
     changes: &ProjectChanges,
 ) -> sqlx::Result<Option<ProjectRow>> {
@@ -126,7 +144,7 @@ pub async fn update(
         changes.idle_gpu_threshold.flatten(),
         changes.idle_gpu_min_gpu_hours,
     )
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await
 }
 
@@ -138,8 +156,25 @@ pub struct BudgetRow {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The budget of one month, when it has one of its own.
+pub async fn budget_of(
+    conn: &mut PgConnection,
+    project: &str,
+    month: NaiveDate,
+) -> sqlx::Result<Option<BudgetRow>> {
+    sqlx::query_as!(
+        BudgetRow,
+        "SELECT project_id, month, amount, updated_at FROM budgets \
+         WHERE project_id = $1 AND month = $2",
+        project,
+        month,
+    )
+    .fetch_optional(conn)
+    .await
+}
+
 pub async fn put_budget(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     project: &str,
     month: NaiveDate,
     amount: Decimal,
@@ -153,7 +188,7 @@ pub async fn put_budget(
         month,
         amount,
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
 }
 

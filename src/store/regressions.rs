@@ -35,7 +35,7 @@ pub struct TargetRow {
     pub min_records: Option<i32>,
 }
 
-pub async fn rule(pool: &PgPool, project: &str) -> sqlx::Result<Option<RuleRow>> {
+pub async fn rule(conn: &mut PgConnection, project: &str) -> sqlx::Result<Option<RuleRow>> {
     sqlx::query_as!(
         RuleRow,
         "SELECT project_id, enabled, threshold, min_extra_cost, window_days, baseline_days, \
@@ -43,13 +43,13 @@ pub async fn rule(pool: &PgPool, project: &str) -> sqlx::Result<Option<RuleRow>>
          FROM efficiency_regression_rules WHERE project_id = $1",
         project,
     )
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await
 }
 
 /// Creates or replaces a project's rule. The time is the caller's, so the statement holds no
 /// volatile function in its `ON CONFLICT` clause.
-pub async fn put_rule(pool: &PgPool, rule: &RuleRow) -> sqlx::Result<RuleRow> {
+pub async fn put_rule(conn: &mut PgConnection, rule: &RuleRow) -> sqlx::Result<RuleRow> {
     sqlx::query_as!(
         RuleRow,
         "INSERT INTO efficiency_regression_rules (project_id, enabled, threshold, \
@@ -71,7 +71,7 @@ pub async fn put_rule(pool: &PgPool, rule: &RuleRow) -> sqlx::Result<RuleRow> {
         rule.min_records,
         rule.updated_at,
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
 }
 

@@ -31,7 +31,7 @@ pub struct RoutePut<'a> {
 
 /// Creates or replaces a route's limits. The time is the caller's, so the statement stays
 /// free of volatile functions in its `ON CONFLICT` clause.
-pub async fn put(pool: &PgPool, route: &RoutePut<'_>) -> sqlx::Result<RouteRow> {
+pub async fn put(conn: &mut PgConnection, route: &RoutePut<'_>) -> sqlx::Result<RouteRow> {
     sqlx::query_as!(
         RouteRow,
         "INSERT INTO routes (project_id, label_key, label_value, monthly_budget, \
@@ -53,12 +53,12 @@ pub async fn put(pool: &PgPool, route: &RoutePut<'_>) -> sqlx::Result<RouteRow> 
         route.max_failed_spend_per_hour,
         route.at,
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
 }
 
 pub async fn get(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     project: &str,
     key: &str,
     value: &str,
@@ -72,7 +72,7 @@ pub async fn get(
         key,
         value,
     )
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await
 }
 
@@ -89,17 +89,25 @@ pub async fn of_project(pool: &PgPool, project: &str) -> sqlx::Result<Vec<RouteR
     .await
 }
 
-/// Deletes a route; false when there was none. Its alerts stay, as history.
-pub async fn delete(pool: &PgPool, project: &str, key: &str, value: &str) -> sqlx::Result<bool> {
-    let deleted = sqlx::query!(
-        "DELETE FROM routes WHERE project_id = $1 AND label_key = $2 AND label_value = $3",
+/// Deletes a route; the route deleted, `None` when there was none. Its alerts stay, as
+/// history.
+pub async fn delete(
+    conn: &mut PgConnection,
+    project: &str,
+    key: &str,
+    value: &str,
+) -> sqlx::Result<Option<RouteRow>> {
+    sqlx::query_as!(
+        RouteRow,
+        "DELETE FROM routes WHERE project_id = $1 AND label_key = $2 AND label_value = $3 \
+         RETURNING project_id, label_key, label_value, monthly_budget, max_attempts_per_task, \
+                   max_failed_spend_per_hour, created_at, updated_at",
         project,
         key,
         value,
     )
-    .execute(pool)
-    .await?;
-    Ok(deleted.rows_affected() > 0)
+    .fetch_optional(conn)
+    .await
 }
 
 /// The first attempt (lowest number) above `cap` of each of a route's tasks among its records

@@ -2,7 +2,7 @@
 //! revocation takes effect on the next one.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::domain::access::Role;
@@ -39,7 +39,7 @@ macro_rules! select_tokens {
 }
 
 pub async fn insert(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     name: &str,
     role: Role,
     projects: &[String],
@@ -55,7 +55,7 @@ pub async fn insert(
         projects,
         secret_sha256,
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
 }
 
@@ -81,15 +81,25 @@ pub async fn list(pool: &PgPool, after: Option<Uuid>, limit: i64) -> sqlx::Resul
     .await
 }
 
-/// Revokes a token; false when there is no such active token.
-pub async fn revoke(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    let result = sqlx::query!(
-        "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+/// Revokes a token; the token as revoked, `None` when there is no such active token.
+pub async fn revoke(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<TokenRow>> {
+    select_tokens!(
+        "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL \
+         RETURNING ",
+        "",
         id,
     )
-    .execute(pool)
-    .await?;
-    Ok(result.rows_affected() == 1)
+    .fetch_optional(conn)
+    .await
+}
+
+/// What installing the bootstrap secret changed: the token it created, and the previous
+/// bootstrap token it revoked.
+#[derive(Debug, Clone)]
+pub struct BootstrapInstall {
+    pub outcome: BootstrapToken,
+    pub created: Option<TokenRow>,
+    pub revoked: Option<TokenRow>,
 }
 
 /// What became of the configured bootstrap secret.
@@ -104,42 +114,56 @@ pub enum BootstrapToken {
 /// Makes sure the admin token of the bootstrap secret exists, once. A token revoked through
 /// the API stays revoked however often the service restarts with its secret; a new secret
 /// creates a new token and revokes the previous bootstrap token (kept in `settings`).
-/// Serialised by an advisory lock so that replicas starting together agree.
+/// Serialised by an advisory lock (held until the caller's transaction ends) so that
+/// replicas starting together agree.
 pub async fn install_bootstrap(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     secret_sha256: &[u8],
-) -> sqlx::Result<BootstrapToken> {
-    let mut tx = pool.begin().await?;
+) -> sqlx::Result<BootstrapInstall> {
     sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('taskledger.bootstrap_token'))")
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
     let existing = sqlx::query!(
         "SELECT id, revoked_at FROM api_tokens WHERE secret_sha256 = $1",
         secret_sha256,
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *conn)
     .await?;
-    let (id, outcome) = match existing {
-        Some(token) if token.revoked_at.is_some() => return Ok(BootstrapToken::Revoked),
-        Some(token) => (token.id, BootstrapToken::Active),
+    let unchanged = |outcome| BootstrapInstall {
+        outcome,
+        created: None,
+        revoked: None,
+    };
+    let (id, install) = match existing {
+        Some(token) if token.revoked_at.is_some() => {
+            return Ok(unchanged(BootstrapToken::Revoked));
+        }
+        Some(token) => (token.id, unchanged(BootstrapToken::Active)),
         None => {
-            let id = Uuid::new_v4();
-            sqlx::query!(
+            let created = select_tokens!(
                 "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
-                 VALUES ($1, 'bootstrap', 'admin', '{}', $2)",
-                id,
+                 VALUES ($1, 'bootstrap', 'admin', '{}', $2) RETURNING ",
+                "",
+                Uuid::new_v4(),
                 secret_sha256,
             )
-            .execute(&mut *tx)
+            .fetch_one(&mut *conn)
             .await?;
-            sqlx::query!(
+            let revoked = select_tokens!(
                 "UPDATE api_tokens SET revoked_at = now() \
                  WHERE revoked_at IS NULL AND id = (SELECT value::uuid FROM settings \
-                                                    WHERE key = 'bootstrap_token_id')",
+                                                    WHERE key = 'bootstrap_token_id') \
+                 RETURNING ",
+                "",
             )
-            .execute(&mut *tx)
+            .fetch_optional(&mut *conn)
             .await?;
-            (id, BootstrapToken::Active)
+            let install = BootstrapInstall {
+                outcome: BootstrapToken::Active,
+                created: Some(created.clone()),
+                revoked,
+            };
+            (created.id, install)
         }
     };
     sqlx::query!(
@@ -147,23 +171,22 @@ pub async fn install_bootstrap(
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
         id.to_string(),
     )
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
-    tx.commit().await?;
-    Ok(outcome)
+    Ok(install)
 }
 
 /// Creates an admin token only when the database has no token at all. Serialised by an
-/// advisory lock so that replicas starting together create one, not several.
+/// advisory lock (held until the caller's transaction ends) so that replicas starting
+/// together create one, not several.
 pub async fn create_first_admin(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     secret_sha256: &[u8],
 ) -> sqlx::Result<Option<TokenRow>> {
-    let mut tx = pool.begin().await?;
     sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('taskledger.first_admin_token'))")
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    let row = select_tokens!(
+    select_tokens!(
         "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
          SELECT $1, 'first-start admin', 'admin', '{}', $2 \
          WHERE NOT EXISTS (SELECT 1 FROM api_tokens) RETURNING ",
@@ -171,8 +194,6 @@ pub async fn create_first_admin(
         Uuid::new_v4(),
         secret_sha256,
     )
-    .fetch_optional(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(row)
+    .fetch_optional(conn)
+    .await
 }

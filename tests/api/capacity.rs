@@ -727,9 +727,16 @@ async fn racing_posts_for_one_node_store_no_overlap_and_figures_match_a_recomput
 /// Stores intervals as a collector that knows them at `now` would, without judging them.
 async fn store_known(app: &TestApp, intervals: Value, now: &str) {
     let intervals = taskledger::domain::capacity::parse_intervals(&intervals, at(now)).unwrap();
-    taskledger::ledger::capacity::post_capacity(&app.pool, intervals, false, chrono_tz::UTC)
-        .await
-        .unwrap();
+    let collector = taskledger::domain::access::Actor::system("collector");
+    taskledger::ledger::capacity::post_capacity(
+        &app.pool,
+        intervals,
+        false,
+        chrono_tz::UTC,
+        &collector,
+    )
+    .await
+    .unwrap();
 }
 
 async fn judge_at(app: &TestApp, now: &str) -> usize {

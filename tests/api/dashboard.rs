@@ -2132,3 +2132,150 @@ async fn the_channels_page_lists_adds_tests_and_deletes_channels() {
     let left = app.get("/v1/channels", &app.admin).await.json();
     assert_eq!(left, json!([]));
 }
+
+/// The rows of the History table as a person reads them: when, who, action, and each field
+/// that changed with its old and new value.
+fn history_rows(browser: &mut Browser) -> Vec<Value> {
+    browser.eval(
+        "[...document.querySelectorAll('#history-rows tr')].map((tr) => ({
+           who: tr.cells[1].firstChild.textContent.trim(),
+           action: tr.cells[2].textContent.trim(),
+           fields: Object.fromEntries([...tr.querySelectorAll('li[data-field]')].map((li) =>
+             [li.dataset.field, [li.querySelector('del') ? li.querySelector('del').textContent : null,
+                                 li.querySelector('ins') ? li.querySelector('ins').textContent
+                                   : li.lastChild.textContent.trim()]])),
+         }))",
+    )
+    .as_array()
+    .unwrap()
+    .clone()
+}
+
+#[tokio::test]
+async fn the_history_tabs_show_who_changed_a_contract_and_a_project_and_what_moved() {
+    let app = TestApp::spawn().await;
+    app.create_project("vision", "USD").await;
+    let finance = app.token("finance", &[]).await;
+    let reader = app.token("reader", &["vision"]).await;
+    let id = contract("H100", "on_demand", "2.50")
+        .named("H100 <i>list</i> price")
+        .create(&app)
+        .await;
+    let changed = app
+        .patch(
+            &format!("/v1/contracts/{id}"),
+            &finance,
+            json!({"price_per_gpu_hour": "2.75"}),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.text());
+    let renamed = app
+        .patch(
+            "/v1/projects/vision",
+            &app.admin,
+            json!({"name": "Vision models", "team": "perception"}),
+        )
+        .await;
+    assert_eq!(renamed.status, StatusCode::OK, "{}", renamed.text());
+
+    let served = app.serve().await;
+    let origin = served.url();
+    let contracts_url = format!("{origin}/#token={finance}&page=contracts");
+    let project_url = format!("{origin}/#token={finance}&project=vision");
+    let reader_url = format!("{origin}/#token={reader}&project=vision");
+    let contract_id = id.clone();
+    let browser_run = tokio::task::spawn_blocking(move || {
+        let mut browser = Browser::launch(1280, 900);
+        // From the contracts list to the contract, then its History tab, as a person clicks.
+        browser.open(&contracts_url);
+        let listed = browser.eval("document.querySelectorAll('#contract-rows tr').length");
+        browser.click("#contract-rows a");
+        browser.wait_for("document.getElementById('tab-history')");
+        let terms = shown_text(&mut browser, "terms");
+        browser.click("#tab-history");
+        browser.wait_for("document.getElementById('history-rows')");
+        browser.wait_loaded();
+        let hash = browser.eval("location.hash");
+        let contract_rows = history_rows(&mut browser);
+        let title = shown_text(&mut browser, "page-title");
+        browser.screenshot(&screenshot_path("contract-history-1280.png"));
+        browser.resize(390, 844);
+        browser.open(&format!(
+            "{contracts_url}&contract={contract_id}&tab=history"
+        ));
+        let narrow_overflow = overflow(&mut browser);
+        browser.screenshot(&screenshot_path("contract-history-390.png"));
+        browser.resize(1280, 900);
+
+        // The project's History tab, reached from its overview.
+        browser.open(&project_url);
+        browser.click("#tab-history");
+        browser.wait_for("document.getElementById('history-rows')");
+        browser.wait_loaded();
+        let project_rows = history_rows(&mut browser);
+        let month_hidden = browser.eval("document.getElementById('month').closest('label').hidden");
+        browser.screenshot(&screenshot_path("project-history-1280.png"));
+
+        // A reader has no History tab and no contracts page.
+        browser.open(&reader_url);
+        let reader_tab = browser.eval("document.getElementById('tab-history') !== null");
+        let reader_nav = shown_text(&mut browser, "nav");
+        let seen = Seen {
+            doms: vec![browser.dom()],
+            requested: browser.requested().to_vec(),
+            errors: browser.errors().to_vec(),
+            overflow: vec![("contract history at 390 px".to_owned(), narrow_overflow)],
+        };
+        (
+            seen,
+            listed,
+            terms,
+            hash,
+            contract_rows,
+            title,
+            project_rows,
+            month_hidden,
+            (reader_tab, reader_nav),
+        )
+    });
+    let (seen, listed, terms, hash, contract_rows, title, project_rows, month_hidden, reader) =
+        browser_run.await.unwrap();
+    served.stop().await;
+    assert_all_local(&seen, &origin);
+    for (page, overflow) in &seen.overflow {
+        assert!(*overflow <= 0, "{page} is {overflow} px too wide");
+    }
+
+    assert_eq!(listed, 1);
+    assert!(terms.contains("2.75 USD per GPU-hour"), "{terms}");
+    assert_eq!(
+        hash,
+        format!("#page=contracts&contract={id}&tab=history").as_str()
+    );
+    // The name is shown as text, not markup.
+    assert_eq!(title, "H100 <i>list</i> price");
+    // Newest first: finance's price change, old and new, then the admin's creation.
+    assert_eq!(contract_rows.len(), 2, "{contract_rows:#?}");
+    assert_eq!(contract_rows[0]["who"], "finance token");
+    assert_eq!(contract_rows[0]["action"], "Changed");
+    assert_eq!(
+        contract_rows[0]["fields"],
+        json!({"price_per_gpu_hour": ["2.5", "2.75"]})
+    );
+    assert_eq!(contract_rows[1]["who"], "test admin");
+    assert_eq!(contract_rows[1]["action"], "Created");
+    assert_eq!(contract_rows[1]["fields"]["price_per_gpu_hour"][1], "2.5");
+
+    assert_eq!(project_rows.len(), 2, "{project_rows:#?}");
+    assert_eq!(project_rows[0]["action"], "Changed");
+    assert_eq!(
+        project_rows[0]["fields"],
+        json!({"name": ["vision", "Vision models"], "team": ["none", "perception"]})
+    );
+    assert_eq!(project_rows[1]["action"], "Created");
+    assert_eq!(month_hidden, true);
+
+    let (reader_tab, reader_nav) = reader;
+    assert_eq!(reader_tab, false);
+    assert!(!reader_nav.contains("Contracts"), "{reader_nav}");
+}

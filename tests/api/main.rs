@@ -1,6 +1,7 @@
 //! Integration tests: one binary, so the embedded PostgreSQL starts once per run.
 
 mod alerts;
+mod audit;
 mod bills;
 mod browser;
 mod burn;

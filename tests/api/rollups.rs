@@ -642,7 +642,7 @@ async fn rated_data_survives_the_upgrade_to_appended_rollups() {
         .await
         .unwrap();
     taskledger::store::tokens::insert(
-        &pool,
+        &mut pool.acquire().await.unwrap(),
         "admin",
         taskledger::domain::access::Role::Admin,
         &[],

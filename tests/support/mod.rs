@@ -54,7 +54,11 @@ pub async fn create_migrated_database(
 /// returns its secret.
 pub async fn insert_token(pool: &PgPool, name: &str, role: Role, projects: &[String]) -> String {
     let secret = generate_secret();
-    taskledger::store::tokens::insert(pool, name, role, projects, &hash_secret(&secret))
+    let mut conn = pool
+        .acquire()
+        .await
+        .expect("a connection to insert a token with");
+    taskledger::store::tokens::insert(&mut conn, name, role, projects, &hash_secret(&secret))
         .await
         .unwrap_or_else(|error| panic!("inserting token {name}: {error}"));
     secret

@@ -12,12 +12,14 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::Settings;
+use crate::domain::access::Actor;
+use crate::domain::audit::Change;
 use crate::domain::figures::Grouping;
 use crate::domain::ledger_time::month_bounds;
 use crate::domain::values::Month;
 use crate::domain::what_if::WhatIf;
 use crate::ledger::channels;
-use crate::ledger::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult, audit};
 use crate::store;
 
 pub use self::csv::to_csv;
@@ -84,7 +86,7 @@ pub async fn report(
 pub async fn close(
     pool: &PgPool,
     month: Month,
-    closed_by: Option<Uuid>,
+    actor: &Actor,
     settings: &Settings,
 ) -> LedgerResult<String> {
     let now = settings.clock.now();
@@ -114,10 +116,19 @@ pub async fn close(
     report.closed_at = Some(now);
     let json = serde_json::to_string(&report).map_err(anyhow::Error::from)?;
     let mut tx = pool.begin().await?;
-    if !store::closes::close(&mut tx, month.first_day(), now, closed_by, &json).await? {
+    if !store::closes::close(&mut tx, month.first_day(), now, actor.token_id(), &json).await? {
         return Err(LedgerError::conflict(format!("{month} is already closed")));
     }
     channels::queue_month_close(&mut tx, Uuid::new_v4(), month, now, &to_csv(&json)?).await?;
+    // The frozen report is kept whole in `month_closes`; the log keeps what it came to.
+    let after = serde_json::json!({
+        "month": month.to_string(),
+        "closed_at": now,
+        "projects": report.projects.len(),
+        "totals": audit::snapshot(&report.totals),
+    });
+    let change = Change::new("month_close", month.to_string(), "close", None, Some(after));
+    audit::record_one(&mut tx, actor, change).await?;
     tx.commit().await?;
     tracing::info!(month = %month, "month closed");
     Ok(json)
