@@ -18,6 +18,9 @@ use tempfile::TempDir;
 /// What the issue promises: from a clean data dir to a populated dashboard.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// One demo at a time: each loads the whole trace on the machine's cores, so two side by side
+/// would measure the machine's sharing, not the promise.
+static ONE_DEMO_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Data ending here makes October 2026 the complete month.
 const UNTIL: &str = "2026-11-20T12:00:00Z";
 
@@ -157,6 +160,7 @@ fn demo_dirs(dir: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn the_demo_serves_a_populated_dashboard_and_removes_its_data_when_stopped() {
+    let _alone = ONE_DEMO_AT_A_TIME.lock().await;
     let cwd = traversable_dir();
     let tmp = traversable_dir();
     let demo = Demo::start(demo_command(cwd.path()).env("TMPDIR", tmp.path()));
@@ -199,6 +203,7 @@ async fn the_demo_serves_a_populated_dashboard_and_removes_its_data_when_stopped
 
 #[tokio::test]
 async fn the_demo_replaces_an_earlier_demo_but_no_other_data() {
+    let _alone = ONE_DEMO_AT_A_TIME.lock().await;
     let parent = traversable_dir();
     let data_dir = parent.path().join("data");
     fs::create_dir(&data_dir).unwrap();

@@ -411,6 +411,20 @@ async fn writes_made_with_a_session_need_its_csrf_token() {
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing was created");
     let (status, created) = post(Some(csrf.clone())).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
+    // The audit log names the person who made the change, not a token.
+    let audit = signin
+        .app
+        .get(
+            "/v1/audit?entity=project&entity_id=vision",
+            &signin.app.admin,
+        )
+        .await
+        .json();
+    assert_eq!(
+        audit["items"][0]["actor"],
+        json!({"kind": "user", "id": "root", "name": "Platform Admin"})
+    );
+    assert_eq!(audit["items"][0]["action"], "create");
 
     // A bearer token needs no CSRF token: no browser sends it on its own.
     let response = signin
