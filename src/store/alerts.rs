@@ -508,6 +508,13 @@ pub async fn claim_due(conn: &mut PgConnection) -> sqlx::Result<Option<DueDelive
     Ok(None)
 }
 
+/// When a delivery in `state` after `attempt` finished: at the attempt, unless it is still
+/// pending. Computed here, not with `now()` in the statement: Citus allows only immutable
+/// functions in an UPDATE's CASE.
+pub fn finished_at(state: &str, attempt: &Attempt) -> Option<DateTime<Utc>> {
+    (state != "pending").then_some(attempt.attempted_at)
+}
+
 /// The result of one attempt.
 #[derive(Debug, Clone)]
 pub struct Attempt {
@@ -541,13 +548,13 @@ pub async fn record_attempt(
     let (state, next_attempt_at) = next.stored();
     sqlx::query!(
         "UPDATE alert_deliveries SET attempts = attempts + 1, state = $3, \
-             next_attempt_at = COALESCE($4, next_attempt_at), \
-             finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END \
+             next_attempt_at = COALESCE($4, next_attempt_at), finished_at = $5 \
          WHERE project_id = $1 AND alert_id = $2",
         delivery.project_id,
         delivery.alert_id,
         state,
         next_attempt_at,
+        finished_at(state, attempt),
     )
     .execute(conn)
     .await?;

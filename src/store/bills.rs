@@ -95,10 +95,10 @@ pub async fn put_statement(
 ) -> sqlx::Result<()> {
     sqlx::query!(
         "INSERT INTO bill_statements (id, provider, billing_account, billing_period_start, \
-             bill_id, rows_hash) \
-         VALUES ($1, $2, $3, $4, $5, $6) \
+             bill_id, rows_hash, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, now()) \
          ON CONFLICT (id) DO UPDATE SET bill_id = EXCLUDED.bill_id, \
-             rows_hash = EXCLUDED.rows_hash, updated_at = now()",
+             rows_hash = EXCLUDED.rows_hash, updated_at = EXCLUDED.updated_at",
         id,
         &key.provider,
         &key.billing_account,

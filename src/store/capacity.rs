@@ -89,11 +89,13 @@ pub async fn put_pool(
     }
     let put = with_pool_columns!(
         Put,
-        "INSERT INTO pools (id, name, owner_project, share_idle, zombie_after_minutes) \
-         VALUES ($1, $2, $3, $4, $5) \
+        "INSERT INTO pools (id, name, owner_project, share_idle, zombie_after_minutes, \
+             updated_at) \
+         VALUES ($1, $2, $3, $4, $5, now()) \
          ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, \
              owner_project = EXCLUDED.owner_project, share_idle = EXCLUDED.share_idle, \
-             zombie_after_minutes = EXCLUDED.zombie_after_minutes, updated_at = now() \
+             zombie_after_minutes = EXCLUDED.zombie_after_minutes, \
+             updated_at = EXCLUDED.updated_at \
          RETURNING ",
         r#", (xmax = 0) AS "created!""#,
         id,

@@ -240,14 +240,14 @@ pub async fn record_attempt(
     let (state, next_attempt_at) = next.stored();
     sqlx::query!(
         "UPDATE channel_deliveries SET attempts = attempts + 1, state = $4, \
-             next_attempt_at = COALESCE($5, next_attempt_at), \
-             finished_at = CASE WHEN $4 = 'pending' THEN NULL ELSE now() END \
+             next_attempt_at = COALESCE($5, next_attempt_at), finished_at = $6 \
          WHERE project_id = $1 AND message_id = $2 AND channel_id = $3",
         message.project_id,
         message.message_id,
         message.channel.id,
         state,
         next_attempt_at,
+        super::alerts::finished_at(state, attempt),
     )
     .execute(conn)
     .await?;

@@ -67,9 +67,10 @@ pub async fn put(
 ) -> sqlx::Result<FxRateRow> {
     sqlx::query_as!(
         FxRateRow,
-        "INSERT INTO fx_rates (month, from_currency, to_currency, rate) VALUES ($1, $2, $3, $4) \
+        "INSERT INTO fx_rates (month, from_currency, to_currency, rate, updated_at) \
+         VALUES ($1, $2, $3, $4, now()) \
          ON CONFLICT (month, from_currency, to_currency) \
-         DO UPDATE SET rate = EXCLUDED.rate, updated_at = now() \
+         DO UPDATE SET rate = EXCLUDED.rate, updated_at = EXCLUDED.updated_at \
          RETURNING month, from_currency, to_currency, rate, updated_at",
         month,
         from,

@@ -58,9 +58,11 @@ pub async fn put(
 ) -> sqlx::Result<GridIntensityRow> {
     sqlx::query_as!(
         GridIntensityRow,
-        "INSERT INTO grid_intensity (month, region, g_co2e_per_kwh) VALUES ($1, $2, $3) \
+        "INSERT INTO grid_intensity (month, region, g_co2e_per_kwh, updated_at) \
+         VALUES ($1, $2, $3, now()) \
          ON CONFLICT (month, region) \
-         DO UPDATE SET g_co2e_per_kwh = EXCLUDED.g_co2e_per_kwh, updated_at = now() \
+         DO UPDATE SET g_co2e_per_kwh = EXCLUDED.g_co2e_per_kwh, \
+             updated_at = EXCLUDED.updated_at \
          RETURNING month, region, g_co2e_per_kwh, updated_at",
         month,
         region,

@@ -46,14 +46,21 @@ impl JobLock {
 /// when no replica started one within the last `interval`; false otherwise.
 pub async fn claim_due_run(pool: &PgPool, job: &str, interval: Duration) -> sqlx::Result<bool> {
     // A little slack, so that a replica whose timer fires a moment early still finds it due.
-    let seconds = interval.as_secs_f64() * 0.9;
+    let slack_micros = i64::try_from(interval.as_micros() * 9 / 10).unwrap_or(i64::MAX);
+    // The database's clock, read first: the claim compares whole numbers only, as Citus
+    // requires of the WHERE of an ON CONFLICT on a distributed or reference table.
+    let now_micros =
+        sqlx::query_scalar!(r#"SELECT (extract(epoch FROM now()) * 1000000)::bigint AS "now!""#)
+            .fetch_one(pool)
+            .await?;
     let claimed = sqlx::query_scalar!(
-        "INSERT INTO settings (key, value) VALUES ('job_last_run:' || $1::text, now()::text) \
+        "INSERT INTO settings (key, value) VALUES ('job_last_run_micros:' || $1::text, $2::text) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value \
-         WHERE settings.value::timestamptz <= now() - make_interval(secs => $2) \
+         WHERE settings.value::bigint <= $3 \
          RETURNING key",
         job,
-        seconds,
+        now_micros.to_string(),
+        now_micros.saturating_sub(slack_micros),
     )
     .fetch_optional(pool)
     .await?;

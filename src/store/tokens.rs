@@ -186,14 +186,22 @@ pub async fn create_first_admin(
     sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('taskledger.first_admin_token'))")
         .execute(&mut *conn)
         .await?;
+    // Two statements under the lock: Citus cannot plan an INSERT into a reference table
+    // whose SELECT reads that table.
+    let any = sqlx::query_scalar!(r#"SELECT EXISTS (SELECT 1 FROM api_tokens) AS "any!""#)
+        .fetch_one(&mut *conn)
+        .await?;
+    if any {
+        return Ok(None);
+    }
     select_tokens!(
         "INSERT INTO api_tokens (id, name, role, projects, secret_sha256) \
-         SELECT $1, 'first-start admin', 'admin', '{}', $2 \
-         WHERE NOT EXISTS (SELECT 1 FROM api_tokens) RETURNING ",
+         VALUES ($1, 'first-start admin', 'admin', '{}', $2) RETURNING ",
         "",
         Uuid::new_v4(),
         secret_sha256,
     )
-    .fetch_optional(conn)
+    .fetch_one(conn)
     .await
+    .map(Some)
 }
