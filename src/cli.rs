@@ -164,6 +164,11 @@ pub enum Command {
     },
     /// Print the secret that signs alert webhooks, for receivers to verify them.
     WebhookSecret,
+    /// Work with a Citus cluster (the database of --database-url is its coordinator).
+    Citus {
+        #[command(subcommand)]
+        command: CitusCommand,
+    },
     /// Print the OpenAPI document (the committed api/openapi.json).
     Openapi,
     /// Serve a demo to look around in: a fresh data dir (a temporary one, removed on exit,
@@ -469,6 +474,14 @@ fn parse_duration(raw: &str) -> Result<chrono::TimeDelta, String> {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum CitusCommand {
+    /// Apply pending migrations, then make the reference tables and distribute the others by
+    /// project, co-located; on an empty or a populated database, and again after an upgrade
+    /// added tables (what is placed already is left as it is).
+    Distribute,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum TokenCommand {
     /// Create a token and print its secret once.
     Create {
@@ -591,6 +604,20 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
             tracing::info!(version = setup::latest_migration(), "database migrated");
+            database.close().await
+        }
+        Command::Citus {
+            command: CitusCommand::Distribute,
+        } => {
+            let database = open(&config).await?;
+            prepare(&database.pool, &config).await?;
+            let done = crate::ledger::citus::distribute(&database.pool).await?;
+            println!(
+                "{} reference tables made, {} tables distributed by project, {} placed already",
+                done.made_reference.len(),
+                done.distributed.len(),
+                done.already
+            );
             database.close().await
         }
         Command::Token {

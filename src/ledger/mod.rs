@@ -11,6 +11,7 @@ pub mod capacity;
 pub mod capacity_rollup;
 pub mod carbon;
 pub mod channels;
+pub mod citus;
 pub mod commitments;
 pub mod cost;
 pub mod demo;

@@ -7,6 +7,7 @@ pub mod bills;
 pub mod binder;
 pub mod capacity;
 pub mod channels;
+pub mod citus;
 pub mod closes;
 pub mod contracts;
 pub mod cost;

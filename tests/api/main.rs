@@ -8,6 +8,7 @@ mod burn;
 mod capacity;
 mod capacity_rollup;
 mod channels;
+mod citus_placement;
 mod commitments;
 mod common;
 mod contracts;
