@@ -281,8 +281,9 @@ pub async fn upsert(
     let done = sqlx::query!(
         "INSERT INTO capacity_intervals (node, from_at, until_at, pool_id, state, gpu_model, \
              gpus, billing_mode, provider, region, labels, content_hash, resource_keys, \
-             bill_statement) \
-         SELECT n, f, u, p, s, m, g, b, pr, rg, l::jsonb, h, string_to_array(rk, E'\\n'), $14 \
+             bill_statement, received_at) \
+         SELECT n, f, u, p, s, m, g, b, pr, rg, l::jsonb, h, string_to_array(rk, E'\\n'), $14, \
+                now() \
          FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[], \
                      $6::text[], $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], \
                      $12::bytea[], $13::text[]) AS k(n, f, u, p, s, m, g, b, pr, rg, l, h, rk) \
@@ -292,7 +293,7 @@ pub async fn upsert(
              billing_mode = EXCLUDED.billing_mode, provider = EXCLUDED.provider, \
              region = EXCLUDED.region, labels = EXCLUDED.labels, \
              content_hash = EXCLUDED.content_hash, resource_keys = EXCLUDED.resource_keys, \
-             bill_statement = EXCLUDED.bill_statement, received_at = now()",
+             bill_statement = EXCLUDED.bill_statement, received_at = EXCLUDED.received_at",
         &node as &[&str],
         &from,
         &until,
