@@ -19,7 +19,7 @@ use crate::domain::values::parse_instant;
 use crate::exports;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
-use crate::http::extract::ApiQuery;
+use crate::http::extract::{ApiQuery, wants_csv};
 use crate::http::pagination::{Page, PageParams};
 use crate::http::problems::{AuthProblems, QueryProblems};
 use crate::http::state::AppState;
@@ -141,18 +141,8 @@ impl AuditQuery {
     }
 
     fn wants_csv(&self, headers: &HeaderMap) -> ApiResult<bool> {
-        match self.format.as_deref() {
-            Some("csv") => Ok(true),
-            Some("json") => Ok(false),
-            Some(other) => Err(ApiError::invalid(
-                "query:format",
-                format!("`{other}` is not a format: use json or csv"),
-            )),
-            None => Ok(headers
-                .get(header::ACCEPT)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|accept| accept.contains("text/csv"))),
-        }
+        wants_csv(self.format.as_deref(), headers)
+            .map_err(|message| ApiError::invalid("query:format", message))
     }
 }
 

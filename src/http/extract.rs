@@ -133,6 +133,20 @@ pub fn json_pointer(path: &serde_path_to_error::Path) -> String {
     pointer
 }
 
+/// Whether an answer is asked for as CSV: `?format=csv` or `json` decides, else an `Accept`
+/// naming `text/csv`. A bad `format` gives the message for `query:format`.
+pub fn wants_csv(format: Option<&str>, headers: &HeaderMap) -> Result<bool, String> {
+    match format {
+        Some("csv") => Ok(true),
+        Some("json") => Ok(false),
+        Some(other) => Err(format!("`{other}` is not a format: use json or csv")),
+        None => Ok(headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|accept| accept.contains("text/csv"))),
+    }
+}
+
 /// Query parameters; a bad one is a 422 naming it.
 pub struct ApiQuery<T>(pub T);
 

@@ -14,7 +14,7 @@ use crate::domain::validation::Violations;
 use crate::domain::values::Month;
 use crate::http::auth::require_finance;
 use crate::http::error::{ApiError, ApiResult, Problem};
-use crate::http::extract::{ApiPath, ApiQuery, ApiQueryWhatIf};
+use crate::http::extract::{ApiPath, ApiQuery, ApiQueryWhatIf, wants_csv};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::state::AppState;
 use crate::ledger::reports::{self, MonthlyReport};
@@ -44,19 +44,8 @@ fn parse_month(raw: &str) -> ApiResult<Month> {
     Month::parse(raw).map_err(|message| ApiError::invalid("path:month", message))
 }
 
-fn wants_csv(query: &ReportQuery, headers: &HeaderMap) -> ApiResult<bool> {
-    match query.format.as_deref() {
-        Some("csv") => Ok(true),
-        Some("json") => Ok(false),
-        Some(other) => Err(ApiError::invalid(
-            "query:format",
-            format!("`{other}` is not a format: use json or csv"),
-        )),
-        None => Ok(headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|accept| accept.contains("text/csv"))),
-    }
+fn csv_asked(format: Option<&str>, headers: &HeaderMap) -> ApiResult<bool> {
+    wants_csv(format, headers).map_err(|message| ApiError::invalid("query:format", message))
 }
 
 fn respond(json: String, csv: bool, month: Month) -> ApiResult<Response> {
@@ -125,7 +114,7 @@ pub async fn get_monthly_report(
     let (Some(month), Some(grouping)) = (month, grouping) else {
         unreachable!("both parsed or were reported")
     };
-    let csv = wants_csv(&query, &headers)?;
+    let csv = csv_asked(query.format.as_deref(), &headers)?;
     let report = reports::report(&state.pool, month, grouping, &what_if, &state.settings).await?;
     respond(report.to_json()?, csv, month)
 }
@@ -162,14 +151,7 @@ pub async fn close_month(
 ) -> ApiResult<Response> {
     require_finance(&principal)?;
     let month = parse_month(&month)?;
-    let csv = wants_csv(
-        &ReportQuery {
-            format: query.format,
-            group_by: None,
-            what_if: Vec::new(),
-        },
-        &headers,
-    )?;
+    let csv = csv_asked(query.format.as_deref(), &headers)?;
     let json = reports::close(&state.pool, month, &principal.actor, &state.settings).await?;
     respond(json, csv, month)
 }

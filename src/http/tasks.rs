@@ -18,7 +18,7 @@ use crate::domain::task::{SortOrder, TaskFilter, TaskKeyset, TaskSort};
 use crate::domain::validation::Violations;
 use crate::domain::what_if::{PriceOverride, WhatIf};
 use crate::http::error::{ApiError, ApiResult, Problem};
-use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::extract::{ApiPath, ApiQuery, wants_csv};
 use crate::http::pagination::{PageParams, encode_cursor};
 use crate::http::problems::{AuthProblems, PathProblems, QueryProblems};
 use crate::http::projects::readable_project;
@@ -164,21 +164,9 @@ fn parse_list(
         Some(raw) => violations.check("query:order", SortOrder::parse(raw)),
         None => Some(SortOrder::Desc),
     };
-    let csv = match params.format.as_deref() {
-        Some("csv") => true,
-        Some("json") => false,
-        Some(other) => {
-            violations.push(
-                "query:format",
-                format!("`{other}` is not a format: use json or csv"),
-            );
-            false
-        }
-        None => headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|accept| accept.contains("text/csv")),
-    };
+    let csv = violations
+        .check("query:format", wants_csv(params.format.as_deref(), headers))
+        .unwrap_or(false);
     violations.into_result()?;
     let (Some(period), Some(sort), Some(order)) = (period, sort, order) else {
         unreachable!("every parameter parsed or was reported")
