@@ -47,20 +47,17 @@ impl JobLock {
 pub async fn claim_due_run(pool: &PgPool, job: &str, interval: Duration) -> sqlx::Result<bool> {
     // A little slack, so that a replica whose timer fires a moment early still finds it due.
     let slack_micros = i64::try_from(interval.as_micros() * 9 / 10).unwrap_or(i64::MAX);
-    // The database's clock, read first: the claim compares whole numbers only, as Citus
-    // requires of the WHERE of an ON CONFLICT on a distributed or reference table.
-    let now_micros =
-        sqlx::query_scalar!(r#"SELECT (extract(epoch FROM now()) * 1000000)::bigint AS "now!""#)
-            .fetch_one(pool)
-            .await?;
+    // The run is stamped with the database's clock in whole microseconds, so the condition
+    // compares whole numbers only, as Citus requires of the WHERE of an ON CONFLICT.
     let claimed = sqlx::query_scalar!(
-        "INSERT INTO settings (key, value) VALUES ('job_last_run_micros:' || $1::text, $2::text) \
+        "INSERT INTO settings (key, value) \
+         VALUES ('job_last_run_micros:' || $1::text, \
+                 ((extract(epoch FROM now()) * 1000000)::bigint)::text) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value \
-         WHERE settings.value::bigint <= $3 \
+         WHERE settings.value::bigint <= EXCLUDED.value::bigint - $2 \
          RETURNING key",
         job,
-        now_micros.to_string(),
-        now_micros.saturating_sub(slack_micros),
+        slack_micros,
     )
     .fetch_optional(pool)
     .await?;
