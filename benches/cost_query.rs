@@ -19,13 +19,20 @@
 //!
 //! Run with `cargo bench --bench cost_query`; `TASKLEDGER_BENCH_RECORDS=1000000` runs one
 //! size only, `TASKLEDGER_BENCH_PROJECTS=200` spreads the records over fewer projects.
+//!
+//! With `TASKLEDGER_BENCH_CITUS_CLUSTER=DIR`, the directory of a running Citus cluster
+//! (`.ci/citus-cluster start DIR`), each size's database is made on that cluster instead and
+//! loaded into the coordinator's own tables. The reads run there first, as on one PostgreSQL,
+//! then the database is distributed by project (`taskledger citus distribute`) and they run
+//! again, the month closed this time: the same data, read both ways.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, PgPool};
 use tower::ServiceExt;
 
 use taskledger::config::Settings;
@@ -231,9 +238,68 @@ fn percentile(sorted: &[Duration], pct: usize) -> Duration {
     sorted[(sorted.len() * pct / 100).min(sorted.len() - 1)]
 }
 
-async fn measure(cluster: &EmbeddedPostgres, records: i64, projects: i64) {
+/// Where the benchmark's databases are: the embedded cluster, or a running Citus cluster
+/// (`.ci/citus-cluster start DIR`) named by `TASKLEDGER_BENCH_CITUS_CLUSTER`.
+enum Server {
+    Embedded(EmbeddedPostgres),
+    Citus(PathBuf),
+}
+
+const CITUS_ENV: &str = "TASKLEDGER_BENCH_CITUS_CLUSTER";
+
+impl Server {
+    /// A new, migrated database `name`.
+    async fn database(&self, name: &str) -> PgPool {
+        match self {
+            Server::Embedded(cluster) => {
+                support::create_migrated_database(|db| cluster.url(db), name, 4).await
+            }
+            Server::Citus(dir) => {
+                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/citus-cluster");
+                let output = std::process::Command::new(script)
+                    .arg("start")
+                    .arg(dir)
+                    .arg(name)
+                    .stderr(std::process::Stdio::inherit())
+                    .output()
+                    .unwrap();
+                assert!(
+                    output.status.success(),
+                    "adding {name} to the Citus cluster"
+                );
+                let url = String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .last()
+                    .unwrap()
+                    .to_owned();
+                let pool = taskledger::db::connect(&url, 4).await.unwrap();
+                taskledger::db::migrate(&pool).await.unwrap();
+                pool
+            }
+        }
+    }
+
+    /// The `postgres` database of every node.
+    fn admin_urls(&self) -> Vec<String> {
+        match self {
+            Server::Embedded(cluster) => vec![cluster.url("postgres")],
+            Server::Citus(dir) => {
+                let base: u16 = std::fs::read_to_string(dir.join("ports"))
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                (0..3)
+                    .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", base + i))
+                    .collect()
+            }
+        }
+    }
+}
+
+async fn measure(server: &Server, records: i64, projects: i64) {
     let database = format!("bench_{records}");
-    let pool = support::create_migrated_database(|name| cluster.url(name), &database, 4).await;
+    let pool = server.database(&database).await;
 
     let started = Instant::now();
     load(&mut pool.acquire().await.unwrap(), records, projects).await;
@@ -248,153 +314,195 @@ async fn measure(cluster: &EmbeddedPostgres, records: i64, projects: i64) {
 
     let secret = support::insert_token(&pool, "bench", Role::Admin, &[]).await;
     let router = taskledger::http::app(AppState::new(pool.clone(), Settings::default()));
-    let summary = format!(
+    println!(
         "{records:>9} records of {projects} projects ({segments} segments, {rollup_rows} cost \
          rollup rows, load {:.1} s)",
         load_time.as_secs_f64()
     );
-    println!("{summary}");
-    let get = |uri: String| {
-        let router = router.clone();
-        let secret = secret.clone();
-        async move {
-            let request = Request::get(uri)
-                .header(header::AUTHORIZATION, format!("Bearer {secret}"))
-                .body(Body::empty())
-                .unwrap();
-            let started = Instant::now();
-            let response = router.oneshot(request).await.unwrap();
-            let status = response.status();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            let elapsed = started.elapsed();
-            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-            (elapsed, body)
+    let reader = Reader { router, secret };
+    match server {
+        Server::Embedded(_) => {
+            reader.project_reads(records, projects, "").await;
+            reader.reports(&pool, records, projects, "", true).await;
         }
-    };
-    let queries: [(&str, &str); 7] = [
-        (
-            "month cost",
-            "cost?month=2026-11&as_of=2026-11-20T00:00:00Z",
-        ),
-        (
-            "month cost, what-if prices",
-            "cost?month=2026-11&as_of=2026-11-20T00:00:00Z&what_if=H100/on_demand:3.10\
-             &what_if=A100/reserved:0.80",
-        ),
-        (
-            "month cost by day",
-            "cost?month=2026-11&as_of=2026-11-20T00:00:00Z&group_by=day",
-        ),
-        (
-            "50 costliest tasks of the month",
-            "tasks?month=2026-11&limit=50",
-        ),
-        (
-            "the next 50 by cost",
-            "tasks?month=2026-11&limit=50&cursor={cursor}",
-        ),
-        (
-            "50 most wasteful tasks of the month",
-            "tasks?month=2026-11&limit=50&sort=waste",
-        ),
-        (
-            "50 costliest tasks of a fortnight",
-            "tasks?from=2026-11-03&to=2026-11-17&limit=50",
-        ),
-    ];
-    for (name, query) in queries {
-        let mut timings = Vec::with_capacity(RUNS);
-        for run in 0..RUNS + 3 {
-            let project = format!("p{:03}", (run * 37) % projects as usize);
-            let base = format!("/v1/projects/{project}");
-            let query = if query.contains("{cursor}") {
-                let (_, first) = get(format!("{base}/tasks?month=2026-11&limit=50")).await;
-                let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
-                query.replace("{cursor}", first["next_cursor"].as_str().unwrap())
-            } else {
-                query.to_owned()
-            };
-            let (elapsed, body) = get(format!("{base}/{query}")).await;
-            if query.starts_with("tasks") {
-                let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                assert_eq!(page["items"].as_array().unwrap().len(), 50);
-            }
-            // The first runs warm the connection pool and the cache.
-            if run >= 3 {
-                timings.push(elapsed);
-            }
-        }
-        timings.sort();
-        println!(
-            "{records:>9} records: {name:<36} median {:>7.2} ms, p95 {:>7.2} ms over {RUNS} runs",
-            percentile(&timings, 50).as_secs_f64() * 1000.0,
-            percentile(&timings, 95).as_secs_f64() * 1000.0,
-        );
-    }
-
-    // The organisation's month for finance: open, closed, and the next month, whose report
-    // books what changed in the closed one as adjustments.
-    let profiled = statements::reset(&pool).await;
-    let reports = [
-        ("monthly report, open month", "/v1/reports/monthly/2026-11"),
-        (
-            "monthly report, closed month",
-            "/v1/reports/monthly/2026-11",
-        ),
-        (
-            "monthly report after a closed month",
-            "/v1/reports/monthly/2026-12",
-        ),
-    ];
-    for (i, (name, uri)) in reports.into_iter().enumerate() {
-        if i == 1 {
-            let request = Request::post("/v1/reports/monthly/2026-11/close")
-                .header(header::AUTHORIZATION, format!("Bearer {secret}"))
-                .body(Body::empty())
-                .unwrap();
+        Server::Citus(_) => {
+            // The same data read first from the coordinator's own tables, as one PostgreSQL
+            // with Citus loaded, then distributed over the workers.
+            let local = "one node, ";
+            reader.project_reads(records, projects, local).await;
+            reader.reports(&pool, records, projects, local, false).await;
             let started = Instant::now();
-            let response = router.clone().oneshot(request).await.unwrap();
-            let status = response.status();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            assert!(status.is_success(), "{}", String::from_utf8_lossy(&body));
+            let placed = taskledger::ledger::citus::distribute(&pool).await.unwrap();
+            sqlx::query("ANALYZE").execute(&pool).await.unwrap();
             println!(
-                "{records:>9} records: closing the month took {:.2} ms",
-                started.elapsed().as_secs_f64() * 1000.0
+                "{records:>9} records: distributed over the workers in {:.1} s ({placed:?})",
+                started.elapsed().as_secs_f64()
             );
+            let citus = "Citus, ";
+            reader.project_reads(records, projects, citus).await;
+            reader.reports(&pool, records, projects, citus, true).await;
         }
-        let mut timings = Vec::with_capacity(REPORT_RUNS);
-        for run in 0..REPORT_RUNS + 1 {
-            let (elapsed, body) = get(uri.to_owned()).await;
-            let report: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            if i < 2 {
-                assert_eq!(
-                    report["projects"].as_array().unwrap().len(),
-                    projects as usize
-                );
-            }
-            if run >= 1 {
-                timings.push(elapsed);
-            }
-        }
-        timings.sort();
-        println!(
-            "{records:>9} records: {name:<36} median {:>7.2} ms, p95 {:>7.2} ms over \
-             {REPORT_RUNS} runs",
-            percentile(&timings, 50).as_secs_f64() * 1000.0,
-            percentile(&timings, 95).as_secs_f64() * 1000.0,
-        );
-    }
-    if profiled {
-        statements::print(&pool, "the monthly reports").await;
     }
     pool.close().await;
-    let mut admin = PgConnection::connect(&cluster.url("postgres"))
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    for url in server.admin_urls() {
+        let mut admin = PgConnection::connect(&url).await.unwrap();
+        sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+}
+
+/// The real router and a token to read with.
+struct Reader {
+    router: axum::Router,
+    secret: String,
+}
+
+impl Reader {
+    /// Reads `uri` as a reader would: how long it took, and the body.
+    async fn get(&self, uri: String) -> (Duration, axum::body::Bytes) {
+        let request = Request::get(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {}", self.secret))
+            .body(Body::empty())
+            .unwrap();
+        let started = Instant::now();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let elapsed = started.elapsed();
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        (elapsed, body)
+    }
+
+    /// One project's reads, for rotating projects; `label` prefixes each line's name.
+    async fn project_reads(&self, records: i64, projects: i64, label: &str) {
+        let queries: [(&str, &str); 7] = [
+            (
+                "month cost",
+                "cost?month=2026-11&as_of=2026-11-20T00:00:00Z",
+            ),
+            (
+                "month cost, what-if prices",
+                "cost?month=2026-11&as_of=2026-11-20T00:00:00Z&what_if=H100/on_demand:3.10\
+                 &what_if=A100/reserved:0.80",
+            ),
+            (
+                "month cost by day",
+                "cost?month=2026-11&as_of=2026-11-20T00:00:00Z&group_by=day",
+            ),
+            (
+                "50 costliest tasks of the month",
+                "tasks?month=2026-11&limit=50",
+            ),
+            (
+                "the next 50 by cost",
+                "tasks?month=2026-11&limit=50&cursor={cursor}",
+            ),
+            (
+                "50 most wasteful tasks of the month",
+                "tasks?month=2026-11&limit=50&sort=waste",
+            ),
+            (
+                "50 costliest tasks of a fortnight",
+                "tasks?from=2026-11-03&to=2026-11-17&limit=50",
+            ),
+        ];
+        for (name, query) in queries {
+            let mut timings = Vec::with_capacity(RUNS);
+            for run in 0..RUNS + 3 {
+                let project = format!("p{:03}", (run * 37) % projects as usize);
+                let base = format!("/v1/projects/{project}");
+                let query = if query.contains("{cursor}") {
+                    let (_, first) = self
+                        .get(format!("{base}/tasks?month=2026-11&limit=50"))
+                        .await;
+                    let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
+                    query.replace("{cursor}", first["next_cursor"].as_str().unwrap())
+                } else {
+                    query.to_owned()
+                };
+                let (elapsed, body) = self.get(format!("{base}/{query}")).await;
+                if query.starts_with("tasks") {
+                    let page: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    assert_eq!(page["items"].as_array().unwrap().len(), 50);
+                }
+                // The first runs warm the connection pool and the cache.
+                if run >= 3 {
+                    timings.push(elapsed);
+                }
+            }
+            timings.sort();
+            println!(
+                "{records:>9} records: {label}{name:<36} median {:>7.2} ms, p95 {:>7.2} ms over {RUNS} runs",
+                percentile(&timings, 50).as_secs_f64() * 1000.0,
+                percentile(&timings, 95).as_secs_f64() * 1000.0,
+            );
+        }
+    }
+
+    /// Finance's monthly report of every project: of the open month and, with `close`, of
+    /// the same month once closed and of the month after it.
+    async fn reports(&self, pool: &PgPool, records: i64, projects: i64, label: &str, close: bool) {
+        // The organisation's month for finance: open, closed, and the next month, whose report
+        // books what changed in the closed one as adjustments.
+        let profiled = statements::reset(&pool).await;
+        let reports = [
+            ("monthly report, open month", "/v1/reports/monthly/2026-11"),
+            (
+                "monthly report, closed month",
+                "/v1/reports/monthly/2026-11",
+            ),
+            (
+                "monthly report after a closed month",
+                "/v1/reports/monthly/2026-12",
+            ),
+        ];
+        for (i, (name, uri)) in reports.into_iter().enumerate() {
+            if i > 0 && !close {
+                break;
+            }
+            if i == 1 {
+                let request = Request::post("/v1/reports/monthly/2026-11/close")
+                    .header(header::AUTHORIZATION, format!("Bearer {}", self.secret))
+                    .body(Body::empty())
+                    .unwrap();
+                let started = Instant::now();
+                let response = self.router.clone().oneshot(request).await.unwrap();
+                let status = response.status();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                assert!(status.is_success(), "{}", String::from_utf8_lossy(&body));
+                println!(
+                    "{records:>9} records: {label}closing the month took {:.2} ms",
+                    started.elapsed().as_secs_f64() * 1000.0
+                );
+            }
+            let mut timings = Vec::with_capacity(REPORT_RUNS);
+            for run in 0..REPORT_RUNS + 1 {
+                let (elapsed, body) = self.get(uri.to_owned()).await;
+                let report: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                if i < 2 {
+                    assert_eq!(
+                        report["projects"].as_array().unwrap().len(),
+                        projects as usize
+                    );
+                }
+                if run >= 1 {
+                    timings.push(elapsed);
+                }
+            }
+            timings.sort();
+            println!(
+                "{records:>9} records: {label}{name:<36} median {:>7.2} ms, p95 {:>7.2} ms over \
+                 {REPORT_RUNS} runs",
+                percentile(&timings, 50).as_secs_f64() * 1000.0,
+                percentile(&timings, 95).as_secs_f64() * 1000.0,
+            );
+        }
+        if profiled {
+            statements::print(pool, "the monthly reports").await;
+        }
+    }
 }
 
 fn main() {
@@ -407,12 +515,17 @@ fn main() {
             .prefix("taskledger-bench-")
             .tempdir()
             .unwrap();
-        let options = EmbeddedOptions {
-            durable: false,
-            max_connections: 20,
-            statement_statistics: true,
+        let server = match std::env::var(CITUS_ENV).ok().filter(|d| !d.is_empty()) {
+            Some(cluster) => Server::Citus(PathBuf::from(cluster)),
+            None => {
+                let options = EmbeddedOptions {
+                    durable: false,
+                    max_connections: 20,
+                    statement_statistics: true,
+                };
+                Server::Embedded(support::start_cluster(dir.path(), options).await.unwrap())
+            }
         };
-        let cluster = support::start_cluster(dir.path(), options).await.unwrap();
         let sizes = match std::env::var(RECORDS_ENV) {
             Ok(raw) => vec![
                 raw.parse()
@@ -431,8 +544,10 @@ fn main() {
             "TASKLEDGER_BENCH_PROJECTS: from 1 to 1000 (project ids have three digits)"
         );
         for records in sizes {
-            measure(&cluster, records, projects).await;
+            measure(&server, records, projects).await;
         }
-        cluster.stop().await.unwrap();
+        if let Server::Embedded(cluster) = server {
+            cluster.stop().await.unwrap();
+        }
     });
 }

@@ -379,34 +379,46 @@ pub async fn fire_idle_gpu(
     let mig_profiles: Vec<Option<String>> = alerts.iter().map(|a| a.mig_profile.clone()).collect();
     sqlx::query_as!(
         AlertRow,
-        "INSERT INTO alert_events (project_id, id, month, kind, currency, fired_at, task_id, \
+        "WITH k AS ( \
+           SELECT * \
+           FROM UNNEST($1::text[], $2::uuid[], $3::date[], $4::text[], $5::text[], $6::int[], \
+                       $7::text[], $8::numeric[], $9::text[], $10::numeric[], $11::text[], \
+                       $12::numeric[], $13::numeric[], $14::numeric[]) \
+                WITH ORDINALITY AS k(project_id, id, month, currency, task_id, attempt, \
+                                     gpu_model, gpu_count, mig_profile, held, measure, value, \
+                                     threshold, min_gpu_hours, position)), \
+         g AS ( \
+           SELECT s.project_id, s.task_id, s.attempt, s.contract_id, \
+                  date_trunc('month', s.hour AT TIME ZONE $16)::date AS month, \
+                  sum(s.card_seconds) AS seconds \
+           FROM rated_segments s \
+           WHERE (s.project_id, s.task_id, s.attempt) \
+                 IN (SELECT project_id, task_id, attempt FROM k) \
+             AND s.contract_id IS NOT NULL \
+           GROUP BY 1, 2, 3, 4, 5), \
+         costs AS ( \
+           SELECT g.project_id, g.task_id, g.attempt, \
+                  round(COALESCE(sum(g.seconds \
+                        * CASE WHEN c.currency = p.currency THEN c.price_per_gpu_hour \
+                               ELSE c.price_per_gpu_hour * x.rate END \
+                        / 3600.000000000000000000000000), 0), 20) AS cost \
+           FROM g \
+           JOIN contracts c ON c.id = g.contract_id \
+           JOIN projects p ON p.id = g.project_id \
+           LEFT JOIN fx_rates x ON x.month = g.month AND x.from_currency = c.currency \
+                AND x.to_currency = p.currency \
+           GROUP BY 1, 2, 3) \
+         INSERT INTO alert_events (project_id, id, month, kind, currency, fired_at, task_id, \
                                    attempt, gpu_model, gpu_count, mig_profile, \
                                    gpu_seconds_held, idle_measure, idle_value, \
                                    idle_threshold, min_gpu_hours, cost) \
          SELECT k.project_id, k.id, k.month, 'idle_gpu', k.currency, $15, k.task_id, \
                 k.attempt, k.gpu_model, k.gpu_count, k.mig_profile, k.held, k.measure, \
                 k.value, k.threshold, k.min_gpu_hours, \
-                (SELECT round(COALESCE(sum(g.seconds \
-                            * CASE WHEN c.currency = p.currency THEN c.price_per_gpu_hour \
-                                   ELSE c.price_per_gpu_hour * x.rate END \
-                            / 3600.000000000000000000000000), 0), 20) \
-                 FROM (SELECT s.contract_id, \
-                              date_trunc('month', s.hour AT TIME ZONE $16)::date AS month, \
-                              sum(s.card_seconds) AS seconds \
-                       FROM rated_segments s \
-                       WHERE s.project_id = k.project_id AND s.task_id = k.task_id \
-                         AND s.attempt = k.attempt AND s.contract_id IS NOT NULL \
-                       GROUP BY 1, 2) AS g \
-                 JOIN contracts c ON c.id = g.contract_id \
-                 JOIN projects p ON p.id = k.project_id \
-                 LEFT JOIN fx_rates x ON x.month = g.month AND x.from_currency = c.currency \
-                      AND x.to_currency = p.currency) \
-         FROM UNNEST($1::text[], $2::uuid[], $3::date[], $4::text[], $5::text[], $6::int[], \
-                     $7::text[], $8::numeric[], $9::text[], $10::numeric[], $11::text[], \
-                     $12::numeric[], $13::numeric[], $14::numeric[]) \
-              WITH ORDINALITY AS k(project_id, id, month, currency, task_id, attempt, \
-                                   gpu_model, gpu_count, mig_profile, held, measure, value, \
-                                   threshold, min_gpu_hours, position) \
+                coalesce(costs.cost, round(0::numeric, 20)) \
+         FROM k LEFT JOIN costs \
+           ON (costs.project_id, costs.task_id, costs.attempt) \
+              = (k.project_id, k.task_id, k.attempt) \
          ORDER BY k.position \
          ON CONFLICT (project_id, task_id) WHERE kind = 'idle_gpu' DO NOTHING \
          RETURNING project_id, id, month, threshold, kind, currency, spend, budget, burn_pct, \

@@ -97,7 +97,9 @@ pub async fn put_pool(
              zombie_after_minutes = EXCLUDED.zombie_after_minutes, \
              updated_at = EXCLUDED.updated_at \
          RETURNING ",
-        r#", (xmax = 0) AS "created!""#,
+        // A new row's `created_at` defaults to the transaction's `now()`, which is also its
+        // `updated_at`; a changed row keeps the `created_at` of an earlier transaction.
+        r#", (created_at = updated_at) AS "created!""#,
         id,
         &settings.name,
         settings.owner_project.as_deref(),

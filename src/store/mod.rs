@@ -51,7 +51,8 @@ const ASIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// When the pool has a connection to spare, a second read-only transaction on the snapshot
 /// of `snapshot` (a [`snapshot`]; `pg_export_snapshot`), so that two statements of one report
 /// can run at the same time and still see the same data. When no connection comes within
-/// [`ASIDE_WAIT`], `None`: the caller runs on its snapshot alone rather than wait for one.
+/// [`ASIDE_WAIT`], or the database is distributed with Citus, `None`: the caller runs on its
+/// snapshot alone.
 pub async fn snapshot_aside(
     pool: &PgPool,
     snapshot: &mut Transaction<'static, Postgres>,
@@ -63,9 +64,18 @@ pub async fn snapshot_aside(
             Err(_) => return Ok(None),
         },
     };
-    let id = sqlx::query_scalar!("SELECT pg_export_snapshot() AS \"id!\"")
-        .fetch_one(&mut **snapshot)
-        .await?;
+    // On Citus a snapshot exported by the coordinator does not reach the workers: each
+    // transaction reads them through connections of its own, on snapshots of their own. There
+    // the report's statements run one after the other on `snapshot`.
+    let id = sqlx::query_scalar!(
+        "SELECT CASE WHEN EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN NULL \
+                     ELSE pg_export_snapshot() END AS id"
+    )
+    .fetch_one(&mut **snapshot)
+    .await?;
+    let Some(id) = id else {
+        return Ok(None);
+    };
     // SET TRANSACTION SNAPSHOT takes no parameter; the identifier is the server's own, made of
     // hex digits and dashes.
     if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {

@@ -663,7 +663,7 @@ pub async fn store_rated(
     );
     // Dynamic: the rollups' and tasks' changes are the batch's, in the families' tables.
     let (emptied, nodes, hours) = binder
-        .query_as::<(Vec<String>, Vec<String>, Vec<DateTime<Utc>>)>(&sql)?
+        .query_as::<(serde_json::Value, Vec<String>, Vec<DateTime<Utc>>)>(&sql)?
         .fetch_one(&mut *conn)
         .await
         .context("updating the rollups and the tasks")?;

@@ -12,6 +12,7 @@
 use anyhow::Context;
 use chrono::{DateTime, Months, NaiveDate, Utc};
 use chrono_tz::Tz;
+use serde_json::Value as JsonValue;
 use sqlx::{PgConnection, PgPool};
 
 use crate::domain::ledger_time::{first_instant_of_day, first_of_month};
@@ -328,8 +329,8 @@ fn added_to(alias: &str, columns: &[&str]) -> String {
 }
 
 /// Every project's monthly cost summed by [`SEGMENT_KINDS`] (migration 0013): the rows of
-/// `moved`, which compaction takes out of `cost_monthly`, added to theirs, with the row ids of
-/// rows left empty. The monthly report reads these instead of grouping every project's
+/// `moved`, which compaction takes out of `cost_monthly`, added to theirs, returning their keys
+/// and what is left under them. The monthly report reads these instead of grouping every project's
 /// monthly rows by kind.
 fn fold_into_cost_kinds(moved: &str) -> String {
     let sums = COST_KIND_SUMS.join(", ");
@@ -340,9 +341,60 @@ fn fold_into_cost_kinds(moved: &str) -> String {
          SELECT project_id, month, {row_kinds}, {totals} FROM {moved} \
          GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8 \
          ON CONFLICT ON CONSTRAINT cost_monthly_kinds_key DO UPDATE SET {updates} \
-         RETURNING k.ctid::text AS row_id, k.segments AS remaining",
+         RETURNING {returned}, k.segments AS remaining",
         kinds = SEGMENT_KINDS.join(", "),
         row_kinds = segment_kinds_sql(""),
+        returned = qualified("k", &cost_kinds_key()),
+    )
+}
+
+/// The key columns of `cost_monthly_kinds`.
+fn cost_kinds_key() -> String {
+    format!("project_id, month, {}", SEGMENT_KINDS.join(", "))
+}
+
+/// Each of the comma-separated `columns` qualified by `alias`.
+fn qualified(alias: &str, columns: &str) -> String {
+    columns
+        .split(", ")
+        .map(|column| format!("{alias}.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The condition that the row `left` has the key `key` (comma-separated) of the row `right`.
+/// The first `not_null` columns are never null and compared with `=`, so that the key's index
+/// finds the rows; the rest may be null and are compared as not distinct.
+fn same_key((key, not_null): (&str, usize), left: &str, right: &str) -> String {
+    let columns: Vec<&str> = key.split(", ").collect();
+    let (leading, rest) = columns.split_at(not_null.min(columns.len()));
+    let mut parts: Vec<String> = leading
+        .iter()
+        .map(|column| format!("{left}.{column} = {right}.{column}"))
+        .collect();
+    if !rest.is_empty() {
+        let rest = rest.join(", ");
+        parts.push(format!(
+            "({}) IS NOT DISTINCT FROM ({})",
+            qualified(left, &rest),
+            qualified(right, &rest)
+        ));
+    }
+    parts.join(" AND ")
+}
+
+/// Removes the rows of `table` whose keys are among `rows` (a JSON array of objects holding at
+/// least the key columns, as the compaction and rating statements return the rows they left
+/// empty) and that are still empty: `condition` over the row `t`. `key` is the key's columns,
+/// comma-separated, and how many of the first are never null (see [`same_key`]). The rows are
+/// found by their keys, never by a physical row id, which means nothing across the shards of a
+/// distributed table.
+pub fn delete_by_keys(table: &str, key: (&str, usize), condition: &str, rows: &str) -> String {
+    format!(
+        "DELETE FROM {table} AS t \
+         USING (SELECT * FROM jsonb_populate_recordset(NULL::{table}, {rows})) AS e \
+         WHERE {matches} AND {condition}",
+        matches = same_key(key, "t", "e"),
     )
 }
 
@@ -454,7 +506,7 @@ struct Rollup {
     key: String,
     sums: &'static [&'static str],
     /// Another table the folded delta rows are summed into, as SQL over the rows `moved`
-    /// returning the ids of its rows left empty, and that table's name.
+    /// returning the keys of its rows and their `remaining` count, and that table's name.
     also: Option<(String, &'static str)>,
 }
 
@@ -557,8 +609,8 @@ const SETTING_TIMEZONE: &str = "rollup_timezone";
 
 impl Rollup {
     /// Folds every committed delta row into the compacted rows, in key order (and into the
-    /// rows of `also`), and returns the row ids of compacted rows left empty (and of rows of
-    /// `also`).
+    /// rows of `also`), and returns the keys of compacted rows left empty (and of rows of
+    /// `also`), as JSON arrays.
     fn compaction_sql(&self) -> String {
         let sums = self.sums.join(", ");
         let merged = summed(self.sums);
@@ -570,15 +622,16 @@ impl Rollup {
                INSERT INTO {table} AS t ({key}, {sums}, delta) \
                SELECT {key}, {sums}, 0 FROM merged ORDER BY {key} \
                ON CONFLICT ON CONSTRAINT {constraint} DO UPDATE SET {updates} \
-               RETURNING t.ctid::text AS row_id, t.{count} AS remaining), \
+               RETURNING {returned}, t.{count} AS remaining), \
              also AS ({also}) \
              SELECT (SELECT count(*) FROM moved), \
-                    ARRAY(SELECT row_id FROM upserted WHERE remaining = 0), \
-                    ARRAY(SELECT row_id FROM also WHERE remaining = 0)",
+                    (SELECT coalesce(jsonb_agg(u), '[]') FROM upserted u WHERE remaining = 0), \
+                    (SELECT coalesce(jsonb_agg(a), '[]') FROM also a WHERE remaining = 0)",
             also = self.also.as_ref().map_or(
-                "SELECT NULL::text AS row_id, NULL::bigint AS remaining WHERE false",
+                "SELECT NULL::bigint AS remaining WHERE false",
                 |(sql, _)| sql.as_str()
             ),
+            returned = qualified("t", &self.key),
             table = self.table,
             key = self.key,
             constraint = self.constraint,
@@ -611,38 +664,44 @@ pub async fn compact(pool: &PgPool) -> anyhow::Result<Option<Compaction>> {
     let mut done = Compaction::default();
     for rollup in rollups() {
         // Dynamic: the rollup table is the family's at the level.
-        let (moved, emptied, emptied_also): (i64, Vec<String>, Vec<String>) =
+        let (moved, emptied_keys, also_keys): (i64, JsonValue, JsonValue) =
             dynamic::query_as(&rollup.compaction_sql())
                 .fetch_one(&mut *tx)
                 .await
                 .with_context(|| format!("compacting {}", rollup.table))?;
-        if !emptied.is_empty() {
+        let emptied = emptied_keys.as_array().map_or(0, Vec::len);
+        if emptied > 0 {
+            let condition = format!("t.delta = 0 AND t.{} = 0", rollup.sums[0]);
             // Dynamic: the rollup table is the family's at the level.
-            dynamic::query(&format!(
-                "DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[]) \
-                 AND delta = 0 AND {count} = 0",
-                table = rollup.table,
-                count = rollup.sums[0],
+            dynamic::query(&delete_by_keys(
+                &rollup.table,
+                (&rollup.key, 2),
+                &condition,
+                "$1",
             ))
-            .bind(&emptied)
+            .bind(&emptied_keys)
             .execute(&mut *tx)
             .await
             .with_context(|| format!("removing emptied {} rows", rollup.table))?;
         }
+        let emptied_also = also_keys.as_array().map_or(0, Vec::len);
         if let Some((_, also)) = &rollup.also
-            && !emptied_also.is_empty()
+            && emptied_also > 0
         {
             // Dynamic: the table is the one the rollup's rows are also summed into.
-            dynamic::query(&format!(
-                "DELETE FROM {also} WHERE ctid = ANY($1::text[]::tid[]) AND segments = 0"
+            dynamic::query(&delete_by_keys(
+                also,
+                (&cost_kinds_key(), 2),
+                "t.segments = 0",
+                "$1",
             ))
-            .bind(&emptied_also)
+            .bind(&also_keys)
             .execute(&mut *tx)
             .await
             .with_context(|| format!("removing emptied {also} rows"))?;
         }
         done.delta_rows += moved;
-        done.emptied_rows += emptied.len() + emptied_also.len();
+        done.emptied_rows += emptied + emptied_also;
     }
     let (moved, emptied) = fold_contract_usage(&mut tx)
         .await

@@ -31,7 +31,8 @@ use crate::store::cost::MfuRow;
 use crate::store::prices::{PER_HOUR, PriceJoin, UNRATED_REASON, summed_priced};
 use crate::store::records::{RecordRow, record_row, select_records};
 use crate::store::rollups::{
-    ENERGY_SUMS, Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, summed, summed_energy_sql,
+    ENERGY_SUMS, Level, PRICED_SUMS, PeriodSplit, TASK_SUMS, delete_by_keys, summed,
+    summed_energy_sql,
 };
 
 /// The summed columns filled from segments, with the expression over a segment change
@@ -159,17 +160,18 @@ pub fn add_changes(tz: &str, segments: &str, records: &str) -> String {
            ON CONFLICT ON CONSTRAINT task_monthly_key DO UPDATE SET {updates}, \
              output = CASE WHEN EXCLUDED.output = '{{}}' THEN t.output \
                            ELSE add_quantities(t.output, EXCLUDED.output) END \
-           RETURNING t.ctid::text AS row_id, (t.segments, t.attempts) = (0, 0) AS emptied)"
+           RETURNING t.project_id, t.month, t.task_id, t.contract_id, t.gpu_model, \
+                     t.billing_mode, (t.segments, t.attempts) = (0, 0) AS emptied)"
     )
 }
 
 /// [`PRICED_BY`] of a segment change.
 const SEGMENT_KEY: &str = "contract_id, gpu_model, billing_mode";
 
-/// The row ids of the monthly rows [`add_changes`] left empty, as a `text[]` column:
+/// The keys of the monthly rows [`add_changes`] left empty, as a `jsonb` array column:
 /// [`Settlement`] deletes them.
 pub fn emptied_rows() -> &'static str {
-    "ARRAY(SELECT row_id FROM task_changes WHERE emptied)"
+    "(SELECT coalesce(jsonb_agg(c), '[]') FROM task_changes c WHERE emptied)"
 }
 
 /// What the rating path settles for the tasks it rated once their changes are added: each
@@ -188,8 +190,8 @@ pub struct Settlement<'a> {
     models: Vec<&'a str>,
     first_model: Vec<i32>,
     last_model: Vec<i32>,
-    /// Row ids of the monthly rows left empty (see [`emptied_rows`]).
-    emptied: Vec<String>,
+    /// Keys of the monthly rows left empty, a JSON array (see [`emptied_rows`]).
+    emptied: serde_json::Value,
 }
 
 impl<'a> Settlement<'a> {
@@ -219,7 +221,7 @@ impl<'a> Settlement<'a> {
     }
 
     /// Notes the rows the changes left empty, as [`emptied_rows`] names them.
-    pub fn emptied(&mut self, (rows,): (Vec<String>,)) {
+    pub fn emptied(&mut self, (rows,): (serde_json::Value,)) {
         self.emptied = rows;
     }
 
@@ -258,10 +260,7 @@ impl<'a> Settlement<'a> {
                      IS DISTINCT FROM (EXCLUDED.status, EXCLUDED.completed_at, \
                                        EXCLUDED.first_started_at, EXCLUDED.last_ended_at, \
                                        EXCLUDED.gpu_models)), \
-             emptied AS ( \
-               DELETE FROM task_monthly \
-               WHERE ctid = ANY({emptied}::text[]::tid[]) \
-                 AND segments = 0 AND attempts = 0)",
+             emptied AS ({emptied})",
             projects = binder.bind(&self.projects),
             task_ids = binder.bind(&self.task_ids),
             statuses = binder.bind(&self.statuses),
@@ -271,7 +270,15 @@ impl<'a> Settlement<'a> {
             first_model = binder.bind(&self.first_model),
             last_model = binder.bind(&self.last_model),
             models = binder.bind(&self.models),
-            emptied = binder.bind(&self.emptied),
+            emptied = delete_by_keys(
+                "task_monthly",
+                (
+                    "project_id, month, task_id, contract_id, gpu_model, billing_mode",
+                    3
+                ),
+                "t.segments = 0 AND t.attempts = 0",
+                &format!("{}::jsonb", binder.bind(&self.emptied)),
+            ),
         )
     }
 }

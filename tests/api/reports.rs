@@ -433,10 +433,16 @@ async fn the_second_connection_of_a_report_sees_the_first_ones_snapshot() {
         .fetch_one(&mut *snapshot)
         .await
         .unwrap();
-    let mut aside = taskledger::store::snapshot_aside(&app.pool, &mut snapshot)
+    let aside = taskledger::store::snapshot_aside(&app.pool, &mut snapshot)
         .await
-        .unwrap()
-        .expect("the pool has a connection to spare");
+        .unwrap();
+    if crate::common::on_citus() {
+        // The coordinator's snapshot does not reach the workers: the report stays on one
+        // connection.
+        assert!(aside.is_none(), "no second connection on Citus");
+        return;
+    }
+    let mut aside = aside.expect("the pool has a connection to spare");
     let late = record("late", "2026-11-20T00:00:00Z", "2026-11-20T01:00:00Z");
     let stored = app.post("/v1/job-records", &app.admin, json!([late])).await;
     assert_eq!(stored.status, StatusCode::OK, "{}", stored.text());

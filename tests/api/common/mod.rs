@@ -6,6 +6,7 @@ pub mod issuer;
 pub mod oidc_provider;
 pub mod smtp;
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
@@ -148,6 +149,66 @@ async fn admin_connection(url_for: &(dyn Fn(&str) -> String + Send + Sync)) -> P
         .expect("connecting to the test server's postgres database")
 }
 
+/// With the directory of a running Citus cluster (`.ci/citus-cluster start DIR`), each test
+/// gets its database on that cluster, migrated and distributed by project as
+/// `taskledger citus distribute` does, instead of a copy of the template on the embedded server.
+/// `.ci/citus-api-tests` runs the money scenarios of this suite so.
+pub const CITUS_ENV: &str = "TASKLEDGER_TEST_CITUS_CLUSTER";
+
+/// Whether this process's test databases are on Citus (see [`CITUS_ENV`]).
+pub fn on_citus() -> bool {
+    std::env::var(CITUS_ENV).is_ok_and(|dir| !dir.is_empty())
+}
+
+/// A new database `name` on the Citus cluster in `cluster`, with the extension and the nodes
+/// on every node (the cluster script makes them), migrated and distributed.
+async fn citus_database(cluster: &Path, name: &str) -> (String, PgPool) {
+    // Adding two databases' nodes at once fails on the workers ("tuple concurrently
+    // updated"), so the tests of this process add theirs one at a time.
+    static ADDING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _adding = ADDING.lock().await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/citus-cluster");
+    let output = tokio::process::Command::new(script)
+        .arg("start")
+        .arg(cluster)
+        .arg(name)
+        .output()
+        .await
+        .expect("running .ci/citus-cluster");
+    assert!(
+        output.status.success(),
+        "adding database {name} to the Citus cluster in {}: {}",
+        cluster.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let url = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .expect("the cluster script prints the database's URL")
+        .to_owned();
+    let pool = taskledger::db::connect(&url, 8).await.unwrap();
+    taskledger::db::migrate(&pool)
+        .await
+        .unwrap_or_else(|error| panic!("migrating {name} on Citus: {error:#}"));
+    taskledger::ledger::citus::distribute(&pool)
+        .await
+        .unwrap_or_else(|error| panic!("distributing {name} on Citus: {error}"));
+    (url, pool)
+}
+
+/// The `postgres` database of each node of the Citus cluster in `cluster`: the coordinator on
+/// the base port the cluster script recorded, the workers on the two after it.
+fn citus_node_urls(cluster: &Path) -> Vec<String> {
+    let base: u16 = std::fs::read_to_string(cluster.join("ports"))
+        .expect("the Citus cluster's ports file")
+        .trim()
+        .parse()
+        .expect("the Citus cluster's base port");
+    (0..3)
+        .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", base + i))
+        .collect()
+}
+
 /// One test's application: its own database, the real router and an admin token.
 pub struct TestApp {
     pub pool: PgPool,
@@ -164,19 +225,25 @@ impl TestApp {
     }
 
     pub async fn spawn_with(settings: Settings) -> Self {
-        let server = server();
         let database = format!("taskledger_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = admin_connection(&*server.url_for).await;
-        sqlx::query(&format!(
-            "CREATE DATABASE {database} TEMPLATE {}",
-            server.template
-        ))
-        .execute(&mut admin)
-        .await
-        .expect("creating the test database");
-        admin.close().await.unwrap();
-        let database_url = (server.url_for)(&database);
-        let pool = taskledger::db::connect(&database_url, 8).await.unwrap();
+        let (database_url, pool) = if on_citus() {
+            let cluster = std::env::var(CITUS_ENV).unwrap();
+            citus_database(Path::new(&cluster), &database).await
+        } else {
+            let server = server();
+            let mut admin = admin_connection(&*server.url_for).await;
+            sqlx::query(&format!(
+                "CREATE DATABASE {database} TEMPLATE {}",
+                server.template
+            ))
+            .execute(&mut admin)
+            .await
+            .expect("creating the test database");
+            admin.close().await.unwrap();
+            let database_url = (server.url_for)(&database);
+            let pool = taskledger::db::connect(&database_url, 8).await.unwrap();
+            (database_url, pool)
+        };
         let admin_secret = insert_token(&pool, "test admin", Role::Admin, &[]).await;
         let state = AppState::new(pool.clone(), settings);
         Self {
@@ -282,10 +349,22 @@ impl Drop for TestApp {
                 .build()
                 .unwrap();
             runtime.block_on(async move {
-                let mut admin = admin_connection(&*server().url_for).await;
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-                    .execute(&mut admin)
-                    .await;
+                let drop = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
+                match std::env::var(CITUS_ENV).ok().filter(|d| !d.is_empty()) {
+                    // Citus does not carry DROP DATABASE to the workers: each node drops its
+                    // own copy.
+                    Some(cluster) => {
+                        for url in citus_node_urls(Path::new(&cluster)) {
+                            if let Ok(mut admin) = PgConnection::connect(&url).await {
+                                let _ = sqlx::query(&drop).execute(&mut admin).await;
+                            }
+                        }
+                    }
+                    None => {
+                        let mut admin = admin_connection(&*server().url_for).await;
+                        let _ = sqlx::query(&drop).execute(&mut admin).await;
+                    }
+                }
             });
         })
         .join();
