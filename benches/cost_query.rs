@@ -446,7 +446,7 @@ impl Reader {
     async fn reports(&self, pool: &PgPool, records: i64, projects: i64, label: &str, close: bool) {
         // The organisation's month for finance: open, closed, and the next month, whose report
         // books what changed in the closed one as adjustments.
-        let profiled = statements::reset(&pool).await;
+        let profiled = statements::reset(pool).await;
         let reports = [
             ("monthly report, open month", "/v1/reports/monthly/2026-11"),
             (

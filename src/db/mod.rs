@@ -111,7 +111,7 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2));
     // One direct attempt first, so that a server that is down or refuses us is reported at
     // once with its cause, instead of as a pool timeout after the acquire timeout.
-    tokio::time::timeout(FIRST_CONNECT_TIMEOUT, options.connect())
+    let mut first = tokio::time::timeout(FIRST_CONNECT_TIMEOUT, options.connect())
         .await
         .map_err(|_| {
             anyhow::anyhow!(
@@ -120,9 +120,24 @@ pub async fn connect(url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
                 FIRST_CONNECT_TIMEOUT.as_secs()
             )
         })?
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", redacted_url(url)))?
-        .close()
-        .await?;
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redacted_url(url)))?;
+    let citus = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') AS "citus!""#
+    )
+    .fetch_one(&mut first)
+    .await
+    .context("reading the database's extensions")?;
+    first.close().await?;
+    // On Citus, a transaction that wrote to many shards (rating a batch of several projects)
+    // and then reads them again must reach each worker over the connection it wrote on:
+    // with several connections per worker Citus refuses the read ("cannot perform query with
+    // placements that were modified over multiple connections"). One connection per worker
+    // for the statements that span shards keeps every transaction able to read what it wrote.
+    let options = if citus {
+        options.options([("citus.multi_shard_modify_mode", "sequential")])
+    } else {
+        options
+    };
     PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(ACQUIRE_TIMEOUT)

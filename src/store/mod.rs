@@ -104,12 +104,32 @@ where
     })
 }
 
-/// Whether a database error is a violation of the named constraint.
+/// Whether a database error is a violation of the named constraint. On Citus the error comes
+/// from a worker's shard, whose constraints carry the shard's id (`pools_owner_project_fkey`
+/// is `pools_owner_project_fkey_102026` there), and the coordinator passes on the worker's
+/// message without the constraint field, so the name is then read from the message
+/// (`… violates foreign key constraint "…"`).
 pub fn is_constraint_violation(error: &sqlx::Error, constraint: &str) -> bool {
-    match error {
-        sqlx::Error::Database(db) => db.constraint() == Some(constraint),
-        _ => false,
-    }
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    let quoted;
+    let named = match db.constraint() {
+        Some(named) => named,
+        None if db.code().is_some_and(|code| code.starts_with("23")) => {
+            let Some(rest) = db.message().split(" constraint \"").nth(1) else {
+                return false;
+            };
+            quoted = rest.split('"').next().unwrap_or_default().to_owned();
+            &quoted
+        }
+        None => return false,
+    };
+    named == constraint
+        || named
+            .strip_prefix(constraint)
+            .and_then(|rest| rest.strip_prefix('_'))
+            .is_some_and(|shard| !shard.is_empty() && shard.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The newest migration applied successfully, if any.

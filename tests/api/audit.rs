@@ -658,6 +658,12 @@ async fn the_log_cannot_be_changed_through_sql_and_tampering_is_named() {
     }
     assert_eq!(entries(&app, "", &app.admin).await, log);
 
+    if crate::common::on_citus() {
+        // Citus refuses to turn a trigger off on a reference table, and each worker's copy
+        // refuses the edit on its own: the tampering below cannot be done through the
+        // coordinator.
+        return;
+    }
     // Someone who turns the trigger off and lowers a price is named.
     let mut conn = superuser(&app).await;
     sqlx::raw_sql(&format!(
@@ -697,14 +703,21 @@ async fn a_removed_entry_is_named() {
     }
     let total = entries(&app, "", &app.admin).await.len() as i64;
     let mut conn = superuser(&app).await;
-    sqlx::raw_sql(
+    let removed = sqlx::raw_sql(
         "SET session_replication_role = replica; \
          DELETE FROM audit_log WHERE seq = 3; \
          SET session_replication_role = origin;",
     )
     .execute(&mut conn)
-    .await
-    .unwrap();
+    .await;
+    if crate::common::on_citus() {
+        // The coordinator's replication role does not reach the workers, whose trigger
+        // refuses the removal.
+        let error = removed.unwrap_err().to_string();
+        assert!(error.contains("append-only"), "{error}");
+        return;
+    }
+    removed.unwrap();
     let verification = verify(&app).await;
     assert_eq!(verification["valid"], false);
     assert_eq!(verification["first_broken_seq"], 3);

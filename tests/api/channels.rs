@@ -14,6 +14,8 @@ use taskledger::ledger::mail::Mailer;
 use taskledger::ledger::notify::Notifier;
 use taskledger::workers::channels::ChannelDeliveries;
 
+use taskledger::workers::webhooks::DeliveryPolicy;
+
 use crate::alerts::{fire, quick_policy};
 use crate::common::TestApp;
 use crate::common::receivers::{Platform, Receiver};
@@ -210,7 +212,14 @@ async fn a_receiver_down_gets_the_alert_when_it_is_back_and_a_refused_one_is_giv
     slack.set_down(true);
 
     fire(&app, &vision, 600).await;
-    let worker = ChannelDeliveries::new(app.pool.clone(), notifier(None), quick_policy());
+    // The retry waits a second, so that the first round makes exactly the two first attempts
+    // however long they take.
+    let policy = DeliveryPolicy {
+        first_retry: Duration::from_secs(1),
+        max_retry: Duration::from_secs(1),
+        ..quick_policy()
+    };
+    let worker = ChannelDeliveries::new(app.pool.clone(), notifier(None), policy);
     assert_eq!(worker.deliver_due().await.unwrap(), 2);
     let channels = alerts(&app, "vision").await[0]["channels"].clone();
     let down = channels
@@ -224,7 +233,7 @@ async fn a_receiver_down_gets_the_alert_when_it_is_back_and_a_refused_one_is_giv
 
     slack.set_down(false);
     let mut delivered = false;
-    for _ in 0..100 {
+    for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(30)).await;
         worker.deliver_due().await.unwrap();
         let channels = alerts(&app, "vision").await[0]["channels"].clone();
