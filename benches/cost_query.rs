@@ -25,6 +25,7 @@
 //! loaded into the coordinator's own tables. The reads run there first, as on one PostgreSQL,
 //! then the database is distributed by project (`taskledger citus distribute`) and they run
 //! again, the month closed this time: the same data, read both ways.
+//! `TASKLEDGER_BENCH_KEEP=1` keeps each size's database afterwards.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -246,6 +247,8 @@ enum Server {
 }
 
 const CITUS_ENV: &str = "TASKLEDGER_BENCH_CITUS_CLUSTER";
+/// `1` keeps each size's database, to look into its plans afterwards.
+const KEEP_ENV: &str = "TASKLEDGER_BENCH_KEEP";
 
 impl Server {
     /// A new, migrated database `name`.
@@ -344,6 +347,10 @@ async fn measure(server: &Server, records: i64, projects: i64) {
         }
     }
     pool.close().await;
+    if std::env::var(KEEP_ENV).is_ok_and(|keep| keep == "1") {
+        println!("{records:>9} records: database {database} kept");
+        return;
+    }
     for url in server.admin_urls() {
         let mut admin = PgConnection::connect(&url).await.unwrap();
         sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))

@@ -868,8 +868,9 @@ fn level_rows(
     )
 }
 
-/// SQL reading a period's whole months, given the parameters of its first and end month.
-pub type MonthsSql<'a> = dyn Fn(&str, &str) -> String + 'a;
+/// The `SELECT`s reading a period's whole months, given the parameters of its first and end
+/// month.
+pub type MonthsSql<'a> = dyn Fn(&str, &str) -> Vec<String> + 'a;
 
 /// A period `[from, to)` of ledger hours, split into the whole ledger months it covers,
 /// the other whole ledger days, and the hours left over before and after them.
@@ -968,16 +969,20 @@ impl PeriodSplit {
         projects: &str,
         tz: &str,
     ) -> String {
-        self.rows_sql_with_months(binder, family, columns, keys, projects, tz, None)
+        self.row_sets_with_months(binder, family, columns, keys, projects, tz, None)
+            .join(" UNION ALL ")
     }
 
-    /// [`PeriodSplit::rows_sql`], with the whole months read by `months` when given: SQL of
-    /// the same columns given the placeholders of the first and the end month.
+    /// [`PeriodSplit::rows_sql`] as the `SELECT`s whose rows it is, each reading one table,
+    /// with the whole months read by `months` when given: `SELECT`s of the same columns given
+    /// the placeholders of the first and the end month. A caller that joins the rows to other
+    /// tables can join each set on its own, which Citus runs on the workers where it would
+    /// not run the join of their `UNION ALL`.
     #[expect(
         clippy::too_many_arguments,
         reason = "each names a part of the statement"
     )]
-    pub fn rows_sql_with_months(
+    pub fn row_sets_with_months(
         &self,
         binder: &mut Binder,
         family: &str,
@@ -986,7 +991,7 @@ impl PeriodSplit {
         projects: &str,
         tz: &str,
         months: Option<&MonthsSql<'_>>,
-    ) -> String {
+    ) -> Vec<String> {
         let (from, to) = (binder.bind(self.from), binder.bind(self.to));
         let (first_day, end_day) = (binder.bind(self.first_day), binder.bind(self.end_day));
         let (days_start, days_end) = (binder.bind(self.days_start), binder.bind(self.days_end));
@@ -1004,35 +1009,41 @@ impl PeriodSplit {
                 self.first_month < self.end_month,
                 match months {
                     Some(months) => months(&first_month, &end_month),
-                    None => select(&monthly, "monthly", "month", &first_month, &end_month),
+                    None => vec![select(
+                        &monthly,
+                        "monthly",
+                        "month",
+                        &first_month,
+                        &end_month,
+                    )],
                 },
             ),
             (
                 self.first_day < self.first_month,
-                select(&daily, "daily", "day", &first_day, &first_month),
+                vec![select(&daily, "daily", "day", &first_day, &first_month)],
             ),
             (
                 self.end_month < self.end_day,
-                select(&daily, "daily", "day", &end_month, &end_day),
+                vec![select(&daily, "daily", "day", &end_month, &end_day)],
             ),
             (
                 self.from < self.days_start,
-                select(&hourly, "hourly", "hour", &from, &days_start),
+                vec![select(&hourly, "hourly", "hour", &from, &days_start)],
             ),
             (
                 self.days_end < self.to,
-                select(&hourly, "hourly", "hour", &days_end, &to),
+                vec![select(&hourly, "hourly", "hour", &days_end, &to)],
             ),
         ];
-        let read: Vec<&str> = parts
+        let read: Vec<String> = parts
             .iter()
             .filter(|(covered, _)| *covered)
-            .map(|(_, sql)| sql.as_str())
+            .flat_map(|(_, sets)| sets.iter().cloned())
             .collect();
         match read.is_empty() {
             // An empty period still reads one (empty) range, for the columns' types.
             true => parts[3].1.clone(),
-            false => read.join(" UNION ALL "),
+            false => read,
         }
     }
 
