@@ -25,7 +25,8 @@
 //! loaded into the coordinator's own tables. The reads run there first, as on one PostgreSQL,
 //! then the database is distributed by project (`taskledger citus distribute`) and they run
 //! again, the month closed this time: the same data, read both ways.
-//! `TASKLEDGER_BENCH_KEEP=1` keeps each size's database afterwards.
+//! `TASKLEDGER_BENCH_CITUS_SHARDS=8` distributes with 8 shards per table instead of Citus'
+//! default; `TASKLEDGER_BENCH_KEEP=1` keeps each size's database afterwards.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -247,6 +248,8 @@ enum Server {
 }
 
 const CITUS_ENV: &str = "TASKLEDGER_BENCH_CITUS_CLUSTER";
+/// Shards per distributed table on Citus (`taskledger citus distribute --shard-count`).
+const SHARDS_ENV: &str = "TASKLEDGER_BENCH_CITUS_SHARDS";
 /// `1` keeps each size's database, to look into its plans afterwards.
 const KEEP_ENV: &str = "TASKLEDGER_BENCH_KEEP";
 
@@ -335,7 +338,13 @@ async fn measure(server: &Server, records: i64, projects: i64) {
             reader.project_reads(records, projects, local).await;
             reader.reports(&pool, records, projects, local, false).await;
             let started = Instant::now();
-            let placed = taskledger::ledger::citus::distribute(&pool).await.unwrap();
+            let shards = std::env::var(SHARDS_ENV).ok().map(|raw| {
+                raw.parse()
+                    .expect("TASKLEDGER_BENCH_CITUS_SHARDS: a number")
+            });
+            let placed = taskledger::ledger::citus::distribute(&pool, shards)
+                .await
+                .unwrap();
             sqlx::query("ANALYZE").execute(&pool).await.unwrap();
             println!(
                 "{records:>9} records: distributed over the workers in {:.1} s ({placed:?})",

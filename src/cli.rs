@@ -478,7 +478,14 @@ pub enum CitusCommand {
     /// Apply pending migrations, then make the reference tables and distribute the others by
     /// project, co-located; on an empty or a populated database, and again after an upgrade
     /// added tables (what is placed already is left as it is).
-    Distribute,
+    Distribute {
+        /// Shards per distributed table (all are co-located, so they share it); Citus'
+        /// `citus.shard_count` when not given (32). Fewer shards cost a statement that spans
+        /// every project less; more let a rebalance spread the projects finer. Applies only
+        /// when the tables are first distributed.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        shard_count: Option<u32>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -607,11 +614,11 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             database.close().await
         }
         Command::Citus {
-            command: CitusCommand::Distribute,
+            command: CitusCommand::Distribute { shard_count },
         } => {
             let database = open(&config).await?;
             prepare(&database.pool, &config).await?;
-            let done = crate::ledger::citus::distribute(&database.pool).await?;
+            let done = crate::ledger::citus::distribute(&database.pool, shard_count).await?;
             println!(
                 "{} reference tables made, {} tables distributed by project, {} placed already",
                 done.made_reference.len(),

@@ -399,7 +399,7 @@ async fn a_multi_project_scenario_gives_the_same_money_on_citus_as_on_one_postgr
     }
     let cluster = Cluster::start();
     let distribute = Command::new(env!("CARGO_BIN_EXE_taskledger"))
-        .args(["citus", "distribute"])
+        .args(["citus", "distribute", "--shard-count", "4"])
         .env("DATABASE_URL", &cluster.url)
         .env("RUST_LOG", "error")
         .output()
@@ -412,6 +412,25 @@ async fn a_multi_project_scenario_gives_the_same_money_on_citus_as_on_one_postgr
     assert_eq!(
         String::from_utf8_lossy(&distribute.stdout).trim(),
         "25 reference tables made, 24 tables distributed by project, 0 placed already"
+    );
+    let mut coordinator = <sqlx::PgConnection as sqlx::Connection>::connect(&cluster.url)
+        .await
+        .unwrap();
+    let shards: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT logicalrelid::text, count(*) FROM pg_dist_shard \
+         WHERE logicalrelid IN ('job_records'::regclass, 'rated_segments'::regclass) \
+         GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&mut coordinator)
+    .await
+    .unwrap();
+    assert_eq!(
+        shards,
+        [
+            ("job_records".to_owned(), 4),
+            ("rated_segments".to_owned(), 4)
+        ],
+        "--shard-count gives every co-located table its shards"
     );
 
     let plain_dir = tempfile::tempdir().unwrap();

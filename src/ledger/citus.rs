@@ -107,8 +107,10 @@ pub struct Distribution {
 
 /// Makes the reference and distributed tables of the schema that Citus does not place yet.
 /// The foreign keys touching them are dropped and made again around it, in the same
-/// transaction, since Citus accepts them only between tables it already places.
-pub async fn distribute(pool: &PgPool) -> LedgerResult<Distribution> {
+/// transaction, since Citus accepts them only between tables it already places. With
+/// `shard_count`, the tables distributed now get that many shards (Citus' own default
+/// otherwise).
+pub async fn distribute(pool: &PgPool, shard_count: Option<u32>) -> LedgerResult<Distribution> {
     let mut tx = pool.begin().await?;
     if !store::citus::installed(&mut tx).await? {
         return Err(LedgerError::conflict(
@@ -143,7 +145,7 @@ pub async fn distribute(pool: &PgPool) -> LedgerResult<Distribution> {
     if pending.is_empty() {
         return Ok(outcome);
     }
-    store::citus::prepare_transaction(&mut tx).await?;
+    store::citus::prepare_transaction(&mut tx, shard_count).await?;
     let touched = |name: &str| pending.iter().any(|(table, _)| table == name);
     let keys: Vec<_> = store::citus::foreign_keys(&mut tx)
         .await?

@@ -67,8 +67,20 @@ pub async fn placement(conn: &mut PgConnection, table: &str) -> sqlx::Result<Opt
 
 /// Lets the statements of this transaction distribute tables with triggers (the audit log's
 /// append-only trigger) and run one shard at a time, as Citus needs for tables with
-/// foreign keys to reference tables made in the same transaction.
-pub async fn prepare_transaction(conn: &mut PgConnection) -> sqlx::Result<()> {
+/// foreign keys to reference tables made in the same transaction; with `shard_count`, the
+/// tables it distributes get that many shards.
+pub async fn prepare_transaction(
+    conn: &mut PgConnection,
+    shard_count: Option<u32>,
+) -> sqlx::Result<()> {
+    if let Some(count) = shard_count {
+        sqlx::query_scalar!(
+            "SELECT set_config('citus.shard_count', $1, true)",
+            count.to_string()
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+    }
     sqlx::query!("SET LOCAL citus.enable_unsafe_triggers TO on")
         .execute(&mut *conn)
         .await?;

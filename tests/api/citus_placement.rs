@@ -49,7 +49,7 @@ async fn a_database_without_citus_is_refused() {
         return;
     }
     let app = TestApp::spawn().await;
-    let error = citus::distribute(&app.pool).await.unwrap_err();
+    let error = citus::distribute(&app.pool, None).await.unwrap_err();
     assert!(
         matches!(&error, LedgerError::Conflict(message, _) if message.contains("no citus extension")),
         "{error:?}"

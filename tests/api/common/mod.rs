@@ -190,7 +190,7 @@ async fn citus_database(cluster: &Path, name: &str) -> (String, PgPool) {
     taskledger::db::migrate(&pool)
         .await
         .unwrap_or_else(|error| panic!("migrating {name} on Citus: {error:#}"));
-    taskledger::ledger::citus::distribute(&pool)
+    taskledger::ledger::citus::distribute(&pool, None)
         .await
         .unwrap_or_else(|error| panic!("distributing {name} on Citus: {error}"));
     (url, pool)
