@@ -28,7 +28,7 @@
 //! `TASKLEDGER_BENCH_CITUS_SHARDS=8` distributes with 8 shards per table instead of Citus'
 //! default; `TASKLEDGER_BENCH_KEEP=1` keeps each size's database afterwards.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -46,6 +46,8 @@ use taskledger::http::state::AppState;
 mod statements;
 #[path = "../tests/support/mod.rs"]
 mod support;
+#[path = "../tests/support/citus.rs"]
+mod support_citus;
 
 const DEFAULT_PROJECTS: i64 = 1_000;
 const PROJECTS_ENV: &str = "TASKLEDGER_BENCH_PROJECTS";
@@ -261,26 +263,9 @@ impl Server {
                 support::create_migrated_database(|db| cluster.url(db), name, 4).await
             }
             Server::Citus(dir) => {
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/citus-cluster");
-                let output = std::process::Command::new(script)
-                    .arg("start")
-                    .arg(dir)
-                    .arg(name)
-                    .stderr(std::process::Stdio::inherit())
-                    .output()
-                    .unwrap();
-                assert!(
-                    output.status.success(),
-                    "adding {name} to the Citus cluster"
-                );
-                let url = String::from_utf8_lossy(&output.stdout)
-                    .lines()
-                    .last()
-                    .unwrap()
-                    .to_owned();
-                let pool = taskledger::db::connect(&url, 4).await.unwrap();
-                taskledger::db::migrate(&pool).await.unwrap();
-                pool
+                support_citus::create_migrated_citus_database(dir, name, 4)
+                    .await
+                    .1
             }
         }
     }
@@ -289,16 +274,7 @@ impl Server {
     fn admin_urls(&self) -> Vec<String> {
         match self {
             Server::Embedded(cluster) => vec![cluster.url("postgres")],
-            Server::Citus(dir) => {
-                let base: u16 = std::fs::read_to_string(dir.join("ports"))
-                    .unwrap()
-                    .trim()
-                    .parse()
-                    .unwrap();
-                (0..3)
-                    .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", base + i))
-                    .collect()
-            }
+            Server::Citus(dir) => support_citus::citus_node_urls(dir),
         }
     }
 }
@@ -376,9 +352,13 @@ struct Reader {
 }
 
 impl Reader {
-    /// Reads `uri` as a reader would: how long it took, and the body.
-    async fn get(&self, uri: String) -> (Duration, axum::body::Bytes) {
-        let request = Request::get(uri)
+    /// Sends `request` with the token as a reader would: how long it took, the status and
+    /// the body.
+    async fn send(
+        &self,
+        request: axum::http::request::Builder,
+    ) -> (Duration, StatusCode, axum::body::Bytes) {
+        let request = request
             .header(header::AUTHORIZATION, format!("Bearer {}", self.secret))
             .body(Body::empty())
             .unwrap();
@@ -386,7 +366,12 @@ impl Reader {
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        let elapsed = started.elapsed();
+        (started.elapsed(), status, body)
+    }
+
+    /// Reads `uri`: how long it took, and the body.
+    async fn get(&self, uri: String) -> (Duration, axum::body::Bytes) {
+        let (elapsed, status, body) = self.send(Request::get(uri)).await;
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
         (elapsed, body)
     }
@@ -479,18 +464,13 @@ impl Reader {
                 break;
             }
             if i == 1 {
-                let request = Request::post("/v1/reports/monthly/2026-11/close")
-                    .header(header::AUTHORIZATION, format!("Bearer {}", self.secret))
-                    .body(Body::empty())
-                    .unwrap();
-                let started = Instant::now();
-                let response = self.router.clone().oneshot(request).await.unwrap();
-                let status = response.status();
-                let body = response.into_body().collect().await.unwrap().to_bytes();
+                let (took, status, body) = self
+                    .send(Request::post("/v1/reports/monthly/2026-11/close"))
+                    .await;
                 assert!(status.is_success(), "{}", String::from_utf8_lossy(&body));
                 println!(
                     "{records:>9} records: {label}closing the month took {:.2} ms",
-                    started.elapsed().as_secs_f64() * 1000.0
+                    took.as_secs_f64() * 1000.0
                 );
             }
             let mut timings = Vec::with_capacity(REPORT_RUNS);

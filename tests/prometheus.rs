@@ -11,6 +11,8 @@ mod common;
 mod prometheus;
 #[path = "support/mod.rs"]
 mod support;
+#[path = "support/citus.rs"]
+mod support_citus;
 
 use std::net::SocketAddr;
 use std::path::Path;

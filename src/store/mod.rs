@@ -57,13 +57,6 @@ pub async fn snapshot_aside(
     pool: &PgPool,
     snapshot: &mut Transaction<'static, Postgres>,
 ) -> sqlx::Result<Option<Transaction<'static, Postgres>>> {
-    let spare = match pool.try_acquire() {
-        Some(idle) => idle,
-        None => match tokio::time::timeout(ASIDE_WAIT, pool.acquire()).await {
-            Ok(acquired) => acquired?,
-            Err(_) => return Ok(None),
-        },
-    };
     // On Citus a snapshot exported by the coordinator does not reach the workers: each
     // transaction reads them through connections of its own, on snapshots of their own. There
     // the report's statements run one after the other on `snapshot`.
@@ -75,6 +68,13 @@ pub async fn snapshot_aside(
     .await?;
     let Some(id) = id else {
         return Ok(None);
+    };
+    let spare = match pool.try_acquire() {
+        Some(idle) => idle,
+        None => match tokio::time::timeout(ASIDE_WAIT, pool.acquire()).await {
+            Ok(acquired) => acquired?,
+            Err(_) => return Ok(None),
+        },
     };
     // SET TRANSACTION SNAPSHOT takes no parameter; the identifier is the server's own, made of
     // hex digits and dashes.

@@ -43,6 +43,8 @@ mod signin_browser;
 mod slurm;
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../support/citus.rs"]
+mod support_citus;
 mod task_list;
 mod tasks;
 mod utilisation;

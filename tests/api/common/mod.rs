@@ -26,6 +26,7 @@ use taskledger::domain::access::{Role, hash_secret};
 use taskledger::http::state::AppState;
 
 use crate::support::{create_migrated_database, insert_token, start_cluster};
+use crate::support_citus::{citus_node_urls, create_migrated_citus_database};
 
 pub mod receivers;
 
@@ -160,53 +161,13 @@ pub fn on_citus() -> bool {
     std::env::var(CITUS_ENV).is_ok_and(|dir| !dir.is_empty())
 }
 
-/// A new database `name` on the Citus cluster in `cluster`, with the extension and the nodes
-/// on every node (the cluster script makes them), migrated and distributed.
+/// A new database `name` on the Citus cluster in `cluster`, migrated and distributed.
 async fn citus_database(cluster: &Path, name: &str) -> (String, PgPool) {
-    // Adding two databases' nodes at once fails on the workers ("tuple concurrently
-    // updated"), so the tests of this process add theirs one at a time.
-    static ADDING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _adding = ADDING.lock().await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/citus-cluster");
-    let output = tokio::process::Command::new(script)
-        .arg("start")
-        .arg(cluster)
-        .arg(name)
-        .output()
-        .await
-        .expect("running .ci/citus-cluster");
-    assert!(
-        output.status.success(),
-        "adding database {name} to the Citus cluster in {}: {}",
-        cluster.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let url = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .last()
-        .expect("the cluster script prints the database's URL")
-        .to_owned();
-    let pool = taskledger::db::connect(&url, 8).await.unwrap();
-    taskledger::db::migrate(&pool)
-        .await
-        .unwrap_or_else(|error| panic!("migrating {name} on Citus: {error:#}"));
+    let (url, pool) = create_migrated_citus_database(cluster, name, 8).await;
     taskledger::ledger::citus::distribute(&pool, None)
         .await
         .unwrap_or_else(|error| panic!("distributing {name} on Citus: {error}"));
     (url, pool)
-}
-
-/// The `postgres` database of each node of the Citus cluster in `cluster`: the coordinator on
-/// the base port the cluster script recorded, the workers on the two after it.
-fn citus_node_urls(cluster: &Path) -> Vec<String> {
-    let base: u16 = std::fs::read_to_string(cluster.join("ports"))
-        .expect("the Citus cluster's ports file")
-        .trim()
-        .parse()
-        .expect("the Citus cluster's base port");
-    (0..3)
-        .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", base + i))
-        .collect()
 }
 
 /// One test's application: its own database, the real router and an admin token.
@@ -351,8 +312,6 @@ impl Drop for TestApp {
             runtime.block_on(async move {
                 let drop = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
                 match std::env::var(CITUS_ENV).ok().filter(|d| !d.is_empty()) {
-                    // Citus does not carry DROP DATABASE to the workers: each node drops its
-                    // own copy.
                     Some(cluster) => {
                         for url in citus_node_urls(Path::new(&cluster)) {
                             if let Ok(mut admin) = PgConnection::connect(&url).await {
