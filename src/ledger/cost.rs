@@ -16,7 +16,7 @@ use crate::domain::rating::FxRates;
 use crate::domain::what_if::{PriceOverride, WhatIf};
 use crate::ledger::LedgerResult;
 use crate::ledger::capacity::{self, CapacityWindow};
-use crate::ledger::commitments::Commitments;
+use crate::ledger::commitments::{Commitments, ToNet};
 use crate::store;
 use crate::store::cost::Scope;
 
@@ -276,7 +276,7 @@ async fn record_counts(
 }
 
 /// Record counts by group, read apart from the priced sums they are added to.
-pub struct RecordCountsOf(Vec<(Option<String>, RecordCounts)>);
+struct RecordCountsOf(Vec<(Option<String>, RecordCounts)>);
 
 impl RecordCountsOf {
     fn add_to(self, groups: &mut BTreeMap<Option<String>, FigureSums>) {
@@ -342,38 +342,9 @@ pub async fn month_sums_of_projects(
     Ok(ProjectSums(groups))
 }
 
-/// [`month_sums_of_projects`] without the record counts, which
-/// [`month_record_counts_of_projects`] reads (on another connection of the same snapshot,
-/// say) and [`ProjectSums::add_record_counts`] adds.
-pub async fn month_priced_sums_of_projects(
-    conn: &mut sqlx::PgConnection,
-    month: NaiveDate,
-    tz: Tz,
-    what_if: &WhatIf,
-) -> LedgerResult<ProjectSums> {
-    let period = month_bounds(month, tz);
-    let groups = priced_sums(conn, Scope::EveryProject, period, tz, what_if).await?;
-    Ok(ProjectSums(groups))
-}
-
-/// Every project's record counts over a whole ledger month.
-pub async fn month_record_counts_of_projects(
-    conn: &mut sqlx::PgConnection,
-    month: NaiveDate,
-    tz: Tz,
-) -> LedgerResult<RecordCountsOf> {
-    record_counts(conn, Scope::EveryProject, month_bounds(month, tz), tz).await
-}
-
 /// Every project's sums of a period, keyed by project, as [`month_sums_of_projects`] reads
 /// them.
 pub struct ProjectSums(BTreeMap<Option<String>, FigureSums>);
-
-impl ProjectSums {
-    pub fn add_record_counts(&mut self, counts: RecordCountsOf) {
-        counts.add_to(&mut self.0);
-    }
-}
 
 /// Every project's money figures over a whole ledger month: for each of `projects` (every
 /// project there is), in their order, what [`month_cost`] gives it without a grouping, from
@@ -407,6 +378,23 @@ pub async fn figures_of_projects(
                 .figures()
         })
         .collect())
+}
+
+/// [`month_commitments`] up to netting their usage ([`ToNet::net`]).
+pub async fn month_commitments_to_net(
+    conn: &mut sqlx::PgConnection,
+    month: NaiveDate,
+    as_of: DateTime<Utc>,
+    tz: Tz,
+    what_if: &WhatIf,
+) -> LedgerResult<ToNet> {
+    Commitments::to_net(
+        conn,
+        accrual_window(month_bounds(month, tz), as_of),
+        tz,
+        what_if,
+    )
+    .await
 }
 
 /// Every reserved contract's commitment over a ledger month, accrued up to `as_of`.

@@ -72,7 +72,7 @@ async fn month_data(
                 capacity::reservations_pricing_capacity(conn, &terms, window, period.tz).await?;
             commitments.retain(|c| !on_capacity.contains(&c.contract.id));
             let ids: Vec<Uuid> = commitments.iter().map(|c| c.contract.id).collect();
-            let used = store::cost::contract_usage(conn, window, &ids, period.tz, &[], &[])
+            let used = store::cost::contract_usage(conn, window, &ids, period.tz, &[], &[], None)
                 .await?
                 .into_iter()
                 .map(|(id, usage)| (id, usage.hours))

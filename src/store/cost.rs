@@ -22,6 +22,7 @@ use crate::domain::figures::{
 use crate::domain::utilisation::{MetricSums, UtilSums};
 use crate::domain::what_if::WhatIf;
 use crate::store::binder::Binder;
+use crate::store::in_snapshot;
 use crate::store::numeric::Numeric;
 use crate::store::prices::{
     PER_HOUR, PriceJoin, UNRATED_MODEL, UNRATED_REASON, summed_money, summed_priced,
@@ -256,11 +257,11 @@ pub async fn cost_sums(
     let (zone, extra) = key_parameters(&mut binder, grouping, tz);
     let sums = rollups::COST_KIND_SUMS.join(", ");
     // Rows with the key, the project and ledger month, what prices them and the sums.
-    let rows = match grouping {
+    let rows: Vec<RowSet> = match grouping {
         // Labels live on the records, so grouping by one reads the period's segments.
         Grouping::Label(_) => {
             let (from, to) = (binder.bind(period.0), binder.bind(period.1));
-            vec![format!(
+            vec![RowSet::Select(format!(
                 "SELECT {key} AS key, s.project_id, \
                         date_trunc('month', s.hour AT TIME ZONE {zone})::date AS month, {kinds}, \
                         {columns} \
@@ -270,24 +271,31 @@ pub async fn cost_sums(
                 key = key_expression(grouping, "hour", "s.", &extra),
                 kinds = rollups::segment_kinds_sql("s."),
                 columns = rollups::segment_sums_sql("s."),
-            )]
+            ))]
         }
         _ => {
             let (month_keys, day_keys, hour_keys) = scope.rollup_keys(&extra);
             // Every project's whole months come from their sums by kind, which compaction
-            // keeps, and the monthly delta rows it has not folded in yet.
+            // keeps, and the monthly delta rows it has not folded in yet, each table read as
+            // the priced set's own rows.
             let months = |first: &str, end: &str| {
+                let month = |table: &'static str, delta: &str, kinds: String| RowSet::Table {
+                    table,
+                    kinds,
+                    filter: format!("{delta}g.month >= {first} AND g.month < {end}"),
+                };
                 vec![
-                    format!(
-                        "SELECT project_id AS key, project_id, month, {kinds}, {sums} \
-                         FROM cost_monthly_kinds WHERE month >= {first} AND month < {end}",
-                        kinds = rollups::SEGMENT_KINDS.join(", "),
+                    month(
+                        "cost_monthly_kinds",
+                        "",
+                        "g.completed, g.output_unit".to_owned(),
                     ),
-                    format!(
-                        "SELECT project_id AS key, project_id, month, {row_kinds}, {sums} \
-                         FROM cost_monthly \
-                         WHERE delta <> 0 AND month >= {first} AND month < {end}",
-                        row_kinds = rollups::segment_kinds_sql(""),
+                    month(
+                        "cost_monthly",
+                        "g.delta <> 0 AND ",
+                        "g.outcome = 'completed' AS completed, \
+                         CASE WHEN g.outcome = 'completed' THEN g.output_unit END AS output_unit"
+                            .to_owned(),
                     ),
                 ]
             };
@@ -314,9 +322,55 @@ pub async fn cost_sums(
     binder.query_as(&sql)?.fetch_all(conn).await
 }
 
-/// [`CostSums`] of the row sets `rows` (`SELECT`s of a key, the project and ledger month, the
-/// [`rollups::SEGMENT_KINDS`] and the [`rollups::COST_KIND_SUMS`]), priced per contract and
-/// ledger month.
+/// A set of rows [`priced_cost_sums`] prices, read as `g`.
+#[derive(Debug, Clone)]
+enum RowSet {
+    /// A `SELECT` of a key, the project and ledger month, the [`rollups::SEGMENT_KINDS`] and
+    /// the [`rollups::COST_KIND_SUMS`].
+    Select(String),
+    /// Every project's rows of a monthly cost rollup `table` that meet `filter` (over `g`),
+    /// keyed by project, with `kinds` the expressions of `completed` and `output_unit`. Read
+    /// as the table itself rather than through a subquery: on Citus a `UNION ALL` of sets
+    /// that each join a subquery to the price tables (reference tables) is planned set by set,
+    /// each set's sums written to the coordinator and added there; over the tables
+    /// themselves it runs whole on the workers, each shard's projects summed where they are.
+    Table {
+        table: &'static str,
+        kinds: String,
+        filter: String,
+    },
+}
+
+impl From<String> for RowSet {
+    fn from(select: String) -> Self {
+        RowSet::Select(select)
+    }
+}
+
+impl RowSet {
+    /// The `FROM` item read as `g`, the key, `completed` and `output_unit` over it, and the
+    /// `WHERE` clause of its rows (empty for a `SELECT`, which has its own).
+    fn parts(&self) -> (String, String, String) {
+        match self {
+            RowSet::Select(select) => (
+                format!("({select}) AS g"),
+                "g.key, g.completed, g.output_unit".to_owned(),
+                String::new(),
+            ),
+            RowSet::Table {
+                table,
+                kinds,
+                filter,
+            } => (
+                format!("{table} AS g"),
+                format!("g.project_id AS key, {kinds}"),
+                format!("WHERE {filter}"),
+            ),
+        }
+    }
+}
+
+/// [`CostSums`] of the row sets `rows`, priced per contract and ledger month.
 ///
 /// Pricing is linear, so the rows are priced as they come, each once, and summed by what a
 /// figure tells apart; every money figure is divided by 3600 once, at the end. Each set is
@@ -324,7 +378,7 @@ pub async fn cost_sums(
 /// sets' sums are added: on Citus each set's statement runs on the workers, grouped by
 /// project there, where a join of the sets' `UNION ALL` would first bring every row to the
 /// coordinator.
-fn priced_cost_sums(binder: &mut Binder, rows: &[String], what_if: &WhatIf) -> String {
+fn priced_cost_sums(binder: &mut Binder, rows: &[RowSet], what_if: &WhatIf) -> String {
     let price = PriceJoin::new(binder, what_if, "g");
     let money = rollups::PRICED_SUMS
         .iter()
@@ -351,7 +405,8 @@ fn priced_cost_sums(binder: &mut Binder, rows: &[String], what_if: &WhatIf) -> S
 
 /// One set of [`priced_cost_sums`], priced and summed by what a figure tells apart, the
 /// money still times 3600.
-fn priced_row_set(price: &PriceJoin, rows: &str) -> String {
+fn priced_row_set(price: &PriceJoin, rows: &RowSet) -> String {
+    let (from, keys, filter) = rows.parts();
     let sums = [
         "segments",
         "gpu_seconds_held",
@@ -363,7 +418,7 @@ fn priced_row_set(price: &PriceJoin, rows: &str) -> String {
     .chain(
         rollups::PRICED_SUMS
             .iter()
-            .map(|sum| format!("sum({}) AS {}", sum.times_3600(), sum.money)),
+            .map(|sum| format!("{} AS {}", sum.summed_times_3600(), sum.money)),
     )
     .collect::<Vec<_>>()
     .join(", ");
@@ -371,11 +426,11 @@ fn priced_row_set(price: &PriceJoin, rows: &str) -> String {
         "SELECT key, completed, {UNRATED_REASON} AS unrated_reason, \
                 {UNRATED_MODEL} AS gpu_model, output_unit, {sums} \
          FROM ( \
-           SELECT g.key, g.completed, g.output_unit, g.segments, g.gpu_seconds_held, \
+           SELECT {keys}, g.segments, g.gpu_seconds_held, \
                   g.gpu_seconds_busy, g.card_seconds, g.productive_seconds, g.idle_seconds, \
                   g.unmeasured_seconds, g.failed_seconds, g.output_quantity, \
                   {energy}, {columns} \
-           FROM ({rows}) AS g {joins}) AS priced \
+           FROM {from} {joins} {filter}) AS priced \
          GROUP BY 1, 2, 3, 4, 5",
         energy = rollups::ENERGY_SUMS
             .iter()
@@ -424,7 +479,7 @@ pub async fn workload_sums(
         columns = rollups::segment_sums_sql("s."),
         of_workload = workload_records(&workload),
     );
-    let sql = priced_cost_sums(&mut binder, &[rows], &WhatIf::default());
+    let sql = priced_cost_sums(&mut binder, &[RowSet::Select(rows)], &WhatIf::default());
     // Dynamic: the priced sums are assembled through the binder, with the prices joined as
     // every report joins them.
     binder.query_as(&sql)?.fetch_all(conn).await
@@ -460,7 +515,7 @@ pub async fn daily_workload_sums(
         kinds = rollups::segment_kinds_sql("s."),
         columns = rollups::segment_sums_sql("s."),
     );
-    let sql = priced_cost_sums(&mut binder, &[rows], &WhatIf::default());
+    let sql = priced_cost_sums(&mut binder, &[RowSet::Select(rows)], &WhatIf::default());
     // Dynamic: the priced sums are assembled through the binder, with the prices joined as
     // every report joins them.
     binder.query_as(&sql)?.fetch_all(conn).await
@@ -604,12 +659,73 @@ pub struct ContractUsage {
     pub capped_days: Vec<(NaiveDate, Decimal)>,
 }
 
+/// The delta rows of reservations' usage that compaction has not folded into whole days yet,
+/// summed by contract and hour: read by [`pending_usage`] apart from the days, for
+/// [`contract_usage`] on the same snapshot.
+#[derive(Debug, Default, Clone)]
+pub struct PendingUsage {
+    contracts: Vec<Uuid>,
+    hours: Vec<DateTime<Utc>>,
+    segments: Vec<i64>,
+    /// As text, to be bound again exactly.
+    used: Vec<String>,
+}
+
+/// The statement summing the delta rows of `contracts` over `[from, to)` by contract and
+/// hour, with the placeholders of the three.
+fn pending_sql((from, to, contracts): (&str, &str, &str)) -> String {
+    format!(
+        "SELECT contract_id, hour, sum(segments)::bigint AS segments, \
+                sum(gpu_seconds_held) AS used \
+         FROM contract_usage_hourly \
+         WHERE contract_id = ANY({contracts}) AND hour >= {from} AND hour < {to} \
+         GROUP BY contract_id, hour"
+    )
+}
+
+/// The delta rows [`contract_usage`] reads of `contracts` over `[from, to)`, in a statement of
+/// their own. `None` unless `conn` is in a transaction on one snapshot, where both statements
+/// read the same rows whatever compaction commits between them.
+///
+/// On Citus the delta rows are spread over the workers and the whole days are a reference
+/// table: read in one statement, the delta rows are gathered into an intermediate result sent
+/// to every node and the days read against it; read first, they are handed to the days'
+/// statement as arrays, which then reads the coordinator alone.
+pub async fn pending_usage(
+    conn: &mut PgConnection,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+    contracts: &[Uuid],
+) -> sqlx::Result<Option<PendingUsage>> {
+    if !in_snapshot(&mut *conn).await? {
+        return Ok(None);
+    }
+    // Dynamic: the same text as the delta rows' part of `contract_usage`'s single statement.
+    let rows: Vec<(Uuid, DateTime<Utc>, i64, String)> = sqlx::query_as(&format!(
+        "SELECT contract_id, hour, segments, used::text FROM ({}) AS h",
+        pending_sql(("$1", "$2", "$3"))
+    ))
+    .bind(from)
+    .bind(to)
+    .bind(contracts)
+    .fetch_all(conn)
+    .await?;
+    let mut pending = PendingUsage::default();
+    for (contract, hour, segments, used) in rows {
+        pending.contracts.push(contract);
+        pending.hours.push(hour);
+        pending.segments.push(segments);
+        pending.used.push(used);
+    }
+    Ok(Some(pending))
+}
+
 /// GPU-seconds each of `contracts` rated, per ledger hour of `[from, to)`, in hour order and
 /// without hours whose segments are all gone. A month of a thousand reservations is hundreds
 /// of thousands of hours, so they are read from the compacted rows of whole ledger days,
 /// whose hours come as arrays (migrations 0012 and 0015), and the delta rows compaction has
-/// not folded in yet are added hour by hour. Usage is summed over projects: a
-/// project-scoped contract only rates its own project's records.
+/// not folded in yet are added hour by hour: read here, or given as `pending` (read by
+/// [`pending_usage`] on the same snapshot). Usage is summed over projects: a project-scoped
+/// contract only rates its own project's records.
 ///
 /// The days `whole` names for a contract that are among `regular_days` (each a ledger day
 /// whose hours are all whole, with where they begin and end) come as one capped sum each,
@@ -623,10 +739,11 @@ pub async fn contract_usage(
     tz: Tz,
     whole: &[(Uuid, WholeDays)],
     regular_days: &[(NaiveDate, DateTime<Utc>, DateTime<Utc>)],
+    pending: Option<PendingUsage>,
 ) -> sqlx::Result<BTreeMap<Uuid, ContractUsage>> {
-    // One statement, so that both come from one snapshot whatever compaction commits. The
-    // delta rows come as one row per contract, without a day; a capped day comes without
-    // hours.
+    // The days and the delta rows come from one snapshot whatever compaction commits: one
+    // statement, or `pending` read before it on the same snapshot. The delta rows come as one
+    // row per contract, without a day; a capped day comes without hours.
     type Row = (
         Uuid,
         Option<NaiveDate>,
@@ -638,7 +755,6 @@ pub async fn contract_usage(
     type Hours = Vec<(DateTime<Utc>, i64, Decimal)>;
     let ledger_day = |at: DateTime<Utc>| at.with_timezone(&tz).date_naive();
     let mut binder = Binder::new();
-    let (from_at, to_at) = (binder.bind(from), binder.bind(to));
     let ids = binder.bind(contracts.to_vec());
     // A day either side, for rows compacted for another time zone; hours outside the window
     // are left out below.
@@ -648,14 +764,21 @@ pub async fn contract_usage(
             .succ_opt()
             .unwrap_or(NaiveDate::MAX),
     );
-    let pending = format!(
-        "pending AS ( \
-           SELECT contract_id, hour, sum(segments)::bigint AS segments, \
-                  sum(gpu_seconds_held) AS used \
-           FROM contract_usage_hourly \
-           WHERE contract_id = ANY({ids}) AND hour >= {from_at} AND hour < {to_at} \
-           GROUP BY contract_id, hour)"
-    );
+    let pending = match pending {
+        Some(pending) => format!(
+            "pending AS ( \
+               SELECT * FROM unnest({}::uuid[], {}::timestamptz[], {}::bigint[], \
+                                    {}::numeric[]) AS p(contract_id, hour, segments, used))",
+            binder.bind(pending.contracts),
+            binder.bind(pending.hours),
+            binder.bind(pending.segments),
+            binder.bind(pending.used),
+        ),
+        None => format!(
+            "pending AS ({})",
+            pending_sql((&binder.bind(from), &binder.bind(to), &ids))
+        ),
+    };
     let pending_rows = "SELECT contract_id, NULL, array_agg(hour ORDER BY hour), \
                                array_agg(segments ORDER BY hour), \
                                array_agg(used ORDER BY hour), NULL \

@@ -70,7 +70,7 @@ pub async fn usage_by_contract(
                SELECT project_id, gpu_model, billing_mode, contract_id, \
                       {UNRATED_REASON} AS unrated_reason, gpu_seconds_held, gpu_seconds_busy, \
                       card_seconds, metered_card_seconds, energy_joules, price, power_price, \
-                      energy_price \
+                      energy_price, energy_priced \
                FROM (SELECT g.*, {columns} FROM ( \
                  SELECT project_id, month, gpu_model, billing_mode, contract_id, \
                         sum(segments) AS segments, sum(gpu_seconds_held) AS gpu_seconds_held, \

@@ -45,30 +45,35 @@ pub async fn snapshot(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgr
     Ok(tx)
 }
 
+/// Whether `conn` is in a transaction whose statements all read one snapshot (a
+/// [`snapshot`], or any `REPEATABLE READ` or `SERIALIZABLE` one), so that what two of its
+/// statements read agrees whatever commits between them.
+pub async fn in_snapshot(conn: &mut sqlx::PgConnection) -> sqlx::Result<bool> {
+    let isolation =
+        sqlx::query_scalar!(r#"SELECT current_setting('transaction_isolation') AS "isolation!""#)
+            .fetch_one(conn)
+            .await?;
+    Ok(isolation != "read committed" && isolation != "read uncommitted")
+}
+
 /// How long [`snapshot_aside`] waits for a connection when none is idle.
 const ASIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// When the pool has a connection to spare, a second read-only transaction on the snapshot
 /// of `snapshot` (a [`snapshot`]; `pg_export_snapshot`), so that two statements of one report
 /// can run at the same time and still see the same data. When no connection comes within
-/// [`ASIDE_WAIT`], or the database is distributed with Citus, `None`: the caller runs on its
-/// snapshot alone.
+/// [`ASIDE_WAIT`], `None`: the caller runs on its snapshot alone.
+///
+/// On Citus the snapshot is the coordinator's: on the aside, what the coordinator reads
+/// itself (the reference tables) is read as on `snapshot`, but the workers would be read on
+/// snapshots of their own. There the aside is for statements of reference tables alone.
 pub async fn snapshot_aside(
     pool: &PgPool,
     snapshot: &mut Transaction<'static, Postgres>,
 ) -> sqlx::Result<Option<Transaction<'static, Postgres>>> {
-    // On Citus a snapshot exported by the coordinator does not reach the workers: each
-    // transaction reads them through connections of its own, on snapshots of their own. There
-    // the report's statements run one after the other on `snapshot`.
-    let id = sqlx::query_scalar!(
-        "SELECT CASE WHEN EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN NULL \
-                     ELSE pg_export_snapshot() END AS id"
-    )
-    .fetch_one(&mut **snapshot)
-    .await?;
-    let Some(id) = id else {
-        return Ok(None);
-    };
+    let id = sqlx::query_scalar!(r#"SELECT pg_export_snapshot() AS "id!""#)
+        .fetch_one(&mut **snapshot)
+        .await?;
     let spare = match pool.try_acquire() {
         Some(idle) => idle,
         None => match tokio::time::timeout(ASIDE_WAIT, pool.acquire()).await {

@@ -30,8 +30,8 @@ pub fn summed_money(seconds: &str, name: &str) -> String {
 /// an owned card's price (COST_MODEL §10), summed exactly and divided once.
 pub fn summed_priced(sum: &PricedSum) -> String {
     format!(
-        "round(coalesce(sum({money}), 0) / {PER_HOUR}, {SUM_SCALE}) AS {name}",
-        money = sum.times_3600(),
+        "round(coalesce({money}, 0) / {PER_HOUR}, {SUM_SCALE}) AS {name}",
+        money = sum.summed_times_3600(),
         name = sum.money,
     )
 }
@@ -142,13 +142,15 @@ impl PriceJoin {
         )
     }
 
-    /// `price`, `power_price` and `energy_price`: what [`summed_priced`] reads.
+    /// `price`, `power_price` and `energy_price`, and `energy_priced`, whether either of the
+    /// last two is not zero: what [`summed_priced`] reads.
     pub fn prices(&self) -> String {
+        let power = self.energy_price("power_price_per_gpu_hour");
+        let energy = self.energy_price("energy_price_per_kwh");
         format!(
-            "{price} AS price, {power} AS power_price, {energy} AS energy_price",
+            "{price} AS price, {power} AS power_price, {energy} AS energy_price, \
+             ({power}) <> 0 OR ({energy}) <> 0 AS energy_priced",
             price = self.price,
-            power = self.energy_price("power_price_per_gpu_hour"),
-            energy = self.energy_price("energy_price_per_kwh"),
         )
     }
 }

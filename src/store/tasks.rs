@@ -391,7 +391,7 @@ fn priced_ctes(binder: &mut Binder, what_if: &WhatIf, rows: &str, group: &str) -
     let price = PriceJoin::new(binder, what_if, "r");
     let money = PRICED_SUMS
         .iter()
-        .map(|sum| format!("coalesce(sum({}), 0) AS {}", sum.times_3600(), sum.money))
+        .map(|sum| format!("coalesce({}, 0) AS {}", sum.summed_times_3600(), sum.money))
         .collect::<Vec<_>>()
         .join(", ");
     let counted = summed(&[
@@ -777,7 +777,7 @@ pub async fn attempt_pricing(
                   {UNRATED_REASON} AS unrated_reason, first_hour, segments, gpu_seconds_held, \
                   gpu_seconds_busy, card_seconds, productive_seconds, idle_seconds, \
                   unmeasured_seconds, failed_seconds, {energy}, price, power_price, \
-                  energy_price \
+                  energy_price, energy_priced \
            FROM ( \
              SELECT g.*, pc.name AS contract_name, pc.price_per_gpu_hour, \
                     pc.currency::text AS contract_currency, {columns} \

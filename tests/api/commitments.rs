@@ -60,17 +60,46 @@ async fn netted_both_ways(
         tz,
         &whole,
         &window.regular_days(),
+        None,
     )
     .await
     .unwrap()
     .remove(&reservation.id)
     .unwrap_or_default();
-    let hourly = cost::contract_usage(&mut conn, (from, to), &ids, tz, &[], &[])
+    let hourly = cost::contract_usage(&mut conn, (from, to), &ids, tz, &[], &[], None)
         .await
         .unwrap()
         .remove(&reservation.id)
         .unwrap_or_default();
     assert!(hourly.capped_days.is_empty());
+    // The delta rows read apart are read only on one snapshot, and then net as in one
+    // statement.
+    assert!(
+        cost::pending_usage(&mut conn, (from, to), &ids)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let mut snapshot = taskledger::store::snapshot(&app.pool).await.unwrap();
+    let pending = cost::pending_usage(&mut snapshot, (from, to), &ids)
+        .await
+        .unwrap()
+        .expect("read on a snapshot");
+    let apart = cost::contract_usage(
+        &mut snapshot,
+        (from, to),
+        &ids,
+        tz,
+        &whole,
+        &window.regular_days(),
+        Some(pending),
+    )
+    .await
+    .unwrap()
+    .remove(&reservation.id)
+    .unwrap_or_default();
+    snapshot.commit().await.unwrap();
+    assert_eq!(apart, netted);
     (
         unused_commitment_by_day(reservation, &netted.hours, &netted.capped_days, &window),
         unused_commitment_by_day(reservation, &hourly.hours, &[], &window),

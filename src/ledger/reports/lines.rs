@@ -20,8 +20,8 @@ use crate::ledger::LedgerResult;
 use crate::ledger::capacity::{CapacityWindow, PoolUtilisation};
 use crate::ledger::commitments::{Accrued, Commitments};
 use crate::ledger::cost::{
-    CostOf, GroupView, figures_of_projects, month_commitments, month_cost,
-    month_priced_sums_of_projects, month_record_counts_of_projects, month_sums_of_projects,
+    CostOf, GroupView, figures_of_projects, month_commitments, month_commitments_to_net,
+    month_cost, month_sums_of_projects,
 };
 use crate::store;
 
@@ -39,8 +39,8 @@ pub(super) struct MonthLines {
 
 /// The project lines, shared lines and commitment lines of a month. Every reserved
 /// contract's usage is read and netted once, for all three. With `aside`, a second
-/// connection on the same snapshot, the commitments are read and netted there while the
-/// projects' sums are read on `conn`.
+/// connection on the same snapshot, the reserved contracts' whole days are read and netted
+/// there while the projects' sums are read on `conn`.
 pub(super) async fn month_lines(
     conn: &mut PgConnection,
     aside: Option<&mut PgConnection>,
@@ -65,23 +65,18 @@ pub(super) async fn month_lines(
         // Without groups, every project's figures are read at once.
         Grouping::Whole => {
             let (commitments, sums) = match aside {
-                // The priced sums take longest: the usage netted and the record counts are
-                // read one after the other beside them.
+                // The priced sums take longest: the reserved contracts and their usage not yet
+                // folded into days are read first, then their days are read and netted
+                // beside the sums. On Citus the days are a reference table, which the
+                // coordinator reads on the snapshot it exported to `aside`.
                 Some(aside) => {
-                    let beside = async {
-                        let commitments =
-                            month_commitments(&mut *aside, first_day, as_of, tz, what_if).await?;
-                        let counts = month_record_counts_of_projects(aside, first_day, tz).await?;
-                        LedgerResult::Ok((commitments, counts))
-                    };
-                    let (beside, sums) = tokio::join!(
-                        beside,
-                        month_priced_sums_of_projects(conn, first_day, tz, what_if),
+                    let to_net =
+                        month_commitments_to_net(conn, first_day, as_of, tz, what_if).await?;
+                    let (commitments, sums) = tokio::join!(
+                        to_net.net(aside),
+                        month_sums_of_projects(conn, first_day, tz, what_if),
                     );
-                    let (commitments, counts) = beside?;
-                    let mut sums = sums?;
-                    sums.add_record_counts(counts);
-                    (commitments, sums)
+                    (commitments?, sums?)
                 }
                 None => (
                     month_commitments(conn, first_day, as_of, tz, what_if).await?,
