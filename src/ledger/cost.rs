@@ -325,15 +325,17 @@ pub async fn month_cost(
 
 /// Every project's sums over a whole ledger month, by project, before unused commitment is
 /// added ([`figures_of_projects`]): read for all of them in a fixed number of statements.
+/// `projects` are the ids of every project there is.
 pub async fn month_sums_of_projects(
     conn: &mut sqlx::PgConnection,
+    projects: &[String],
     month: NaiveDate,
     tz: Tz,
     what_if: &WhatIf,
 ) -> LedgerResult<ProjectSums> {
     let groups = rollup_sums(
         conn,
-        Scope::EveryProject,
+        Scope::EveryProject(projects),
         month_bounds(month, tz),
         tz,
         what_if,

@@ -34,36 +34,30 @@ use crate::store::rollups::{self, PeriodSplit, UTIL_SUMS};
 pub enum Scope<'a> {
     /// One project's, in the groups of a grouping.
     Project(&'a str, &'a Grouping),
-    /// Every project's over the whole period, one group per project keyed by its id.
-    EveryProject,
+    /// Every project's over the whole period, one group per project keyed by its id: every
+    /// project there is, whose ids the caller read (on the same snapshot).
+    EveryProject(&'a [String]),
 }
 
 impl Scope<'_> {
     fn grouping(&self) -> &Grouping {
         match self {
             Scope::Project(_, grouping) => grouping,
-            Scope::EveryProject => &Grouping::Whole,
+            Scope::EveryProject(_) => &Grouping::Whole,
         }
     }
 
-    /// The condition on `project_id`: the project bound to `binder`, or every project, read
-    /// first and bound as an array. The rollups are then read through their project-leading
-    /// keys rather than scanned whole; and on Citus the array reaches each shard as a constant,
-    /// which PostgreSQL looks rows up in by hash (an `ARRAY(SELECT id FROM projects)` there
-    /// is evaluated on every shard and searched row by row: 230 ms instead of 20 for the
-    /// record counts of 1,000 projects).
-    async fn projects(&self, conn: &mut PgConnection, binder: &mut Binder) -> sqlx::Result<String> {
-        Ok(match self {
+    /// The condition on `project_id`: the project bound to `binder`, or every project, bound
+    /// as an array. The rollups are then read through their project-leading keys rather than
+    /// scanned whole; and on Citus the array reaches each shard as a constant, which
+    /// PostgreSQL looks rows up in by hash (an `ARRAY(SELECT id FROM projects)` there is
+    /// evaluated on every shard and searched row by row: 230 ms instead of 20 for the record
+    /// counts of 1,000 projects).
+    fn projects(&self, binder: &mut Binder) -> String {
+        match self {
             Scope::Project(project, _) => format!("= {}", binder.bind(project.to_string())),
-            Scope::EveryProject => {
-                let ids = sqlx::query_scalar!(
-                    r#"SELECT coalesce(array_agg(id ORDER BY id), '{}') AS "ids!" FROM projects"#
-                )
-                .fetch_one(conn)
-                .await?;
-                format!("= ANY({}::text[])", binder.bind(ids))
-            }
-        })
+            Scope::EveryProject(ids) => format!("= ANY({}::text[])", binder.bind(ids.to_vec())),
+        }
     }
 
     /// How the period is read from the rollups.
@@ -80,7 +74,7 @@ impl Scope<'_> {
                 day_key(grouping, extra),
                 key_expression(grouping, "hour", "", extra),
             ),
-            Scope::EveryProject => (
+            Scope::EveryProject(_) => (
                 "project_id".to_owned(),
                 "project_id".to_owned(),
                 "project_id".to_owned(),
@@ -253,7 +247,7 @@ pub async fn cost_sums(
 ) -> sqlx::Result<Vec<CostSums>> {
     let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let projects = scope.projects(&mut *conn, &mut binder).await?;
+    let projects = scope.projects(&mut binder);
     let (zone, extra) = key_parameters(&mut binder, grouping, tz);
     let sums = rollups::COST_KIND_SUMS.join(", ");
     // Rows with the key, the project and ledger month, what prices them and the sums.
@@ -310,7 +304,7 @@ pub async fn cost_sums(
                 &projects,
                 &zone,
                 match scope {
-                    Scope::EveryProject => Some(&months),
+                    Scope::EveryProject(_) => Some(&months),
                     Scope::Project(..) => None,
                 },
             )
@@ -565,7 +559,7 @@ pub async fn record_sums(
 ) -> sqlx::Result<Vec<RecordSums>> {
     let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let projects = scope.projects(&mut *conn, &mut binder).await?;
+    let projects = scope.projects(&mut binder);
     let (zone, extra) = key_parameters(&mut binder, grouping, tz);
     let sql = match grouping {
         Grouping::Label(_) => {
@@ -990,7 +984,7 @@ pub async fn util_sums(
 ) -> sqlx::Result<Vec<UtilRow>> {
     let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let projects = scope.projects(&mut *conn, &mut binder).await?;
+    let projects = scope.projects(&mut binder);
     let (zone, extra) = key_parameters(&mut binder, grouping, tz);
     let metrics = &UTIL_SUMS[1..UTIL_SUMS.len() - 2];
     let rows = match grouping {
@@ -1093,12 +1087,12 @@ pub async fn energy_sums(
 ) -> sqlx::Result<Vec<EnergyRow>> {
     let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let projects = scope.projects(&mut *conn, &mut binder).await?;
+    let projects = scope.projects(&mut binder);
     let (zone, extra) = key_parameters(&mut binder, grouping, tz);
     let (from, to) = (binder.bind(from), binder.bind(to));
     let key = match scope {
         Scope::Project(..) => key_expression(grouping, "hour", "s.", &extra),
-        Scope::EveryProject => "s.project_id".to_owned(),
+        Scope::EveryProject(_) => "s.project_id".to_owned(),
     };
     let sql = format!(
         "SELECT {key} AS key, \
@@ -1196,7 +1190,7 @@ async fn any_flops(
 ) -> sqlx::Result<bool> {
     let project = match scope {
         Scope::Project(project, _) => Some(project.to_string()),
-        Scope::EveryProject => None,
+        Scope::EveryProject(_) => None,
     };
     sqlx::query_scalar!(
         "SELECT EXISTS (SELECT 1 FROM job_records \
@@ -1224,12 +1218,12 @@ pub async fn mfu_sums(
     }
     let mut binder = Binder::new();
     let grouping = scope.grouping();
-    let projects = scope.projects(&mut *conn, &mut binder).await?;
+    let projects = scope.projects(&mut binder);
     let (_, extra) = key_parameters(&mut binder, grouping, tz);
     let (from, to) = (binder.bind(from), binder.bind(to));
     let key = match scope {
         Scope::Project(..) => key_expression(grouping, "hour", "s.", &extra),
-        Scope::EveryProject => "s.project_id".to_owned(),
+        Scope::EveryProject(_) => "s.project_id".to_owned(),
     };
     let sql = format!(
         "SELECT {key} AS key, {sums} FROM {records} AND r.project_id {projects} GROUP BY 1",

@@ -59,6 +59,7 @@ pub(super) async fn month_lines(
             currency: &project.currency,
         })
         .collect();
+    let ids: Vec<String> = rows.iter().map(|project| project.id.clone()).collect();
     let first_day = month.first_day();
     let capacity = month_capacity(conn, month, as_of, tz, what_if).await?;
     let (commitments, costs): (_, Vec<(Figures, Vec<GroupView>)>) = match grouping {
@@ -74,13 +75,13 @@ pub(super) async fn month_lines(
                         month_commitments_to_net(conn, first_day, as_of, tz, what_if).await?;
                     let (commitments, sums) = tokio::join!(
                         to_net.net(aside),
-                        month_sums_of_projects(conn, first_day, tz, what_if),
+                        month_sums_of_projects(conn, &ids, first_day, tz, what_if),
                     );
                     (commitments?, sums?)
                 }
                 None => (
                     month_commitments(conn, first_day, as_of, tz, what_if).await?,
-                    month_sums_of_projects(conn, first_day, tz, what_if).await?,
+                    month_sums_of_projects(conn, &ids, first_day, tz, what_if).await?,
                 ),
             };
             let figures = figures_of_projects(conn, &of, sums, &commitments, &capacity, tz).await?;
