@@ -693,16 +693,19 @@ pub async fn pending_usage(
     if !in_snapshot(&mut *conn).await? {
         return Ok(None);
     }
-    // Dynamic: the same text as the delta rows' part of `contract_usage`'s single statement.
-    let rows: Vec<(Uuid, DateTime<Utc>, i64, String)> = sqlx::query_as(&format!(
+    let mut binder = Binder::new();
+    let bounds = (
+        binder.bind(from),
+        binder.bind(to),
+        binder.bind(contracts.to_vec()),
+    );
+    let sql = format!(
         "SELECT contract_id, hour, segments, used::text FROM ({}) AS h",
-        pending_sql(("$1", "$2", "$3"))
-    ))
-    .bind(from)
-    .bind(to)
-    .bind(contracts)
-    .fetch_all(conn)
-    .await?;
+        pending_sql((&bounds.0, &bounds.1, &bounds.2))
+    );
+    // Dynamic: the same text as the delta rows' part of `contract_usage`'s single statement.
+    let rows: Vec<(Uuid, DateTime<Utc>, i64, String)> =
+        binder.query_as(&sql)?.fetch_all(conn).await?;
     let mut pending = PendingUsage::default();
     for (contract, hour, segments, used) in rows {
         pending.contracts.push(contract);
