@@ -407,13 +407,10 @@ pub async fn month_commitments(
     tz: Tz,
     what_if: &WhatIf,
 ) -> LedgerResult<Commitments> {
-    Commitments::all(
-        conn,
-        accrual_window(month_bounds(month, tz), as_of),
-        tz,
-        what_if,
-    )
-    .await
+    month_commitments_to_net(&mut *conn, month, as_of, tz, what_if)
+        .await?
+        .net(conn)
+        .await
 }
 
 /// The part of a month whose cost counts as spend up to `as_of` (COST_MODEL §5): its ledger

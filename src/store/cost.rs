@@ -273,23 +273,18 @@ pub async fn cost_sums(
             // keeps, and the monthly delta rows it has not folded in yet, each table read as
             // the priced set's own rows.
             let months = |first: &str, end: &str| {
-                let month = |table: &'static str, delta: &str, kinds: String| RowSet::Table {
+                let month = |table, delta: &str, kinds| RowSet::Table {
                     table,
                     kinds,
                     filter: format!("{delta}g.month >= {first} AND g.month < {end}"),
                 };
                 vec![
-                    month(
-                        "cost_monthly_kinds",
-                        "",
-                        "g.completed, g.output_unit".to_owned(),
-                    ),
+                    month("cost_monthly_kinds", "", "g.completed, g.output_unit"),
                     month(
                         "cost_monthly",
                         "g.delta <> 0 AND ",
                         "g.outcome = 'completed' AS completed, \
-                         CASE WHEN g.outcome = 'completed' THEN g.output_unit END AS output_unit"
-                            .to_owned(),
+                         CASE WHEN g.outcome = 'completed' THEN g.output_unit END AS output_unit",
                     ),
                 ]
             };
@@ -330,7 +325,7 @@ enum RowSet {
     /// themselves it runs whole on the workers, each shard's projects summed where they are.
     Table {
         table: &'static str,
-        kinds: String,
+        kinds: &'static str,
         filter: String,
     },
 }
